@@ -1,0 +1,77 @@
+"""Helpers for the DeepSpeed course notebooks.
+
+Importing this package does nothing heavy: every public name is resolved lazily on first
+use (PEP 562), so ``import helpers`` is instant and works without torch or deepspeed.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# public name -> module that defines it
+_EXPORTS: dict[str, str] = {
+    # hardware (notebook 00 onwards)
+    "Runtime": "hardware",
+    "detect_runtime": "hardware",
+    "choose_precision": "hardware",
+    "t4_budget_requested": "hardware",
+    "apply_t4_budget": "hardware",
+    "sized": "hardware",
+    "T4_VRAM_GIB": "hardware",
+    "COLAB_RAM_GB": "hardware",
+    # DeepSpeed in a notebook
+    "setup_single_process": "runtime",
+    "free_port": "runtime",
+    "teardown": "runtime",
+    "reset_peak_stats": "runtime",
+    "gpu_allocated_bytes": "runtime",
+    # config builder
+    "build_ds_config": "config",
+    "validate_ds_config": "config",
+    "ConfigError": "config",
+    "COURSE_CONFIGS": "config",
+    "course_config": "config",
+    "write_course_configs": "config",
+    # memory
+    "ModelStateEstimate": "memory",
+    "estimate_model_states": "memory",
+    "estimate_activations": "memory",
+    "estimate_for_config": "memory",
+    "deepspeed_estimate": "memory",
+    "count_params": "memory",
+    "measure_peak": "memory",
+    "Measurement": "memory",
+    "preflight": "memory",
+    "BudgetError": "memory",
+    # health
+    "run_ds_report": "health",
+    "parse_ds_report": "health",
+    "health_checks": "health",
+    "health_table": "health",
+    # plots
+    "plot_peak_vram": "plots",
+    "plot_memory_breakdown": "plots",
+    "plot_memory_timeline": "plots",
+    "plot_losses": "plots",
+    # planner
+    "plan": "planner",
+    "planner_widget": "planner",
+    # records
+    "record_figure": "records",
+    "recorded_figures": "records",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'helpers' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"helpers.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,176 @@
+"""DeepSpeed's environment report (`ds_report`) parsed into checks with verdicts and fixes (notebook 00).
+
+Most install failures are version mismatches: nvcc's CUDA major differs from the CUDA torch was
+built with, no nvcc or ninja for the just-in-time op builds, or no libaio for NVMe offload.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from helpers.hardware import Runtime
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+OP_LINE = re.compile(r"^(?P<op>[A-Za-z0-9_]+) \.+ \[(?P<installed>YES|NO)\] \.+ \[(?P<compatible>OKAY|NO)\]")
+NINJA_LINE = re.compile(r"^ninja \.+ \[(?P<status>OKAY|FAIL)\]")
+INFO_LINE = re.compile(r"^(?P<key>[a-zA-Z][\w ./()-]*?) \.{3,} (?P<value>.*)$")
+VERSION = re.compile(r"(\d+)\.(\d+)")
+
+OK, WARN, FAIL, INFO = "ok", "warn", "FAIL", "info"
+
+
+@dataclass(frozen=True)
+class HealthCheck:
+    """One row of the health table: what, what was found, verdict, and the fix when not ok."""
+
+    item: str
+    found: str
+    status: str
+    fix: str = ""
+
+
+def run_ds_report(timeout_s: float = 300.0) -> str:
+    """Run `ds_report` (as `python -m deepspeed.env_report`) and return its text, colours removed."""
+    proc = subprocess.run([sys.executable, "-m", "deepspeed.env_report"], capture_output=True, text=True,
+                          timeout=timeout_s)
+    text = ANSI.sub("", proc.stdout + ("\n" + proc.stderr if proc.stderr else ""))
+    if proc.returncode != 0:
+        raise RuntimeError(f"ds_report failed with exit code {proc.returncode}:\n{text[-2000:]}\n"
+                           "Fix: reinstall deepspeed (pip install -r requirements.txt) in this environment.")
+    return text
+
+
+def parse_ds_report(text: str) -> dict[str, Any]:
+    """Turn ds_report's text into {'ninja': bool, 'ops': {name: {...}}, 'info': {...}, 'warnings': [...]}."""
+    text = ANSI.sub("", text)
+    report: dict[str, Any] = {"ninja": None, "ops": {}, "info": {}, "warnings": []}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        if "[WARNING]" in line or ("[FAIL]" in line and "..." not in line):
+            report["warnings"].append(line.replace("[WARNING]", "").strip())
+        if m := NINJA_LINE.match(line):
+            report["ninja"] = m["status"] == "OKAY"
+        elif m := OP_LINE.match(line):
+            report["ops"][m["op"]] = {"installed": m["installed"] == "YES",
+                                      "compatible": m["compatible"] == "OKAY"}
+        elif (m := INFO_LINE.match(line)) and m["key"] != "op name":
+            report["info"][m["key"].strip()] = m["value"].strip()
+    return report
+
+
+def _major(version: str | None) -> int | None:
+    if not version:
+        return None
+    m = VERSION.search(version)
+    return int(m.group(1)) if m else None
+
+
+def health_checks(report: dict[str, Any], runtime: "Runtime | None" = None) -> list[HealthCheck]:
+    """Verdicts for torch, CUDA, nvcc, deepspeed, ninja, ops, libaio, GPU and precision."""
+    info, ops = report["info"], report["ops"]
+    has_gpu = runtime.has_gpu if runtime is not None else "torch cuda version" in info
+    checks: list[HealthCheck] = []
+    add = checks.append
+
+    add(HealthCheck("torch", info.get("torch version", "?"), INFO if info.get("torch version") else FAIL,
+                    "" if info.get("torch version") else "torch is missing: on Colab restart the runtime; "
+                    "locally bash scripts/setup.sh"))
+    torch_cuda = info.get("torch cuda version")
+    if has_gpu:
+        if not torch_cuda or torch_cuda == "None":
+            add(HealthCheck("torch CUDA", "none (CPU build of torch)", FAIL,
+                            "a GPU is present but torch is a CPU build: install the CUDA build of torch "
+                            "(on Colab never reinstall torch: restart the runtime instead)"))
+        else:
+            add(HealthCheck("torch CUDA", torch_cuda, OK))
+        nvcc = info.get("nvcc version", "")
+        if not nvcc or "FAIL" in nvcc or _major(nvcc) is None:
+            add(HealthCheck("nvcc", nvcc or "missing", WARN,
+                            "no nvcc: DeepSpeed cannot JIT-build CUDA ops (fused_adam, cpu_adam...). Install the "
+                            f"CUDA toolkit {torch_cuda} (same major as torch) and set CUDA_HOME, or keep "
+                            "'torch_adam': true and avoid ops that need building"))
+        elif _major(nvcc) != _major(torch_cuda):
+            add(HealthCheck("nvcc", nvcc, FAIL,
+                            f"CUDA mismatch: nvcc {nvcc} vs torch built with CUDA {torch_cuda}; op builds fail. "
+                            f"Fix: install CUDA toolkit {_major(torch_cuda)}.x and point CUDA_HOME at it (or "
+                            "install the torch build for your nvcc); DS_SKIP_CUDA_CHECK=1 hides the check "
+                            "at your own risk"))
+        else:
+            add(HealthCheck("nvcc", nvcc, OK))
+    else:
+        add(HealthCheck("torch CUDA", torch_cuda or "none (CPU)", INFO,
+                        "" if torch_cuda else "CPU runtime: CUDA is not needed here"))
+    ds = info.get("deepspeed info", "")
+    add(HealthCheck("deepspeed", ds.split(",")[0] if ds else "missing", INFO if ds else FAIL,
+                    "" if ds else "pip install -r requirements.txt"))
+    if report["ninja"] is False:
+        add(HealthCheck("ninja", "missing", FAIL, "ops are JIT-built with ninja: pip install ninja"))
+    else:
+        add(HealthCheck("ninja", "ok" if report["ninja"] else "not reported", OK if report["ninja"] else WARN))
+
+    aio = ops.get("async_io")
+    if aio is not None:
+        if aio["compatible"]:
+            add(HealthCheck("libaio (NVMe offload)", "found", OK))
+        else:
+            add(HealthCheck("libaio (NVMe offload)", "missing", WARN,
+                            "NVMe offload (ZeRO-Infinity) unavailable: apt-get install libaio-dev "
+                            "(on Colab: !apt-get install -y libaio-dev), then run ds_report again"))
+    for name, what in (("cpu_adam", "CPU optimizer offload"), ("fused_adam", "fused Adam on GPU")):
+        op = ops.get(name)
+        if op is not None:
+            add(HealthCheck(f"{name} ({what})", "prebuilt" if op["installed"] else
+                            ("JIT-buildable" if op["compatible"] else "cannot build"),
+                            OK if op["compatible"] or op["installed"] else FAIL,
+                            "" if op["compatible"] or op["installed"] else
+                            f"{name} cannot be built: check nvcc/CUDA_HOME and headers above, clear "
+                            "~/.cache/torch_extensions, then retry"))
+    if runtime is not None:
+        if runtime.has_gpu:
+            cc = ".".join(map(str, runtime.compute_capability or ()))
+            add(HealthCheck("GPU", f"{runtime.gpu_name} (cc {cc}), {runtime.vram_budget_bytes / 1024**3:.1f} GiB "
+                            "budget", OK))
+        else:
+            add(HealthCheck("GPU", "none", WARN,
+                            "no GPU: notebooks run smoke-sized on CPU. In Colab: Runtime > Change runtime "
+                            "type > T4 GPU"))
+        why = {"fp16": "no native bf16 here (compute capability < 8.0 or T4 budget mode)",
+               "bf16": "native bf16 (compute capability >= 8.0)", "fp32": "CPU: DeepSpeed refuses fp16"}
+        add(HealthCheck("precision", f"{runtime.precision}: {why[runtime.precision]}", OK))
+    for warning in report["warnings"]:
+        if "shm" in warning.lower():
+            add(HealthCheck("/dev/shm", warning, WARN, "increase shared memory (docker --shm-size=1gb)"))
+    return checks
+
+
+def verdict(checks: list[HealthCheck]) -> str:
+    """One line: ready, ready with warnings, or not ready."""
+    fails = [c.item for c in checks if c.status == FAIL]
+    warns = [c.item for c in checks if c.status == WARN]
+    if fails:
+        return "NOT READY: fix " + ", ".join(fails)
+    if warns:
+        return "ready, with warnings about: " + ", ".join(warns)
+    return "ready"
+
+
+def health_table(checks: list[HealthCheck]) -> str:
+    """The checks as a fixed-width text table, the fixes underneath."""
+    w_item = max(len(c.item) for c in checks)
+    w_found = min(max(len(c.found) for c in checks), 60)
+    lines = [f"{'check':<{w_item}}  {'found':<{w_found}}  verdict", "-" * (w_item + w_found + 12)]
+    for c in checks:
+        lines.append(f"{c.item:<{w_item}}  {c.found[:w_found]:<{w_found}}  {c.status}")
+    fixes = [c for c in checks if c.fix and c.status in (WARN, FAIL)]
+    if fixes:
+        lines.append("")
+        lines += [f"fix {c.item}: {c.fix}" for c in fixes]
+    lines.append("")
+    lines.append("verdict: " + verdict(checks))
+    return "\n".join(lines)

@@ -1,0 +1,450 @@
+"""What fills memory, estimated before a run and measured during it (notebooks 00-05).
+
+Model states per parameter (the ZeRO paper's 2Ψ + 2Ψ + 12Ψ for mixed-precision Adam):
+16-bit params 2 bytes, 16-bit grads 2 bytes, fp32 master weights + Adam momentum + variance
+12 bytes. ZeRO stage 1 partitions the optimizer states over N GPUs, stage 2 also the
+gradients, stage 3 also the parameters. Offload moves the optimizer states (and at stage 3
+the parameters) to CPU RAM or an NVMe folder. DeepSpeed's own estimators
+(`estimate_zero2_model_states_mem_needs`, `estimate_zero3_model_states_mem_needs`) are shown
+next to this breakdown by `deepspeed_estimate`.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import shutil
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator
+
+if TYPE_CHECKING:
+    from helpers.hardware import Runtime
+
+GiB = 1024**3
+GB = 1000**3
+COMPONENTS = ("params", "grads", "optimizer", "activations", "buffers")
+
+
+def bytes_per_element(precision: str) -> int:
+    """2 for fp16/bf16, 4 for fp32."""
+    if precision in ("fp16", "bf16"):
+        return 2
+    if precision == "fp32":
+        return 4
+    raise ValueError(f"precision must be fp16, bf16 or fp32 (got {precision!r})")
+
+
+@dataclass
+class ModelStateEstimate:
+    """Bytes per component on one GPU, in CPU RAM (per node) and on disk (notebooks 00-02)."""
+
+    label: str
+    n_params: int
+    n_gpus: int
+    gpu: dict[str, int] = field(default_factory=dict)
+    cpu: dict[str, int] = field(default_factory=dict)
+    nvme: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def gpu_total(self) -> int:
+        return sum(self.gpu.values())
+
+    @property
+    def cpu_total(self) -> int:
+        return sum(self.cpu.values())
+
+    @property
+    def nvme_total(self) -> int:
+        return sum(self.nvme.values())
+
+    def with_activations(self, activation_bytes: int, on: str = "gpu") -> "ModelStateEstimate":
+        """A copy with an activation estimate added on `on` ('gpu' or 'cpu')."""
+        new = ModelStateEstimate(self.label, self.n_params, self.n_gpus, dict(self.gpu), dict(self.cpu),
+                                 dict(self.nvme))
+        getattr(new, on)["activations"] = int(activation_bytes)
+        return new
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(gpu_total=self.gpu_total, cpu_total=self.cpu_total, nvme_total=self.nvme_total)
+        return d
+
+    def table(self) -> str:
+        """A fixed-width table of the breakdown in GiB."""
+        lines = [f"{self.label}  ({self.n_params / 1e6:.1f}M params, {self.n_gpus} GPU(s))",
+                 f"{'component':<12}{'GPU GiB':>10}{'CPU GiB':>10}{'NVMe GiB':>10}"]
+        for comp in COMPONENTS + ("model copy",):
+            g, c, n = self.gpu.get(comp, 0), self.cpu.get(comp, 0), self.nvme.get(comp, 0)
+            if g or c or n:
+                lines.append(f"{comp:<12}{g / GiB:>10.3f}{c / GiB:>10.3f}{n / GiB:>10.3f}")
+        lines.append(f"{'total':<12}{self.gpu_total / GiB:>10.3f}{self.cpu_total / GiB:>10.3f}"
+                     f"{self.nvme_total / GiB:>10.3f}")
+        return "\n".join(lines)
+
+
+def estimate_model_states(
+    n_params: int,
+    stage: int | None,
+    *,
+    precision: str = "fp16",
+    offload_optimizer: str = "none",
+    offload_param: str = "none",
+    n_gpus: int = 1,
+    largest_layer_params: int = 0,
+    reduce_bucket_elements: int = 50_000_000,
+    nvme_buffer_count: int = 8,
+    nvme_buffer_size: int = 100_000_000,
+    zero_init: bool = False,
+) -> ModelStateEstimate:
+    """Model-state bytes per GPU and per node CPU for a ZeRO `stage` (None: plain PyTorch AMP + AdamW).
+
+    Mixed precision (fp16/bf16): params 2Ψ, grads 2Ψ, optimizer 12Ψ (fp32 master 4 + Adam m 4 + v 4).
+    fp32: params 4Ψ, grads 4Ψ, Adam 8Ψ, plus a 4Ψ fp32 master copy that DeepSpeed's ZeRO optimizers
+    keep even in fp32 (stage >= 1). Plain PyTorch AMP keeps fp32 weights: 4Ψ + 4Ψ + 8Ψ = 16Ψ.
+    Unless `zero_init`, the model is first built on CPU in fp32 (4Ψ of CPU RAM, 'model copy').
+    """
+    psi = int(n_params)
+    n = int(n_gpus)
+    if stage is None:
+        label = "plain PyTorch AMP + AdamW" if precision != "fp32" else "plain PyTorch + AdamW"
+        est = ModelStateEstimate(label, psi, n, gpu={"params": 4 * psi, "grads": 4 * psi, "optimizer": 8 * psi})
+        est.cpu["model copy"] = 0  # moved to the GPU with .to("cuda")
+        return est
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(f"stage must be None (plain PyTorch) or 0..3 (got {stage!r})")
+    if offload_param != "none" and stage != 3:
+        raise ValueError("parameter offload needs ZeRO stage 3")
+    e = bytes_per_element(precision)
+    master = 4 if (e == 2 or stage >= 1) else 0
+    opt_bytes = (master + 8) * psi
+    grad_bytes = e * psi
+    param_bytes = e * psi
+
+    opt_share = opt_bytes // n if stage >= 1 else opt_bytes
+    grad_share = grad_bytes // n if stage >= 2 else grad_bytes
+    param_share = param_bytes // n if stage == 3 else param_bytes
+
+    parts = [f"ZeRO-{stage}"]
+    gpu: dict[str, int] = {}
+    cpu: dict[str, int] = {}
+    nvme: dict[str, int] = {}
+
+    # optimizer states (and, with optimizer offload, the fp32 gradient partition they step on)
+    if offload_optimizer == "none":
+        gpu["optimizer"] = opt_share
+        gpu["grads"] = grad_share
+    else:
+        parts.append(f"optimizer->{offload_optimizer}")
+        target = cpu if offload_optimizer == "cpu" else nvme
+        target["optimizer"] = opt_share * n  # all ranks of the node share the host
+        cpu["grads"] = 4 * psi // n * n  # fp32 gradient partition per rank, on the host
+        gpu["grads"] = min(grad_share, 2 * e * reduce_bucket_elements)  # reduce buckets only
+    # parameters
+    if offload_param == "none":
+        gpu["params"] = param_share
+    else:
+        parts.append(f"params->{offload_param}")
+        live = max(largest_layer_params, 1)
+        gpu["params"] = 2 * e * live  # the layer being computed and the one being fetched
+        if offload_param == "cpu":
+            cpu["params"] = param_share * n
+        else:
+            nvme["params"] = param_share * n
+            cpu["buffers"] = nvme_buffer_count * nvme_buffer_size * e
+    if offload_optimizer == "nvme":
+        cpu["buffers"] = cpu.get("buffers", 0) + 4 * nvme_buffer_size * 4  # optimizer swap buffers
+    cpu["model copy"] = 0 if (zero_init and stage == 3) else 4 * psi
+    if precision:
+        parts.append(precision)
+    return ModelStateEstimate(" + ".join(parts), psi, n, gpu=gpu, cpu=cpu, nvme=nvme)
+
+
+def estimate_for_config(config: dict[str, Any], n_params: int, *, n_gpus: int = 1,
+                        largest_layer_params: int = 0, zero_init: bool = False) -> ModelStateEstimate:
+    """`estimate_model_states` read off a DeepSpeed config dict (stage, offload, precision)."""
+    zero = config.get("zero_optimization", {})
+    precision = ("fp16" if config.get("fp16", {}).get("enabled") else
+                 "bf16" if config.get("bf16", {}).get("enabled") else "fp32")
+    off_opt = zero.get("offload_optimizer", {}).get("device", "none")
+    off_par = zero.get("offload_param", {}).get("device", "none")
+    kwargs: dict[str, Any] = {}
+    if off_par == "nvme":
+        kwargs.update(nvme_buffer_count=zero["offload_param"].get("buffer_count", 5),
+                      nvme_buffer_size=int(zero["offload_param"].get("buffer_size", 100_000_000)))
+    return estimate_model_states(
+        n_params, int(zero.get("stage", 0)), precision=precision, offload_optimizer=off_opt,
+        offload_param=off_par, n_gpus=n_gpus, largest_layer_params=largest_layer_params,
+        reduce_bucket_elements=int(zero.get("reduce_bucket_size", 50_000_000)), zero_init=zero_init, **kwargs)
+
+
+def deepspeed_estimate(n_params: int, stage: int, *, offload_optimizer: str = "none",
+                       offload_param: str = "none", n_gpus: int = 1, largest_layer_params: int = 0,
+                       zero_init: bool = True) -> dict[str, int] | None:
+    """DeepSpeed's own estimate {'gpu': bytes, 'cpu': bytes} for stage 2 or 3 (None for 0/1)."""
+    if stage == 2:
+        from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+        cpu, gpu = estimate_zero2_model_states_mem_needs(
+            n_params, num_gpus_per_node=n_gpus, cpu_offload=offload_optimizer != "none")
+        return {"gpu": gpu, "cpu": cpu}
+    if stage == 3:
+        from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+
+        cpu, gpu, _ = estimate_zero3_model_states_mem_needs(
+            n_params, largest_layer_params, num_gpus_per_node=n_gpus,
+            cpu_offload=offload_optimizer != "none", cpu_offload_params=offload_param != "none",
+            zero_init=zero_init)
+        return {"gpu": gpu, "cpu": cpu}
+    return None
+
+
+def estimate_activations(batch: int, seq_len: int, hidden: int, n_layers: int, vocab: int, *,
+                         n_heads: int = 12, precision: str = "fp16", checkpointing: bool = False,
+                         fused_attention: bool = True) -> int:
+    """Activation bytes kept for backward by a GPT-style decoder (Korthikanti et al. 2022).
+
+    Per layer s·b·h·(34 + 5·a·s/h) bytes in 16-bit; the 5·a·s/h attention-score term is gone with
+    fused attention (SDPA / flash). With checkpointing only each layer's input (2·s·b·h) is kept,
+    plus one layer recomputed in full. The logits add b·s·V·(e + 4 + 4): 16-bit logits, their fp32
+    copy for the loss and its gradient.
+    """
+    e = bytes_per_element(precision)
+    sbh = seq_len * batch * hidden
+    per_layer = sbh * 34 + (0 if fused_attention else 5 * n_heads * seq_len * seq_len * batch)
+    per_layer = per_layer * e // 2
+    layers = (n_layers * 2 * sbh * e // 2 + per_layer) if checkpointing else n_layers * per_layer
+    logits = batch * seq_len * vocab * (e + 4 + 4)
+    return int(layers + logits)
+
+
+def count_params(model: Any) -> tuple[int, int]:
+    """(total parameters counted once, largest parameter count of one module) - DeepSpeed's counting."""
+    params = list(model.parameters())
+    if params and params[0].device.type != "meta":
+        from deepspeed.runtime.zero.stage3 import model_to_params
+
+        total, largest = model_to_params(model)
+        return int(total), int(largest)
+    # meta tensors all have data_ptr 0, which DeepSpeed's counter would fold into one
+    total = sum({id(p): p.numel() for p in params}.values())
+    largest = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
+    return int(total), int(largest)
+
+
+# ---------------------------------------------------------------- measurement
+
+def _rss_bytes() -> int:
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
+def folder_bytes(path: str | os.PathLike[str] | None) -> int:
+    """Bytes of the files under `path` (the NVMe offload folder); 0 if it does not exist."""
+    if not path or not os.path.isdir(path):
+        return 0
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            with contextlib.suppress(OSError):
+                total += os.stat(os.path.join(root, f)).st_blocks * 512
+    return total
+
+
+@dataclass
+class Measurement:
+    """Peaks and a time series recorded by `measure_peak` (notebooks 00-05)."""
+
+    baseline_gpu_allocated: int = 0
+    peak_gpu_allocated: int = 0
+    peak_gpu_reserved: int = 0
+    baseline_rss: int = 0
+    peak_rss: int = 0
+    peak_nvme_bytes: int = 0
+    seconds: float = 0.0
+    samples: list[dict[str, float]] = field(default_factory=list)
+
+    @property
+    def peak_gpu_gib(self) -> float:
+        return self.peak_gpu_allocated / GiB
+
+    @property
+    def peak_rss_gb(self) -> float:
+        return self.peak_rss / GB
+
+    def summary(self) -> str:
+        return (f"peak GPU allocated {self.peak_gpu_allocated / GiB:.3f} GiB (reserved "
+                f"{self.peak_gpu_reserved / GiB:.3f} GiB), peak RSS {self.peak_rss / GB:.2f} GB, "
+                f"NVMe {self.peak_nvme_bytes / GB:.2f} GB, {self.seconds:.1f} s")
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@contextlib.contextmanager
+def measure_peak(nvme_path: str | os.PathLike[str] | None = None, interval_s: float = 0.05,
+                 nvme_interval_s: float = 1.0) -> Iterator[Measurement]:
+    """Record peak GPU allocated/reserved, peak process RSS, NVMe folder bytes and a time series.
+
+    Peak GPU statistics are reset on entry, so each block measures only itself.
+    """
+    import torch
+
+    cuda = torch.cuda.is_available()
+    gc.collect()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    m = Measurement(baseline_gpu_allocated=int(torch.cuda.memory_allocated()) if cuda else 0,
+                    baseline_rss=_rss_bytes())
+    m.peak_rss = m.baseline_rss
+    stop = threading.Event()
+    start = time.perf_counter()
+    last_nvme = [-1e9]
+
+    def sample() -> None:
+        now = time.perf_counter()
+        row = {"t": now - start, "rss": float(_rss_bytes())}
+        if cuda:
+            row["gpu_allocated"] = float(torch.cuda.memory_allocated())
+            row["gpu_reserved"] = float(torch.cuda.memory_reserved())
+        if nvme_path is not None and now - last_nvme[0] >= nvme_interval_s:
+            last_nvme[0] = now
+            row["nvme"] = float(folder_bytes(nvme_path))
+            m.peak_nvme_bytes = max(m.peak_nvme_bytes, int(row["nvme"]))
+        m.peak_rss = max(m.peak_rss, int(row["rss"]))
+        m.samples.append(row)
+
+    def loop() -> None:
+        while not stop.wait(interval_s):
+            sample()
+
+    sample()
+    thread = threading.Thread(target=loop, name="measure_peak", daemon=True)
+    thread.start()
+    try:
+        yield m
+    finally:
+        stop.set()
+        thread.join()
+        if cuda:
+            torch.cuda.synchronize()
+        last_nvme[0] = -1e9
+        sample()
+        m.seconds = time.perf_counter() - start
+        if cuda:
+            m.peak_gpu_allocated = int(torch.cuda.max_memory_allocated())
+            m.peak_gpu_reserved = int(torch.cuda.max_memory_reserved())
+
+
+# ---------------------------------------------------------------- pre-flight
+
+class BudgetError(RuntimeError):
+    """A config predicted not to fit this runtime; the message names a config that would."""
+
+
+@dataclass
+class PreflightReport:
+    """Estimated need against this runtime's budget (notebooks 00-02)."""
+
+    estimate: ModelStateEstimate
+    gpu_needed: int
+    gpu_budget: int
+    ram_needed: int
+    ram_budget: int
+    disk_needed: int
+    disk_budget: int
+    suggestion: dict[str, Any] | None = None
+    suggestion_zero_init: bool = False
+
+    @property
+    def problems(self) -> list[str]:
+        out = []
+        if self.gpu_budget and self.gpu_needed > self.gpu_budget:
+            out.append(f"GPU: needs ~{self.gpu_needed / GiB:.2f} GiB, budget {self.gpu_budget / GiB:.2f} GiB")
+        if self.ram_needed > self.ram_budget:
+            out.append(f"CPU RAM: needs ~{self.ram_needed / GB:.2f} GB, budget {self.ram_budget / GB:.2f} GB")
+        if self.disk_needed > self.disk_budget:
+            out.append(f"disk: needs ~{self.disk_needed / GB:.2f} GB, {self.disk_budget / GB:.2f} GB free")
+        return out
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems
+
+    def __str__(self) -> str:
+        verdict = "fits" if self.fits else "does NOT fit: " + "; ".join(self.problems)
+        gpu = (f"GPU {self.gpu_needed / GiB:.2f} / {self.gpu_budget / GiB:.2f} GiB" if self.gpu_budget
+               else "no GPU (all of it in RAM)")
+        return (f"{self.estimate.label}: {gpu}, "
+                f"RAM {self.ram_needed / GB:.2f} / {self.ram_budget / GB:.2f} GB, "
+                f"disk {self.disk_needed / GB:.2f} / {self.disk_budget / GB:.2f} GB -> {verdict}")
+
+
+# Tried in order when a config does not fit: cheapest in speed first.
+FALLBACK_LADDER: tuple[dict[str, Any], ...] = (
+    {"stage": 2},
+    {"stage": 2, "offload_optimizer": "cpu"},
+    {"stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"},
+    {"stage": 3, "offload_optimizer": "nvme", "offload_param": "cpu"},
+    {"stage": 3, "offload_optimizer": "nvme", "offload_param": "nvme"},
+)
+
+
+def _report(est: ModelStateEstimate, runtime: "Runtime", activation_bytes: int, nvme_path: Any,
+            ram_in_use: int) -> PreflightReport:
+    if runtime.has_gpu:
+        gpu_needed, ram_needed = est.gpu_total + activation_bytes, est.cpu_total + ram_in_use
+    else:  # on CPU what would sit on the GPU sits in RAM, and the model built on CPU is not copied
+        cpu_total = est.cpu_total - est.cpu.get("model copy", 0)
+        gpu_needed, ram_needed = 0, est.gpu_total + cpu_total + activation_bytes + ram_in_use
+    disk_budget = int(shutil.disk_usage(nvme_path).free) if (nvme_path and os.path.isdir(nvme_path)) \
+        else runtime.disk_free_bytes
+    return PreflightReport(est, gpu_needed, runtime.vram_budget_bytes, ram_needed, runtime.ram_budget_bytes,
+                           est.nvme_total, disk_budget)
+
+
+def preflight(config: dict[str, Any], n_params: int, runtime: "Runtime", *, largest_layer_params: int = 0,
+              activation_bytes: int = 0, nvme_path: str | None = None, zero_init: bool = False,
+              ram_in_use: int | None = None, raise_on_failure: bool = True) -> PreflightReport:
+    """Compare the estimate for `config` with this runtime's VRAM/RAM/disk before allocating anything.
+
+    Raises BudgetError (when `raise_on_failure`) naming each overflow and the first config of
+    FALLBACK_LADDER that is predicted to fit, as `build_ds_config` arguments.
+    """
+    if ram_in_use is None:
+        ram_in_use = _rss_bytes()
+    nvme_path = nvme_path or config.get("zero_optimization", {}).get("offload_optimizer", {}).get("nvme_path") \
+        or config.get("zero_optimization", {}).get("offload_param", {}).get("nvme_path")
+    est = estimate_for_config(config, n_params, largest_layer_params=largest_layer_params, zero_init=zero_init)
+    report = _report(est, runtime, activation_bytes, nvme_path, ram_in_use)
+    if report.fits:
+        return report
+    precision = est.label.rsplit(" + ", 1)[-1]
+    for candidate in FALLBACK_LADDER:
+        # the suggestion assumes the model is built the ZeRO-3 way (deepspeed.zero.Init) where it can be
+        cand_init = zero_init or candidate["stage"] == 3
+        cand_est = estimate_model_states(n_params, candidate["stage"], precision=precision,
+                                         offload_optimizer=candidate.get("offload_optimizer", "none"),
+                                         offload_param=candidate.get("offload_param", "none"),
+                                         largest_layer_params=largest_layer_params, zero_init=cand_init)
+        if _report(cand_est, runtime, activation_bytes, nvme_path, ram_in_use).fits:
+            report.suggestion = dict(candidate)
+            report.suggestion_zero_init = cand_init
+            break
+    if raise_on_failure:
+        fix = (f"Fix: build_ds_config({', '.join(f'{k}={v!r}' for k, v in report.suggestion.items())}"
+               + (", nvme_path=...)" if "nvme" in report.suggestion.values() else ")")
+               + (" with the model built under deepspeed.zero.Init (HfDeepSpeedConfig)"
+                  if report.suggestion_zero_init and not zero_init else "")
+               if report.suggestion else
+               "Fix: no course config fits this model here: train a smaller model, shorten sequences or "
+               "micro-batch, or move to a machine with more memory")
+        hint = "" if zero_init else (" (it counts the fp32 model built on CPU before deepspeed.initialize: "
+                                     "build it under deepspeed.zero.Init / HfDeepSpeedConfig to avoid that)")
+        raise BudgetError(f"{est.label} is predicted not to fit this runtime ({runtime.label}): "
+                          + "; ".join(report.problems) + hint + ". " + fix + ".")
+    return report

@@ -1,0 +1,78 @@
+"""Model sizes the course uses, built from configs: no download needed (notebooks 00-02).
+
+The GPT-2 family ladder has the published architectures of gpt2 ... gpt2-xl plus larger
+rungs of the same shape, so "how big a model fits" can be asked offline.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# name -> (hidden size, layers, heads); vocab 50257, context 1024 as in GPT-2
+GPT2_LADDER: dict[str, tuple[int, int, int]] = {
+    "gpt2": (768, 12, 12),  # 124M
+    "gpt2-medium": (1024, 24, 16),  # 355M
+    "gpt2-large": (1280, 36, 20),  # 774M
+    "gpt2-xl": (1600, 48, 25),  # 1.56B
+    "gpt2-2.7b": (2560, 32, 32),  # 2.65B (GPT-Neo-2.7B's shape)
+    "gpt2-6.7b": (4096, 32, 32),  # 6.65B
+}
+GPT2_VOCAB = 50257
+GPT2_CONTEXT = 1024
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the estimators need to know about a causal LM."""
+
+    name: str
+    n_params: int
+    largest_layer_params: int
+    hidden: int
+    n_layers: int
+    n_heads: int
+    vocab: int
+
+
+def gpt2_config(name: str, **overrides: Any) -> Any:
+    """A transformers GPT2Config for a ladder rung (no download)."""
+    from transformers import GPT2Config
+
+    if name not in GPT2_LADDER:
+        raise ValueError(f"unknown ladder size {name!r}; choose one of {list(GPT2_LADDER)}")
+    hidden, layers, heads = GPT2_LADDER[name]
+    kwargs: dict[str, Any] = dict(n_embd=hidden, n_layer=layers, n_head=heads, vocab_size=GPT2_VOCAB,
+                                  n_positions=GPT2_CONTEXT)
+    kwargs.update(overrides)
+    return GPT2Config(**kwargs)
+
+
+def model_shape(model: str | Any) -> ModelShape:
+    """Parameter counts and dimensions for a ladder name, a local path / Hub id, or a config object.
+
+    The model is built on the meta device, so nothing is allocated or downloaded beyond its config.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from helpers.memory import count_params
+
+    if isinstance(model, str):
+        config = gpt2_config(model) if model in GPT2_LADDER else AutoConfig.from_pretrained(model)
+        name = model
+    else:
+        config, name = model, getattr(model, "name_or_path", "") or type(model).__name__
+    with torch.device("meta"):
+        net = AutoModelForCausalLM.from_config(config)
+    total, largest = count_params(net)
+
+    def first(*keys: str) -> int:
+        for k in keys:
+            if getattr(config, k, None) is not None:
+                return int(getattr(config, k))
+        return 0
+
+    return ModelShape(name=name, n_params=total, largest_layer_params=largest,
+                      hidden=first("hidden_size", "n_embd", "d_model"),
+                      n_layers=first("num_hidden_layers", "n_layer", "num_layers"),
+                      n_heads=first("num_attention_heads", "n_head"), vocab=first("vocab_size"))

@@ -1,0 +1,32 @@
+"""Figures a notebook measured, collected for the GPU check and the reports (notebooks 00-05).
+
+`record_figure("peak_vram_gib", 2.9)` keeps the value in this kernel and, when the environment
+variable DS_COURSE_FIGURES names a JSON file (scripts/gpu_check.py sets it), writes it there too.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+FIGURES_ENV = "DS_COURSE_FIGURES"
+_FIGURES: dict[str, Any] = {}
+
+
+def record_figure(name: str, value: Any) -> Any:
+    """Remember a measured figure (JSON-serialisable) under `name`; returns the value."""
+    json.dumps(value)  # fail here, not in the report writer
+    _FIGURES[name] = value
+    target = os.environ.get(FIGURES_ENV)
+    if target:
+        path = Path(target)
+        data = json.loads(path.read_text()) if path.exists() and path.stat().st_size else {}
+        data[name] = value
+        path.write_text(json.dumps(data, indent=2))
+    return value
+
+
+def recorded_figures() -> dict[str, Any]:
+    """A copy of every figure recorded in this kernel."""
+    return dict(_FIGURES)

@@ -1,0 +1,79 @@
+"""Execute course notebooks top to bottom (optionally twice in one kernel) and save them with outputs.
+
+    python scripts/run_notebooks.py                      # every notebook, outputs into build/notebooks/
+    python scripts/run_notebooks.py --twice notebooks/00_setup_and_ds_report.ipynb
+
+Sizes follow the hardware: smoke-sized on CPU, full-sized on a GPU (T4 budget mode with
+DS_COURSE_T4_BUDGET=1). Used by scripts/course.sh, tests/test_notebooks_twice.py and scripts/gpu_check.py.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def execute(path: Path, *, twice: bool = False, timeout_s: int = 1800, out_dir: Path | None = None,
+            figures_file: Path | None = None) -> dict:
+    """Run one notebook (twice in the same kernel if asked); returns {'passed', 'seconds', 'error'}."""
+    nb = nbformat.read(path, as_version=4)
+    env_before = os.environ.get("DS_COURSE_FIGURES")
+    if figures_file is not None:
+        figures_file.unlink(missing_ok=True)
+        os.environ["DS_COURSE_FIGURES"] = str(figures_file)
+    client = NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
+                            resources={"metadata": {"path": str(path.parent)}})
+    start = time.perf_counter()
+    error = ""
+    try:
+        with client.setup_kernel():
+            for round_ in range(2 if twice else 1):
+                for index, cell in enumerate(nb.cells):
+                    if cell.cell_type == "code":
+                        client.execute_cell(cell, index)
+    except Exception as exc:  # CellExecutionError carries the traceback text
+        error = f"{type(exc).__name__}: {exc}"[-4000:]
+    finally:
+        if figures_file is not None:
+            if env_before is None:
+                os.environ.pop("DS_COURSE_FIGURES", None)
+            else:
+                os.environ["DS_COURSE_FIGURES"] = env_before
+    seconds = time.perf_counter() - start
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, out_dir / path.name)
+    return {"passed": not error, "seconds": round(seconds, 1), "error": error}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("notebooks", nargs="*", type=Path)
+    parser.add_argument("--twice", action="store_true", help="run every cell twice in one kernel")
+    parser.add_argument("--out-dir", type=Path, default=ROOT / "build" / "notebooks")
+    parser.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
+    args = parser.parse_args(argv)
+    paths = args.notebooks or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    results = {}
+    for path in paths:
+        print(f"running {path.name} ...", flush=True)
+        results[path.name] = execute(path, twice=args.twice, timeout_s=args.timeout, out_dir=args.out_dir)
+        r = results[path.name]
+        print(f"  {'passed' if r['passed'] else 'FAILED'} in {r['seconds']} s", flush=True)
+        if r["error"]:
+            print(r["error"], file=sys.stderr)
+    print(json.dumps({k: {"passed": v["passed"], "seconds": v["seconds"]} for k, v in results.items()}, indent=2))
+    print(f"executed notebooks with outputs: {args.out_dir}")
+    return 0 if all(r["passed"] for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""Shared fixtures: runtimes that stand for a Colab T4, an A100 and this CPU machine."""
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from helpers.hardware import GiB, Runtime  # noqa: E402
+
+
+def fake_runtime(**overrides) -> Runtime:
+    base = Runtime(device="cuda", gpu_name="Tesla T4", compute_capability=(7, 5), gpu_total_bytes=int(15 * GiB),
+                   vram_budget_bytes=int(15 * GiB), ram_total_bytes=int(12.7e9), ram_budget_bytes=int(12.7e9),
+                   disk_free_bytes=int(100e9), cpu_cores=2, gpu_count=1, is_colab=True, t4_budget=False,
+                   precision="fp16")
+    return dataclasses.replace(base, **overrides)
+
+
+@pytest.fixture
+def t4() -> Runtime:
+    return fake_runtime()
+
+
+@pytest.fixture
+def a100() -> Runtime:
+    return fake_runtime(gpu_name="NVIDIA A100-SXM4-40GB", compute_capability=(8, 0), gpu_total_bytes=int(40 * GiB),
+                        vram_budget_bytes=int(40 * GiB), ram_total_bytes=int(80e9), ram_budget_bytes=int(80e9),
+                        is_colab=False, precision="bf16")
+
+
+@pytest.fixture
+def cpu() -> Runtime:
+    return fake_runtime(device="cpu", gpu_name=None, compute_capability=None, gpu_total_bytes=0,
+                        vram_budget_bytes=0, ram_total_bytes=int(24e9), ram_budget_bytes=int(24e9),
+                        gpu_count=0, is_colab=False, precision="fp32")

@@ -1,0 +1,170 @@
+import json
+import os
+import shutil
+
+import pytest
+
+from conftest import ROOT
+from helpers.config import (COURSE_CONFIGS, ConfigError, build_ds_config, check_nvme_path, course_config,
+                            validate_ds_config, write_course_configs)
+
+
+def test_stage2_fp16_contents(t4):
+    c = build_ds_config(2, runtime=t4, micro_batch_size=8, grad_accum_steps=4)
+    assert c["train_batch_size"] == 32 and c["train_micro_batch_size_per_gpu"] == 8
+    assert c["gradient_accumulation_steps"] == 4
+    assert c["fp16"]["enabled"] is True and c["fp16"]["loss_scale"] == 0 and "bf16" not in c
+    assert c["zero_optimization"]["stage"] == 2 and "offload_optimizer" not in c["zero_optimization"]
+    assert c["optimizer"]["type"] == "AdamW" and c["optimizer"]["params"]["torch_adam"] is True
+    assert c["gradient_clipping"] == 1.0 and c["scheduler"]["type"] == "WarmupLR"
+
+
+def test_precision_auto_follows_runtime(t4, a100, cpu):
+    assert "fp16" in build_ds_config(1, runtime=t4)
+    assert build_ds_config(1, runtime=a100)["bf16"] == {"enabled": True}
+    c = build_ds_config(1, runtime=cpu)
+    assert "fp16" not in c and "bf16" not in c
+
+
+def test_world_size_multiplies_the_global_batch():
+    assert build_ds_config(1, precision="fp32", micro_batch_size=2, grad_accum_steps=3,
+                           world_size=4)["train_batch_size"] == 24
+
+
+def test_offload_sections(tmp_path):
+    c = build_ds_config(2, precision="fp16", offload_optimizer="cpu")
+    assert c["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
+    assert "torch_adam" not in c["optimizer"]["params"]  # DeepSpeedCPUAdam does the offloaded step
+    c = build_ds_config(3, precision="fp16", offload_optimizer="nvme", offload_param="nvme",
+                        nvme_path=str(tmp_path), nvme_buffer_count=16, nvme_buffer_size=2 * 10**8)
+    z = c["zero_optimization"]
+    assert z["offload_param"]["nvme_path"] == str(tmp_path) and z["offload_param"]["buffer_count"] == 16
+    assert z["offload_param"]["buffer_size"] == 2 * 10**8 and z["offload_optimizer"]["device"] == "nvme"
+    assert c["aio"]["block_size"] == 1_048_576
+    assert z["stage3_gather_16bit_weights_on_model_save"] is True
+
+
+def test_scheduler_and_checkpointing_options():
+    c = build_ds_config(2, precision="fp32", scheduler="WarmupDecayLR", total_steps=100, warmup_steps=5,
+                        activation_checkpointing=True, gradient_clipping=None)
+    assert c["scheduler"]["params"]["total_num_steps"] == 100 and "gradient_clipping" not in c
+    assert "activation_checkpointing" in c
+    assert "scheduler" not in build_ds_config(2, precision="fp32", scheduler=None)
+
+
+@pytest.mark.parametrize("name", sorted(COURSE_CONFIGS))
+def test_every_course_config_passes_deepspeed_validation(name):
+    validate_ds_config(course_config(name))
+
+
+def test_deepspeed_validation_rejects_what_the_builder_cannot_see():
+    c = build_ds_config(2, precision="fp32")
+    c["train_batch_size"] = 7
+    with pytest.raises(ConfigError, match="train_batch_size is not equal"):
+        validate_ds_config(c)
+    c = build_ds_config(2, precision="fp32")
+    c["zero_optimization"]["no_such_option"] = 1
+    with pytest.raises(ConfigError, match="no_such_option"):
+        validate_ds_config(c)
+
+
+# ---- one test per bad input, each checking that the message says the fix
+
+def test_unknown_stage():
+    with pytest.raises(ConfigError, match=r"ZeRO stage must be 0, 1, 2 or 3 \(got 4\).*Fix: pass stage=0..3"):
+        build_ds_config(4, precision="fp32")
+
+
+def test_param_offload_below_stage_3():
+    with pytest.raises(ConfigError, match=r"Parameter offload needs ZeRO stage 3 \(got stage 2\).*Fix: stage=3"):
+        build_ds_config(2, precision="fp16", offload_param="cpu")
+
+
+def test_optimizer_offload_at_stage_0():
+    with pytest.raises(ConfigError, match="Optimizer offload needs ZeRO stage 1, 2 or 3.*Fix: stage=2"):
+        build_ds_config(0, precision="fp16", offload_optimizer="cpu")
+
+
+def test_bf16_on_a_gpu_without_native_bf16(t4):
+    with pytest.raises(ConfigError, match=r"Tesla T4 \(compute capability 7.5\) has no native bf16.*"
+                                          r"Fix: precision='fp16'"):
+        build_ds_config(2, precision="bf16", runtime=t4)
+
+
+def test_bf16_in_t4_budget_mode(a100):
+    import dataclasses
+
+    with pytest.raises(ConfigError, match="T4 budget mode.*Fix: precision='fp16'"):
+        build_ds_config(2, precision="bf16", runtime=dataclasses.replace(a100, t4_budget=True))
+
+
+def test_fp16_on_cpu(cpu):
+    with pytest.raises(ConfigError, match=r"fp16 is not supported by DeepSpeed on CPU.*Fix: precision='fp32'"):
+        build_ds_config(2, precision="fp16", runtime=cpu)
+
+
+def test_unknown_precision():
+    with pytest.raises(ConfigError, match="precision must be one of"):
+        build_ds_config(2, precision="int8")
+
+
+def test_auto_precision_without_runtime():
+    with pytest.raises(ConfigError, match="Fix: pass runtime=helpers.detect_runtime()"):
+        build_ds_config(2)
+
+
+def test_nvme_path_not_given():
+    with pytest.raises(ConfigError, match="NVMe offload needs a folder.*Fix: nvme_path="):
+        build_ds_config(3, precision="fp16", offload_param="nvme")
+
+
+def test_nvme_path_missing(tmp_path):
+    missing = tmp_path / "nope"
+    with pytest.raises(ConfigError, match=r"does not exist\. Fix: create it first"):
+        build_ds_config(3, precision="fp16", offload_optimizer="nvme", nvme_path=str(missing))
+
+
+def test_nvme_path_not_writable(tmp_path, monkeypatch):
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if str(p) == str(tmp_path) else real_access(p, mode))
+    with pytest.raises(ConfigError, match="is not writable by this user. Fix: pick a folder you own"):
+        build_ds_config(3, precision="fp16", offload_param="nvme", nvme_path=str(tmp_path))
+
+
+def test_nvme_path_too_small(tmp_path):
+    free = shutil.disk_usage(tmp_path).free
+    with pytest.raises(ConfigError, match=r"GB free but this config needs.*Fix: free disk space"):
+        build_ds_config(3, precision="fp16", offload_param="nvme", nvme_path=str(tmp_path),
+                        nvme_bytes_needed=free * 2)
+    assert check_nvme_path(tmp_path, bytes_needed=1) == tmp_path
+
+
+@pytest.mark.parametrize("field", ["micro_batch_size", "grad_accum_steps", "world_size"])
+@pytest.mark.parametrize("bad", [0, -2, 1.5, True])
+def test_non_positive_batch_sizes(field, bad):
+    with pytest.raises(ConfigError, match=f"{field} must be a positive integer.*Fix: pass {field}=1 or more"):
+        build_ds_config(2, precision="fp32", **{field: bad})
+
+
+def test_unknown_offload_device():
+    with pytest.raises(ConfigError, match=r"offload_optimizer must be one of \('none', 'cpu', 'nvme'\)"):
+        build_ds_config(2, precision="fp32", offload_optimizer="gpu")
+
+
+def test_unknown_course_config():
+    with pytest.raises(ConfigError, match="unknown course config 'zero9'"):
+        course_config("zero9")
+
+
+def test_course_config_adapts_precision_to_the_runtime(cpu):
+    c = course_config("zero2", cpu)
+    assert "fp16" not in c and c["zero_optimization"]["stage"] == 2
+    assert course_config("zero2")["fp16"]["enabled"] is True
+
+
+def test_configs_folder_matches_the_builder(tmp_path):
+    committed = sorted(p.name for p in (ROOT / "configs").glob("*.json"))
+    written = write_course_configs(tmp_path)
+    assert committed == sorted(p.name for p in written), "run: python -m helpers.config"
+    for path in written:
+        assert json.loads((ROOT / "configs" / path.name).read_text()) == json.loads(path.read_text()), path.name

@@ -1,0 +1,143 @@
+import os
+
+import pytest
+import torch
+
+from conftest import fake_runtime
+from helpers.config import build_ds_config
+from helpers.memory import (BudgetError, count_params, deepspeed_estimate, estimate_activations,
+                            estimate_for_config, estimate_model_states, measure_peak, preflight)
+
+PSI = 1_000_000
+
+
+def test_mixed_precision_is_2_2_12_bytes_per_parameter():
+    e = estimate_model_states(PSI, 0, precision="fp16")
+    assert e.gpu == {"params": 2 * PSI, "grads": 2 * PSI, "optimizer": 12 * PSI}
+    assert e.gpu_total == 16 * PSI and e.cpu["model copy"] == 4 * PSI
+
+
+@pytest.mark.parametrize("stage, expected_gpu", [
+    (0, 16 * PSI), (1, 2 * PSI + 2 * PSI + 12 * PSI // 4), (2, 2 * PSI + (2 + 12) * PSI // 4), (3, 16 * PSI // 4)])
+def test_each_stage_partitions_one_more_component_over_4_gpus(stage, expected_gpu):
+    assert estimate_model_states(PSI, stage, precision="bf16", n_gpus=4).gpu_total == expected_gpu
+
+
+def test_zero_paper_numbers_for_7_5b_on_64_gpus():
+    # ZeRO paper, figure 1: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB per GPU
+    psi = 7_500_000_000
+    got = [estimate_model_states(psi, s, precision="fp16", n_gpus=64).gpu_total / 1e9 for s in (0, 1, 2, 3)]
+    assert [round(g, 1) for g in got] == [120.0, 31.4, 16.6, 1.9]
+
+
+def test_fp32_counts_deepspeeds_master_copy_and_plain_torch_does_not():
+    assert estimate_model_states(PSI, 0, precision="fp32").gpu_total == 16 * PSI
+    assert estimate_model_states(PSI, 2, precision="fp32").gpu_total == 20 * PSI
+    plain = estimate_model_states(PSI, None, precision="fp16")
+    assert plain.gpu_total == 16 * PSI and plain.label.startswith("plain PyTorch AMP")
+
+
+def test_optimizer_offload_moves_12_plus_4_bytes_to_cpu():
+    e = estimate_model_states(PSI, 2, precision="fp16", offload_optimizer="cpu", reduce_bucket_elements=10_000)
+    assert e.gpu == {"params": 2 * PSI, "grads": 2 * 2 * 10_000}
+    assert e.cpu["optimizer"] == 12 * PSI and e.cpu["grads"] == 4 * PSI
+
+
+def test_param_offload_keeps_only_live_layers_on_gpu():
+    e = estimate_model_states(PSI, 3, precision="fp16", offload_optimizer="cpu", offload_param="cpu",
+                              largest_layer_params=50_000, zero_init=True)
+    assert e.gpu["params"] == 2 * 2 * 50_000 and e.cpu["params"] == 2 * PSI and e.cpu["model copy"] == 0
+
+
+def test_nvme_offload_puts_states_on_disk_and_buffers_in_ram():
+    e = estimate_model_states(PSI, 3, precision="fp16", offload_optimizer="nvme", offload_param="nvme",
+                              nvme_buffer_count=4, nvme_buffer_size=1000)
+    assert e.nvme == {"optimizer": 12 * PSI, "params": 2 * PSI}
+    assert e.cpu["buffers"] == 4 * 1000 * 2 + 4 * 1000 * 4
+
+
+def test_param_offload_below_stage_3_is_refused():
+    with pytest.raises(ValueError, match="stage 3"):
+        estimate_model_states(PSI, 2, offload_param="cpu")
+
+
+def test_estimate_reads_a_deepspeed_config():
+    cfg = build_ds_config(3, precision="fp16", offload_optimizer="cpu", offload_param="cpu")
+    e = estimate_for_config(cfg, PSI, largest_layer_params=1000)
+    assert e.cpu["optimizer"] == 12 * PSI and e.gpu["params"] == 4000
+    assert estimate_for_config(build_ds_config(1, precision="fp32"), PSI).gpu_total == 20 * PSI
+
+
+def test_deepspeed_estimators_are_called_with_their_formulas():
+    # DeepSpeed's ZeRO-2 formula: GPU 2Ψ + 18Ψ/N; with offload GPU 2Ψ, CPU Ψ·max(4N,16)·1.5
+    assert deepspeed_estimate(PSI, 2, n_gpus=2)["gpu"] == 2 * PSI + 9 * PSI
+    assert deepspeed_estimate(PSI, 2, offload_optimizer="cpu") == {"gpu": 2 * PSI, "cpu": int(16 * PSI * 1.5)}
+    # ZeRO-3 full offload: GPU 4 x largest layer, CPU 18Ψ·1.5
+    assert deepspeed_estimate(PSI, 3, offload_optimizer="cpu", offload_param="cpu",
+                              largest_layer_params=1000) == {"gpu": 4000, "cpu": int(18 * PSI * 1.5)}
+    assert deepspeed_estimate(PSI, 1) is None
+
+
+def test_activation_formula_by_hand():
+    # b=2, s=8, h=16, L=3, V=100, fp16, fused attention: 3 * 34*s*b*h + b*s*V*(2+4+4)
+    sbh = 8 * 2 * 16
+    assert estimate_activations(2, 8, 16, 3, 100, precision="fp16") == 3 * 34 * sbh + 2 * 8 * 100 * 10
+    # unfused attention adds 5*a*s*s*b per layer
+    assert estimate_activations(2, 8, 16, 3, 100, n_heads=4, fused_attention=False) == \
+        3 * (34 * sbh + 5 * 4 * 8 * 8 * 2) + 2 * 8 * 100 * 10
+    # checkpointing keeps 2*s*b*h per layer plus one full layer
+    assert estimate_activations(2, 8, 16, 3, 100, checkpointing=True) == 3 * 2 * sbh + 34 * sbh + 1600 * 10
+    assert estimate_activations(2, 8, 16, 3, 100, precision="fp32") == 2 * 3 * 34 * sbh + 1600 * 12
+
+
+def test_count_params_counts_tied_weights_once_also_on_meta():
+    def build():
+        emb = torch.nn.Embedding(10, 4)
+        head = torch.nn.Linear(4, 10, bias=False)
+        head.weight = emb.weight
+        return torch.nn.Sequential(emb, torch.nn.Linear(4, 4), head)
+
+    assert count_params(build()) == (40 + 20, 40)
+    with torch.device("meta"):
+        meta = build()
+    assert count_params(meta) == (60, 40)
+
+
+def test_measure_peak_sees_ram_and_nvme_bytes(tmp_path):
+    with measure_peak(nvme_path=tmp_path, interval_s=0.01, nvme_interval_s=0.0) as m:
+        block = torch.ones(64 * 2**20 // 4)  # 64 MiB
+        block += 1
+        (tmp_path / "swap.bin").write_bytes(os.urandom(3 * 2**20))
+        del block
+    assert m.peak_rss - m.baseline_rss >= 48 * 2**20
+    assert m.peak_nvme_bytes >= 3 * 2**20
+    assert len(m.samples) >= 2 and m.seconds > 0
+    assert "peak RSS" in m.summary()
+
+
+def test_preflight_refuses_gpt2_xl_zero2_on_a_t4_and_names_a_config_that_fits(t4):
+    cfg = build_ds_config(2, runtime=t4)
+    with pytest.raises(BudgetError) as err:
+        preflight(cfg, 1_557_611_200, t4, largest_layer_params=80_000_000, ram_in_use=int(1e9))
+    msg = str(err.value)
+    assert "GPU: needs ~" in msg and "budget 15.00 GiB" in msg and "Fix: build_ds_config(stage=" in msg
+
+
+def test_preflight_catches_the_cpu_ram_wall(t4):
+    cfg = build_ds_config(3, runtime=t4, offload_optimizer="cpu", offload_param="cpu")
+    with pytest.raises(BudgetError, match=r"CPU RAM: needs ~\d+\.\d+ GB, budget 12.70 GB") as err:
+        preflight(cfg, 1_557_611_200, t4, largest_layer_params=80_000_000, ram_in_use=int(1e9))
+    assert "deepspeed.zero.Init" in str(err.value)
+
+
+def test_preflight_catches_too_little_disk(tmp_path):
+    small_disk = fake_runtime(disk_free_bytes=int(5e9), ram_budget_bytes=int(500e9))
+    cfg = build_ds_config(3, precision="fp16", offload_optimizer="nvme", offload_param="nvme",
+                          nvme_path="/nonexistent-nvme", check_paths=False)
+    with pytest.raises(BudgetError, match=r"disk: needs ~\d+\.\d+ GB, 5.00 GB free"):
+        preflight(cfg, 2_000_000_000, small_disk, largest_layer_params=10**8, ram_in_use=0)
+
+
+def test_preflight_passes_a_config_that_fits(t4):
+    report = preflight(build_ds_config(2, runtime=t4), 124_000_000, t4, ram_in_use=int(1e9))
+    assert report.fits and "fits" in str(report)

@@ -1,0 +1,19 @@
+import json
+
+import pytest
+
+from helpers.records import FIGURES_ENV, record_figure, recorded_figures
+
+
+def test_record_figure_keeps_and_writes(tmp_path, monkeypatch):
+    target = tmp_path / "figures.json"
+    monkeypatch.setenv(FIGURES_ENV, str(target))
+    record_figure("peak_vram_gib", 2.5)
+    record_figure("passed", True)
+    assert json.loads(target.read_text()) == {"peak_vram_gib": 2.5, "passed": True}
+    assert recorded_figures()["peak_vram_gib"] == 2.5
+
+
+def test_record_figure_refuses_what_json_cannot_hold():
+    with pytest.raises(TypeError):
+        record_figure("bad", object())

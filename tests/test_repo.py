@@ -1,0 +1,64 @@
+"""The course's promises about itself: README commands, CI, notebook hygiene, one repository address."""
+import json
+import re
+
+import nbformat
+
+from conftest import ROOT
+
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+README = (ROOT / "README.md").read_text()
+COURSE_COMMAND = "bash scripts/course.sh"
+TEST_COMMAND = "bash scripts/test.sh"
+
+
+def test_readme_gives_exactly_the_two_commands():
+    blocks = re.findall(r"```(?:bash|sh)?\n(.*?)```", README, flags=re.S)
+    commands = [line.strip() for b in blocks for line in b.splitlines()
+                if line.strip() and not line.strip().startswith("#")]
+    assert COURSE_COMMAND in commands and TEST_COMMAND in commands
+    assert len([c for c in commands if c.startswith("bash scripts/")]) == 2
+
+
+def test_ci_runs_the_readme_test_command():
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert TEST_COMMAND in ci
+
+
+def test_readme_lists_every_notebook_with_a_colab_badge():
+    assert NOTEBOOKS
+    for nb in NOTEBOOKS:
+        assert f"notebooks/{nb.name}" in README, nb.name
+        assert re.search(r"colab\.research\.google\.com/github/[^)]*" + re.escape(nb.name), README), nb.name
+
+
+def test_notebooks_are_stripped_and_have_one_parameters_cell():
+    for path in NOTEBOOKS:
+        nb = nbformat.read(path, as_version=4)
+        nbformat.validate(nb)
+        code = [c for c in nb.cells if c.cell_type == "code"]
+        assert all(not c.outputs and c.execution_count is None for c in code), f"{path.name}: strip outputs"
+        assert "colab" not in nb.metadata and "widgets" not in nb.metadata, f"{path.name}: Colab metadata"
+        tagged = [c for c in code if "parameters" in c.metadata.get("tags", [])]
+        assert len(tagged) == 1, f"{path.name}: exactly one cell tagged 'parameters'"
+        text = "\n".join(c.source for c in nb.cells)
+        assert "## Summary" in text and "## Exercises" in text and "You will learn" in text, path.name
+
+
+def test_one_repository_address_everywhere():
+    addresses = set()
+    for path in NOTEBOOKS:
+        nb = json.loads(path.read_text())
+        for cell in nb["cells"]:
+            addresses.update(re.findall(r'COURSE_REPO = "([^"]+)"', "".join(cell["source"])))
+    assert len(addresses) == 1, addresses
+    (repo,) = addresses
+    owner_name = repo.removeprefix("https://github.com/")
+    assert f"colab.research.google.com/github/{owner_name}/blob/main/notebooks/" in README
+    assert repo in README
+
+
+def test_requirements_never_reinstall_torch():
+    reqs = (ROOT / "requirements.txt").read_text().splitlines()
+    assert not [r for r in reqs if re.match(r"^\s*torch\b", r)], "Colab ships torch; never list it"
+    assert "deepspeed==0.19.8" in reqs

@@ -1,0 +1,68 @@
+import gc
+import os
+import socket
+import weakref
+
+import pytest
+import torch
+
+from helpers.runtime import DIST_ENV_VARS, free_port, gpu_allocated_bytes, reset_peak_stats, setup_single_process, teardown
+
+
+def test_free_port_is_bindable():
+    port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+
+
+def test_setup_single_process_sets_the_five_variables(monkeypatch):
+    for k in DIST_ENV_VARS:
+        monkeypatch.delenv(k, raising=False)
+    env = setup_single_process()
+    assert env["WORLD_SIZE"] == "1" and env["RANK"] == "0" and env["LOCAL_RANK"] == "0"
+    assert 0 < int(env["MASTER_PORT"]) < 65536 and os.environ["MASTER_ADDR"] == "127.0.0.1"
+    assert setup_single_process(port=12345)["MASTER_PORT"] == "12345"
+
+
+def _train_one_engine(hidden=64):
+    import deepspeed
+
+    from helpers.config import build_ds_config
+
+    setup_single_process()
+    model = torch.nn.Sequential(torch.nn.Linear(hidden, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden))
+    dtype = torch.float16 if torch.cuda.is_available() else torch.float32
+    cfg = build_ds_config(2, precision="fp16" if torch.cuda.is_available() else "fp32", micro_batch_size=4,
+                          scheduler=None)
+    engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    x = torch.randn(4, hidden).to(engine.device, dtype)
+    engine.backward(engine(x).float().pow(2).mean())
+    engine.step()
+    return engine, optimizer, model
+
+
+def test_teardown_releases_the_engine_cpu_analogue():
+    engine, optimizer, model = _train_one_engine()
+    refs = [weakref.ref(engine), weakref.ref(model), weakref.ref(next(model.parameters()))]
+    teardown(engine, optimizer, model)
+    del engine, optimizer, model
+    gc.collect()
+    assert [r() for r in refs] == [None, None, None]
+
+
+def test_teardown_namespace_drops_notebook_globals():
+    ns = {"engine": object(), "keep": 1}
+    teardown(namespace=ns, names=("engine",))
+    assert ns == {"keep": 1}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the GPU machine)")
+def test_teardown_brings_gpu_memory_back_to_baseline():
+    reset_peak_stats()
+    baseline = gpu_allocated_bytes()
+    engine, optimizer, model = _train_one_engine(hidden=2048)
+    assert gpu_allocated_bytes() > baseline + 2**20
+    after = teardown(engine, optimizer, model)
+    del engine, optimizer, model
+    after = teardown()
+    assert after <= baseline, (baseline, after)
