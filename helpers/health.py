@@ -140,9 +140,13 @@ def health_checks(report: dict[str, Any], runtime: "Runtime | None" = None) -> l
             add(HealthCheck("GPU", "none", WARN,
                             "no GPU: notebooks run smoke-sized on CPU. In Colab: Runtime > Change runtime "
                             "type > T4 GPU"))
-        why = {"fp16": "no native bf16 here (compute capability < 8.0 or T4 budget mode)",
-               "bf16": "native bf16 (compute capability >= 8.0)", "fp32": "CPU: DeepSpeed refuses fp16"}
-        add(HealthCheck("precision", f"{runtime.precision}: {why[runtime.precision]}", OK))
+        if runtime.precision == "fp16":
+            why = ("T4 budget mode (a T4 has no native bf16)" if runtime.t4_budget else
+                   "no native bf16 (compute capability < 8.0)")
+        else:
+            why = "native bf16 (compute capability >= 8.0)" if runtime.precision == "bf16" else \
+                "CPU: DeepSpeed refuses fp16"
+        add(HealthCheck("precision", f"{runtime.precision}: {why}", OK))
     for warning in report["warnings"]:
         if "shm" in warning.lower():
             add(HealthCheck("/dev/shm", warning, WARN, "increase shared memory (docker --shm-size=1gb)"))

@@ -94,7 +94,8 @@ def estimate_model_states(
     offload_param: str = "none",
     n_gpus: int = 1,
     largest_layer_params: int = 0,
-    reduce_bucket_elements: int = 50_000_000,
+    reduce_bucket_elements: int = 500_000_000,
+    overlap_comm: bool = False,
     nvme_buffer_count: int = 8,
     nvme_buffer_size: int = 100_000_000,
     zero_init: bool = False,
@@ -105,6 +106,9 @@ def estimate_model_states(
     fp32: params 4Ψ, grads 4Ψ, Adam 8Ψ, plus a 4Ψ fp32 master copy that DeepSpeed's ZeRO optimizers
     keep even in fp32 (stage >= 1). Plain PyTorch AMP keeps fp32 weights: 4Ψ + 4Ψ + 8Ψ = 16Ψ.
     Unless `zero_init`, the model is first built on CPU in fp32 (4Ψ of CPU RAM, 'model copy').
+    Stages 1 and 2 also allocate a gradient reduction bucket of `reduce_bucket_elements` on the GPU
+    (DeepSpeed's default 5e8 elements: about 1 GB in 16-bit, whatever the model size; twice that with
+    overlap_comm). Pass reduce_bucket_elements=0 for model states alone.
     """
     psi = int(n_params)
     n = int(n_gpus)
@@ -141,7 +145,6 @@ def estimate_model_states(
         target = cpu if offload_optimizer == "cpu" else nvme
         target["optimizer"] = opt_share * n  # all ranks of the node share the host
         cpu["grads"] = 4 * psi // n * n  # fp32 gradient partition per rank, on the host
-        gpu["grads"] = min(grad_share, 2 * e * reduce_bucket_elements)  # reduce buckets only
     # parameters
     if offload_param == "none":
         gpu["params"] = param_share
@@ -156,6 +159,9 @@ def estimate_model_states(
             cpu["buffers"] = nvme_buffer_count * nvme_buffer_size * e
     if offload_optimizer == "nvme":
         cpu["buffers"] = cpu.get("buffers", 0) + 4 * nvme_buffer_size * 4  # optimizer swap buffers
+    if stage in (1, 2) and reduce_bucket_elements:
+        # contiguous gradients: torch.empty(reduce_bucket_size) in the model dtype, x2 with overlap_comm
+        gpu["buffers"] = reduce_bucket_elements * e * (2 if overlap_comm else 1)
     cpu["model copy"] = 0 if (zero_init and stage == 3) else 4 * psi
     if precision:
         parts.append(precision)
@@ -177,7 +183,9 @@ def estimate_for_config(config: dict[str, Any], n_params: int, *, n_gpus: int = 
     return estimate_model_states(
         n_params, int(zero.get("stage", 0)), precision=precision, offload_optimizer=off_opt,
         offload_param=off_par, n_gpus=n_gpus, largest_layer_params=largest_layer_params,
-        reduce_bucket_elements=int(zero.get("reduce_bucket_size", 50_000_000)), zero_init=zero_init, **kwargs)
+        reduce_bucket_elements=int(zero.get("reduce_bucket_size", 500_000_000))
+        if zero.get("contiguous_gradients", True) else 0,
+        overlap_comm=bool(zero.get("overlap_comm", False)), zero_init=zero_init, **kwargs)
 
 
 def deepspeed_estimate(n_params: int, stage: int, *, offload_optimizer: str = "none",

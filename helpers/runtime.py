@@ -22,19 +22,21 @@ def free_port() -> int:
 
 
 def setup_single_process(port: int | None = None) -> dict[str, str]:
-    """Set the five distributed variables for a world of one process (kept if already set)."""
-    defaults = {
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port or free_port()),
-        "RANK": "0",
-        "LOCAL_RANK": "0",
-        "WORLD_SIZE": "1",
-    }
-    for key, value in defaults.items():
-        if port is not None and key == "MASTER_PORT":
-            os.environ[key] = value
-        else:
-            os.environ.setdefault(key, value)
+    """Set the five distributed variables for a world of one process, on a free port.
+
+    Once torch.distributed is initialised (a second run in the same kernel) the variables are left
+    alone: DeepSpeed reuses the existing process group.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        os.environ.update({
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port or free_port()),
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "1",
+        })
     return {k: os.environ[k] for k in DIST_ENV_VARS}
 
 

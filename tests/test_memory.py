@@ -20,26 +20,28 @@ def test_mixed_precision_is_2_2_12_bytes_per_parameter():
 @pytest.mark.parametrize("stage, expected_gpu", [
     (0, 16 * PSI), (1, 2 * PSI + 2 * PSI + 12 * PSI // 4), (2, 2 * PSI + (2 + 12) * PSI // 4), (3, 16 * PSI // 4)])
 def test_each_stage_partitions_one_more_component_over_4_gpus(stage, expected_gpu):
-    assert estimate_model_states(PSI, stage, precision="bf16", n_gpus=4).gpu_total == expected_gpu
+    assert estimate_model_states(PSI, stage, precision="bf16", n_gpus=4,
+                                 reduce_bucket_elements=0).gpu_total == expected_gpu
 
 
 def test_zero_paper_numbers_for_7_5b_on_64_gpus():
     # ZeRO paper, figure 1: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB per GPU
     psi = 7_500_000_000
-    got = [estimate_model_states(psi, s, precision="fp16", n_gpus=64).gpu_total / 1e9 for s in (0, 1, 2, 3)]
+    got = [estimate_model_states(psi, s, precision="fp16", n_gpus=64, reduce_bucket_elements=0).gpu_total / 1e9
+           for s in (0, 1, 2, 3)]
     assert [round(g, 1) for g in got] == [120.0, 31.4, 16.6, 1.9]
 
 
 def test_fp32_counts_deepspeeds_master_copy_and_plain_torch_does_not():
     assert estimate_model_states(PSI, 0, precision="fp32").gpu_total == 16 * PSI
-    assert estimate_model_states(PSI, 2, precision="fp32").gpu_total == 20 * PSI
+    assert estimate_model_states(PSI, 2, precision="fp32", reduce_bucket_elements=0).gpu_total == 20 * PSI
     plain = estimate_model_states(PSI, None, precision="fp16")
     assert plain.gpu_total == 16 * PSI and plain.label.startswith("plain PyTorch AMP")
 
 
 def test_optimizer_offload_moves_12_plus_4_bytes_to_cpu():
     e = estimate_model_states(PSI, 2, precision="fp16", offload_optimizer="cpu", reduce_bucket_elements=10_000)
-    assert e.gpu == {"params": 2 * PSI, "grads": 2 * 2 * 10_000}
+    assert e.gpu == {"params": 2 * PSI, "buffers": 2 * 10_000}
     assert e.cpu["optimizer"] == 12 * PSI and e.cpu["grads"] == 4 * PSI
 
 
@@ -61,11 +63,23 @@ def test_param_offload_below_stage_3_is_refused():
         estimate_model_states(PSI, 2, offload_param="cpu")
 
 
+def test_stage_1_and_2_count_deepspeeds_gradient_bucket():
+    e = estimate_model_states(PSI, 2, precision="fp16")  # DeepSpeed's default bucket: 5e8 elements
+    assert e.gpu["buffers"] == 500_000_000 * 2 and e.gpu_total == 16 * PSI + 10**9
+    assert estimate_model_states(PSI, 1, precision="fp32", reduce_bucket_elements=10,
+                                 overlap_comm=True).gpu["buffers"] == 80
+    assert "buffers" not in estimate_model_states(PSI, 0).gpu and "buffers" not in estimate_model_states(PSI, 3).gpu
+    literal = {"zero_optimization": {"stage": 2}, "fp16": {"enabled": True}}
+    assert estimate_for_config(literal, PSI).gpu["buffers"] == 10**9
+    built = build_ds_config(2, precision="fp16")  # the builder asks for 5e7
+    assert estimate_for_config(built, PSI).gpu["buffers"] == 10**8
+
+
 def test_estimate_reads_a_deepspeed_config():
     cfg = build_ds_config(3, precision="fp16", offload_optimizer="cpu", offload_param="cpu")
     e = estimate_for_config(cfg, PSI, largest_layer_params=1000)
     assert e.cpu["optimizer"] == 12 * PSI and e.gpu["params"] == 4000
-    assert estimate_for_config(build_ds_config(1, precision="fp32"), PSI).gpu_total == 20 * PSI
+    assert estimate_for_config(build_ds_config(1, precision="fp32"), PSI).gpu_total == 20 * PSI + 4 * 50_000_000
 
 
 def test_deepspeed_estimators_are_called_with_their_formulas():

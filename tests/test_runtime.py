@@ -16,19 +16,26 @@ def test_free_port_is_bindable():
 
 
 def test_setup_single_process_sets_the_five_variables(monkeypatch):
+    import torch.distributed as dist
+
     for k in DIST_ENV_VARS:
-        monkeypatch.delenv(k, raising=False)
+        monkeypatch.setenv(k, "stale")  # registered, so monkeypatch restores the environment afterwards
+    if dist.is_initialized():
+        assert setup_single_process()["MASTER_PORT"] == "stale"  # an existing group is left alone
+        return
     env = setup_single_process()
     assert env["WORLD_SIZE"] == "1" and env["RANK"] == "0" and env["LOCAL_RANK"] == "0"
     assert 0 < int(env["MASTER_PORT"]) < 65536 and os.environ["MASTER_ADDR"] == "127.0.0.1"
     assert setup_single_process(port=12345)["MASTER_PORT"] == "12345"
 
 
-def _train_one_engine(hidden=64):
+def _train_one_engine(monkeypatch, hidden=64):
     import deepspeed
 
     from helpers.config import build_ds_config
 
+    for k in DIST_ENV_VARS:  # restored after the test, so notebooks run later get no stale port
+        monkeypatch.setenv(k, os.environ.get(k, ""))
     setup_single_process()
     model = torch.nn.Sequential(torch.nn.Linear(hidden, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden))
     dtype = torch.float16 if torch.cuda.is_available() else torch.float32
@@ -41,8 +48,8 @@ def _train_one_engine(hidden=64):
     return engine, optimizer, model
 
 
-def test_teardown_releases_the_engine_cpu_analogue():
-    engine, optimizer, model = _train_one_engine()
+def test_teardown_releases_the_engine_cpu_analogue(monkeypatch):
+    engine, optimizer, model = _train_one_engine(monkeypatch)
     refs = [weakref.ref(engine), weakref.ref(model), weakref.ref(next(model.parameters()))]
     teardown(engine, optimizer, model)
     del engine, optimizer, model
@@ -57,10 +64,10 @@ def test_teardown_namespace_drops_notebook_globals():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the GPU machine)")
-def test_teardown_brings_gpu_memory_back_to_baseline():
+def test_teardown_brings_gpu_memory_back_to_baseline(monkeypatch):
     reset_peak_stats()
     baseline = gpu_allocated_bytes()
-    engine, optimizer, model = _train_one_engine(hidden=2048)
+    engine, optimizer, model = _train_one_engine(monkeypatch, hidden=2048)
     assert gpu_allocated_bytes() > baseline + 2**20
     after = teardown(engine, optimizer, model)
     del engine, optimizer, model
