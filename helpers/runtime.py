@@ -24,19 +24,15 @@ def free_port() -> int:
 def setup_single_process(port: int | None = None) -> dict[str, str]:
     """Set the five distributed variables for a world of one process, on a free port.
 
-    Once torch.distributed is initialised (a second run in the same kernel) the variables are left
-    alone: DeepSpeed reuses the existing process group.
+    Once torch.distributed is initialised (a second run in the same kernel) the port is left as it
+    is: DeepSpeed reuses the existing process group.
     """
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()):
-        os.environ.update({
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port or free_port()),
-            "RANK": "0",
-            "LOCAL_RANK": "0",
-            "WORLD_SIZE": "1",
-        })
+    initialised = dist.is_available() and dist.is_initialized()
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
+    if port is not None or not initialised or not os.environ.get("MASTER_PORT"):
+        os.environ["MASTER_PORT"] = str(port or free_port())
     return {k: os.environ[k] for k in DIST_ENV_VARS}
 
 

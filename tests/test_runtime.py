@@ -19,11 +19,10 @@ def test_setup_single_process_sets_the_five_variables(monkeypatch):
     import torch.distributed as dist
 
     for k in DIST_ENV_VARS:
-        monkeypatch.setenv(k, "stale")  # registered, so monkeypatch restores the environment afterwards
+        monkeypatch.setenv(k, "7")  # registered, so monkeypatch restores the environment afterwards
     if dist.is_initialized():
-        assert setup_single_process()["MASTER_PORT"] == "stale"  # an existing group is left alone
-        return
-    env = setup_single_process()
+        assert setup_single_process()["MASTER_PORT"] == "7"  # the existing group keeps its port
+    env = setup_single_process(port=None if not dist.is_initialized() else 23456)
     assert env["WORLD_SIZE"] == "1" and env["RANK"] == "0" and env["LOCAL_RANK"] == "0"
     assert 0 < int(env["MASTER_PORT"]) < 65536 and os.environ["MASTER_ADDR"] == "127.0.0.1"
     assert setup_single_process(port=12345)["MASTER_PORT"] == "12345"
@@ -35,7 +34,8 @@ def _train_one_engine(monkeypatch, hidden=64):
     from helpers.config import build_ds_config
 
     for k in DIST_ENV_VARS:  # restored after the test, so notebooks run later get no stale port
-        monkeypatch.setenv(k, os.environ.get(k, ""))
+        monkeypatch.setenv(k, "0")
+        monkeypatch.delenv(k)
     setup_single_process()
     model = torch.nn.Sequential(torch.nn.Linear(hidden, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden))
     dtype = torch.float16 if torch.cuda.is_available() else torch.float32
