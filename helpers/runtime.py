@@ -57,29 +57,27 @@ def reset_peak_stats() -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
-def teardown(*objects: Any, namespace: dict[str, Any] | None = None, names: tuple[str, ...] = ()) -> int:
-    """Destroy DeepSpeed engines among `objects`, drop `names` from `namespace`, free memory.
+def teardown(namespace: dict[str, Any], *names: str) -> int:
+    """Destroy and forget the objects that `names` point to in `namespace`, then free their memory.
 
-    Pass the engine, optimizer, model ... and, from a notebook, ``namespace=globals()`` with the
-    variable names that still point at them (a reference left in a global keeps GPU memory alive).
-    Returns the CUDA bytes still allocated afterwards, to compare with the baseline taken before.
+    From a notebook: ``helpers.teardown(globals(), "engine", "optimizer", "model")``. The objects are
+    taken out of the namespace here rather than passed in, because an argument stays referenced by
+    the caller until the call returns, which would keep their memory alive through the collection.
+    Engines are destroyed (``engine.destroy()``), optimizer states cleared. Returns the CUDA bytes
+    still allocated afterwards, to compare with the baseline taken before.
     """
     import torch
 
-    for obj in objects:
-        destroy = getattr(obj, "destroy", None)
-        if callable(destroy) and type(obj).__name__.endswith("Engine"):
-            destroy()
-        optimizer = getattr(obj, "optimizer", None)
-        if optimizer is not None and hasattr(optimizer, "state"):
-            try:
-                optimizer.state.clear()
-            except (AttributeError, TypeError):
-                pass
-    if namespace is not None:
-        for name in names:
-            namespace.pop(name, None)
-    del objects
+    for name in names:
+        obj = namespace.pop(name, None)
+        if obj is None:
+            continue
+        if callable(getattr(obj, "destroy", None)) and type(obj).__name__.endswith("Engine"):
+            obj.destroy()
+        state = getattr(obj, "state", None)
+        if isinstance(state, dict):
+            state.clear()
+        del obj
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
