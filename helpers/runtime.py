@@ -49,9 +49,9 @@ def gpu_allocated_bytes() -> int:
 def warm_up_cuda() -> None:
     """Create this process's cuBLAS / cuBLASLt workspaces now (no-op on CPU).
 
-    The first matrix multiply allocates them (32 MiB each on Hopper, a few MiB on a T4) and PyTorch
-    keeps them for the life of the process: taken before that, a baseline would wrongly show them
-    as memory a teardown failed to give back.
+    The first matrix multiply of each thread allocates them (32 MiB each on Hopper, a few MiB on a
+    T4; backward runs in autograd's own thread) and PyTorch keeps them for the life of the process:
+    taken before that, a baseline would wrongly show them as memory a teardown failed to give back.
     """
     import torch
 
@@ -59,8 +59,10 @@ def warm_up_cuda() -> None:
         return
     for dtype in (torch.float32, torch.float16):
         a = torch.ones(16, 16, device="cuda", dtype=dtype)
-        torch.nn.functional.linear(a, a, a[0])  # cuBLASLt path (bias epilogue)
-        a @ a  # cuBLAS path
+        w = torch.ones(16, 16, device="cuda", dtype=dtype, requires_grad=True)
+        # forward in this thread (cuBLASLt with the bias epilogue, plain cuBLAS), backward in autograd's
+        # device thread, which has cuBLAS handles and workspaces of its own
+        (torch.nn.functional.linear(a, w, a[0]) + a @ w).float().sum().backward()
     torch.cuda.synchronize()
 
 
