@@ -56,6 +56,26 @@ _EXPORTS: dict[str, str] = {
     # planner
     "plan": "planner",
     "planner_widget": "planner",
+    "estimate_peak": "memory",
+    "estimate_step_transient": "memory",
+    # data (notebook 01 onwards)
+    "load_text_dataset": "data",
+    "train_tokenizer": "data",
+    "load_tokenizer": "data",
+    "pack_blocks": "data",
+    "block_loader": "data",
+    # models
+    "GPT2_LADDER": "models",
+    "gpt2_config": "models",
+    "model_shape": "models",
+    "save_model_from_config": "models",
+    "load_causal_lm": "models",
+    # training runs
+    "RunResult": "train",
+    "train_run": "train",
+    "evaluate": "train",
+    "results_table": "train",
+    "save_results": "train",
     # records
     "record_figure": "records",
     "recorded_figures": "records",

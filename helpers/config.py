@@ -174,11 +174,12 @@ def build_ds_config(
     config["optimizer"] = {"type": optimizer, "params": optimizer_params}
     if scheduler == "WarmupLR":
         config["scheduler"] = {"type": "WarmupLR", "params": {
-            "warmup_min_lr": 0.0, "warmup_max_lr": lr, "warmup_num_steps": warmup_steps}}
+            "warmup_min_lr": 0.0, "warmup_max_lr": lr, "warmup_num_steps": warmup_steps,
+            "warmup_type": "linear"}}
     elif scheduler == "WarmupDecayLR":
         config["scheduler"] = {"type": "WarmupDecayLR", "params": {
             "warmup_min_lr": 0.0, "warmup_max_lr": lr, "warmup_num_steps": warmup_steps,
-            "total_num_steps": total_steps}}
+            "warmup_type": "linear", "total_num_steps": total_steps}}
     if gradient_clipping is not None:
         config["gradient_clipping"] = gradient_clipping
     if resolved == "fp16":

@@ -456,3 +456,39 @@ def preflight(config: dict[str, Any], n_params: int, runtime: "Runtime", *, larg
         raise BudgetError(f"{est.label} is predicted not to fit this runtime ({runtime.label}): "
                           + "; ".join(report.problems) + hint + ". " + fix + ".")
     return report
+
+
+def estimate_step_transient(n_params: int, stage: int | None, *, precision: str = "fp16", n_gpus: int = 1,
+                            offload_optimizer: str = "none") -> int:
+    """GPU bytes that exist only while the optimizer steps (activations are gone by then).
+
+    Multi-tensor AdamW (PyTorch's default on GPU) makes one fp32 temporary the size of the
+    parameters it updates (sqrt of the variance). DeepSpeed's mixed-precision optimizers also
+    build an fp32 copy of the gradient partition to step on. Nothing of this sits on the GPU when
+    the optimizer is offloaded.
+    """
+    if offload_optimizer != "none":
+        return 0
+    psi = int(n_params)
+    if stage is None:
+        return 4 * psi
+    share = psi if stage == 0 else psi // n_gpus
+    fp32_grads = 4 * share if (precision != "fp32" or stage >= 1) else 0
+    return fp32_grads + 4 * share
+
+
+def estimate_peak(config: dict[str, Any] | None, n_params: int, *, precision: str, activation_bytes: int,
+                  n_gpus: int = 1, largest_layer_params: int = 0) -> tuple[int, ModelStateEstimate]:
+    """Predicted peak GPU bytes of one training run: model states + max(activations, optimizer-step temporaries).
+
+    `config` None means plain PyTorch (AMP) + AdamW. Returns (peak bytes, the model-state breakdown).
+    """
+    if config is None:
+        states = estimate_model_states(n_params, None, precision=precision, n_gpus=n_gpus)
+        stage, offload = None, "none"
+    else:
+        states = estimate_for_config(config, n_params, n_gpus=n_gpus, largest_layer_params=largest_layer_params)
+        zero = config.get("zero_optimization", {})
+        stage, offload = int(zero.get("stage", 0)), zero.get("offload_optimizer", {}).get("device", "none")
+    transient = estimate_step_transient(n_params, stage, precision=precision, n_gpus=n_gpus, offload_optimizer=offload)
+    return states.gpu_total + max(activation_bytes, transient), states

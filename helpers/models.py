@@ -6,10 +6,12 @@ rungs of the same shape, so "how big a model fits" can be asked offline.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 # name -> (hidden size, layers, heads); vocab 50257, context 1024 as in GPT-2
 GPT2_LADDER: dict[str, tuple[int, int, int]] = {
+    "gpt2-tiny": (64, 2, 2),  # 3.3M with GPT-2's vocabulary: CPU smoke runs
     "gpt2": (768, 12, 12),  # 124M
     "gpt2-medium": (1024, 24, 16),  # 355M
     "gpt2-large": (1280, 36, 20),  # 774M
@@ -59,7 +61,7 @@ def model_shape(model: str | Any) -> ModelShape:
 
     if isinstance(model, str):
         config = gpt2_config(model) if model in GPT2_LADDER else AutoConfig.from_pretrained(model)
-        name = model
+        name = Path(model).name if Path(model).is_dir() else model
     else:
         config, name = model, getattr(model, "name_or_path", "") or type(model).__name__
     with torch.device("meta"):
@@ -76,3 +78,26 @@ def model_shape(model: str | Any) -> ModelShape:
                       hidden=first("hidden_size", "n_embd", "d_model"),
                       n_layers=first("num_hidden_layers", "n_layer", "num_layers"),
                       n_heads=first("num_attention_heads", "n_head"), vocab=first("vocab_size"))
+
+
+def save_model_from_config(directory: str | Any, size: str = "gpt2", seed: int = 0, **overrides: Any) -> str:
+    """Build a ladder model from its config (random weights, seeded), save it in Hugging Face format.
+
+    Offline stand-in for a Hub checkpoint: it loads through the same ``from_pretrained`` call.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = Path(directory)
+    if not (path / "config.json").exists():
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(gpt2_config(size, **overrides))
+        model.save_pretrained(str(path))
+    return str(path)
+
+
+def load_causal_lm(name_or_path: str, **kwargs: Any) -> Any:
+    """AutoModelForCausalLM.from_pretrained: 'gpt2' from the Hub on Colab, a local folder offline."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)

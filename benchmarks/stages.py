@@ -1,0 +1,132 @@
+"""Benchmark: plain PyTorch AMP vs ZeRO 0/1/2/3 on one GPU, measured against the estimate (notebook 01).
+
+    DS_COURSE_T4_BUDGET=1 python benchmarks/stages.py --sizes gpt2 gpt2-medium
+    python benchmarks/stages.py --sizes gpt2-tiny --steps 4 --seq-len 64     # CPU smoke
+
+Writes reports/stages.json (one row per model and config: params, peak_vram_gib, estimated_vram_gib,
+peak_rss_gib, tokens_per_s, runtime label ...) and reports/stages.md, and checks the targets:
+ZeRO-2 tokens/s >= 0.9x plain PyTorch AMP; estimate within 15 % of the measured peak.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import helpers  # noqa: E402
+from helpers.config import course_config  # noqa: E402
+from helpers.memory import GiB, estimate_activations, estimate_model_states, estimate_peak  # noqa: E402
+
+CONFIGS = ("plain", "zero0", "zero1", "zero2", "zero3")
+
+
+def stage_rows(size: str, model_dir: str, train_blocks, runtime, args) -> list[dict]:
+    shape = helpers.model_shape(model_dir)
+    act = estimate_activations(args.micro_batch, args.seq_len, shape.hidden, shape.n_layers, shape.vocab,
+                               n_heads=shape.n_heads, precision=runtime.precision,
+                               checkpointing=args.checkpointing)
+    rows = []
+    for name in CONFIGS:
+        cfg = None if name == "plain" else course_config(name, runtime)
+        est, states = estimate_peak(cfg, shape.n_params, precision=runtime.precision, activation_bytes=act,
+                                    largest_layer_params=shape.largest_layer_params)
+        label = "plain PyTorch AMP" if name == "plain" and runtime.precision != "fp32" else \
+            "plain PyTorch" if name == "plain" else name.replace("zero", "ZeRO-")
+        r = helpers.train_run(label, lambda: helpers.load_causal_lm(model_dir), train_blocks, runtime=runtime,
+                              ds_config=cfg, steps=args.steps, micro_batch=args.micro_batch, lr=args.lr,
+                              checkpointing=args.checkpointing, estimated_bytes=est, model_name=size,
+                              warmup_steps=args.warmup)
+        row = r.as_dict()
+        row.update(config=name, model_states_gib=round(states.gpu_total / GiB, 3),
+                   activations_gib=round(act / GiB, 3), loss_first=r.losses[0], loss_last=r.losses[-1])
+        row.pop("losses")
+        rows.append(row)
+        print(f"{size:<12} {r.row()}", flush=True)
+    return rows
+
+
+def per_gpu_estimates(n_params: int, precision: str) -> dict[str, dict[str, float]]:
+    """Model-state GiB per GPU for stages 0-3 on 1, 2, 4, 8 GPUs (no buckets)."""
+    return {f"zero{s}": {str(n): round(estimate_model_states(n_params, s, precision=precision, n_gpus=n,
+                                                               reduce_bucket_elements=0).gpu_total / GiB, 3)
+                         for n in (1, 2, 4, 8)} for s in range(4)}
+
+
+def targets(rows: list[dict]) -> dict:
+    out = {}
+    for model in sorted({r["model"] for r in rows}):
+        by = {r["config"]: r for r in rows if r["model"] == model}
+        speed = by["zero2"]["tokens_per_s"] / by["plain"]["tokens_per_s"] if by["plain"]["tokens_per_s"] else None
+        errors = [(abs(r["ratio"] - 1), r["config"]) for r in by.values() if r["ratio"] is not None]
+        worst = max(errors) if errors else (None, None)  # no GPU: nothing measured to compare with
+        out[model] = {"zero2_vs_plain_tokens_per_s": round(speed, 3) if speed else None,
+                      "zero2_speed_target_met": bool(speed and speed >= 0.9),
+                      "worst_estimate_error": None if worst[0] is None else round(worst[0], 3),
+                      "worst_estimate_config": worst[1],
+                      "estimate_target_met": None if worst[0] is None else worst[0] <= 0.15}
+    return out
+
+
+def markdown(report: dict) -> str:
+    lines = [f"# ZeRO stages on one GPU ({report['runtime']}, {report['date']})", "",
+             f"micro-batch {report['settings']['micro_batch']} x {report['settings']['seq_len']} tokens, "
+             f"{report['settings']['steps']} steps, activation checkpointing "
+             f"{'on' if report['settings']['checkpointing'] else 'off'}, precision {report['precision']}.", "",
+             "| model | params | config | peak VRAM GiB | estimate GiB | measured/est. | tokens/s | peak RSS GiB |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in report["rows"]:
+        lines.append(f"| {r['model']} | {r['params'] / 1e6:.1f}M | {r['name']} | {r['peak_vram_gib']:.2f} | "
+                     f"{r['estimated_vram_gib']:.2f} | {r['ratio'] if r['ratio'] is not None else '-'} | "
+                     f"{r['tokens_per_s']:,.0f} | {r['peak_rss_gib']:.2f} |")
+    lines += ["", "Targets:", ""]
+    for model, t in report["targets"].items():
+        lines.append(f"- {model}: ZeRO-2 / plain tokens/s = {t['zero2_vs_plain_tokens_per_s']} "
+                     f"(target >= 0.9: {'met' if t['zero2_speed_target_met'] else 'NOT met'}); "
+                     + ("no GPU peak measured" if t["worst_estimate_error"] is None else
+                        f"worst estimate error {t['worst_estimate_error']:.0%} ({t['worst_estimate_config']}; "
+                        f"target <= 15%: {'met' if t['estimate_target_met'] else 'NOT met'})"))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", nargs="+", default=["gpt2", "gpt2-medium"])
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--micro-batch", type=int, default=4)
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--no-checkpointing", dest="checkpointing", action="store_false")
+    p.add_argument("--out", type=Path, default=ROOT / "reports" / "stages.json")
+    p.add_argument("--work-dir", type=Path, default=ROOT / "build" / "bench")
+    args = p.parse_args(argv)
+
+    runtime = helpers.detect_runtime()
+    print(runtime, flush=True)
+    ds = helpers.load_text_dataset("local")
+    tok = helpers.train_tokenizer(ds["train"]["text"], args.work_dir / "tokenizer")
+    train_blocks = helpers.pack_blocks(ds["train"], tok, args.seq_len)
+    rows = []
+    for size in args.sizes:
+        model_dir = helpers.save_model_from_config(args.work_dir / f"model-{size}", size)
+        rows += stage_rows(size, model_dir, train_blocks, runtime, args)
+    report = {"runtime": runtime.label, "date": dt.date.today().isoformat(), "precision": runtime.precision,
+              "settings": {"micro_batch": args.micro_batch, "seq_len": args.seq_len, "steps": args.steps,
+                           "warmup_steps": args.warmup, "checkpointing": args.checkpointing, "lr": args.lr},
+              "rows": rows, "targets": targets(rows),
+              "per_gpu_model_states_gib": {r["model"]: per_gpu_estimates(r["params"], runtime.precision)
+                                           for r in rows if r["config"] == "plain"}}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    args.out.with_suffix(".md").write_text(markdown(report))
+    print(markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

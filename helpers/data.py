@@ -1,0 +1,108 @@
+"""Text data for the fine-tuning notebooks (01 onwards): load, tokenize, pack into blocks.
+
+On Colab a Hub corpus can be named (``"wikitext:wikitext-2-raw-v1"``); offline the default is the
+Shakespeare corpus shipped in ``data/shakespeare`` (see its README for source and licence). Both go
+through ``datasets.load_dataset``. A tokenizer is either loaded (``"gpt2"`` on Colab) or trained on
+the corpus in a fraction of a second and saved, so it also loads through ``from_pretrained``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+LOCAL_CORPUS = ROOT / "data" / "shakespeare"
+EOS = "<|endoftext|>"
+
+
+def corpus_files(directory: str | Path = LOCAL_CORPUS) -> list[str]:
+    """The .txt files of a local corpus, sorted."""
+    files = sorted(str(p) for p in Path(directory).glob("*.txt"))
+    if not files:
+        raise FileNotFoundError(f"no .txt files in {directory}: is this a full checkout of the course?")
+    return files
+
+
+def load_text_dataset(source: str = "local", *, val_fraction: float = 0.05, seed: int = 0) -> Any:
+    """A DatasetDict with 'train' and 'validation' text splits (notebook 01).
+
+    `source`: "local" (the shipped corpus), a folder of .txt files, or "hub_name[:config]".
+    """
+    from datasets import DatasetDict, load_dataset
+
+    if source == "local" or Path(source).is_dir():
+        folder = LOCAL_CORPUS if source == "local" else Path(source)
+        lines = load_dataset("text", data_files={"train": corpus_files(folder)}, sample_by="paragraph")["train"]
+        split = lines.train_test_split(test_size=val_fraction, seed=seed, shuffle=True)
+        return DatasetDict(train=split["train"], validation=split["test"])
+    name, _, config = source.partition(":")
+    ds = load_dataset(name, config or None)
+    if "validation" not in ds:
+        split = ds["train"].train_test_split(test_size=val_fraction, seed=seed)
+        ds = DatasetDict(train=split["train"], validation=split["test"])
+    return ds
+
+
+def train_tokenizer(texts: Any, directory: str | Path, vocab_size: int = 8192) -> Any:
+    """Train a byte-level BPE tokenizer on `texts`, save it to `directory`, load it back with AutoTokenizer."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    directory = Path(directory)
+    if not (directory / "tokenizer.json").exists():
+        bpe = ByteLevelBPETokenizer()
+        bpe.train_from_iterator((t for t in texts if t), vocab_size=vocab_size, min_frequency=2,
+                                special_tokens=[EOS])
+        fast = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token=EOS, eos_token=EOS, unk_token=EOS,
+                                       pad_token=EOS)
+        fast.save_pretrained(str(directory))
+    return AutoTokenizer.from_pretrained(str(directory))
+
+
+def load_tokenizer(name_or_path: str) -> Any:
+    """AutoTokenizer.from_pretrained, with the pad token set to EOS as GPT-2 needs (notebook 01)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(name_or_path)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def pack_blocks(dataset: Any, tokenizer: Any, block_size: int, max_blocks: int | None = None) -> Any:
+    """Tokenize, join with EOS and cut into `block_size`-token blocks (the run_clm 'group_texts' recipe)."""
+    eos = tokenizer.eos_token_id
+
+    def tokenize(batch: dict[str, list[str]]) -> dict[str, Any]:
+        ids = tokenizer(batch["text"], add_special_tokens=False)["input_ids"]
+        return {"input_ids": [x + [eos] for x in ids]}
+
+    def group(batch: dict[str, list[list[int]]]) -> dict[str, Any]:
+        flat = [t for ids in batch["input_ids"] for t in ids]
+        n = len(flat) // block_size * block_size
+        return {"input_ids": [flat[i:i + block_size] for i in range(0, n, block_size)]}
+
+    cols = dataset.column_names
+    tokens = dataset.map(tokenize, batched=True, remove_columns=cols, desc="tokenize")
+    blocks = tokens.map(group, batched=True, batch_size=1000, desc=f"pack into {block_size}-token blocks")
+    if max_blocks is not None and len(blocks) > max_blocks:
+        blocks = blocks.select(range(max_blocks))
+    return blocks.with_format("torch")
+
+
+def block_loader(blocks: Any, batch_size: int, seed: int = 0, shuffle: bool = True) -> Any:
+    """A torch DataLoader over packed blocks that never runs dry (cycles with a new order each pass)."""
+    import torch
+
+    def forever():
+        epoch = 0
+        while True:
+            gen = torch.Generator().manual_seed(seed + epoch)
+            loader = torch.utils.data.DataLoader(blocks, batch_size=batch_size, shuffle=shuffle, generator=gen,
+                                                 drop_last=True)
+            yield from loader
+            epoch += 1
+
+    if len(blocks) < batch_size:
+        raise ValueError(f"only {len(blocks)} blocks for a batch of {batch_size}: lower the batch or block size")
+    return forever()
