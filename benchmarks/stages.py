@@ -111,10 +111,16 @@ def main(argv: list[str] | None = None) -> int:
     ds = helpers.load_text_dataset("local")
     tok = helpers.train_tokenizer(ds["train"]["text"], args.work_dir / "tokenizer")
     train_blocks = helpers.pack_blocks(ds["train"], tok, args.seq_len)
-    rows = []
+    rows: list[dict] = []
     for size in args.sizes:
         model_dir = helpers.save_model_from_config(args.work_dir / f"model-{size}", size)
         rows += stage_rows(size, model_dir, train_blocks, runtime, args)
+        write_report(rows, runtime, args)  # after each size, so a cut-short run keeps what it measured
+    print(args.out.with_suffix(".md").read_text())
+    return 0
+
+
+def write_report(rows: list[dict], runtime, args) -> None:
     report = {"runtime": runtime.label, "date": dt.date.today().isoformat(), "precision": runtime.precision,
               "settings": {"micro_batch": args.micro_batch, "seq_len": args.seq_len, "steps": args.steps,
                            "warmup_steps": args.warmup, "checkpointing": args.checkpointing, "lr": args.lr},
@@ -124,8 +130,6 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     args.out.with_suffix(".md").write_text(markdown(report))
-    print(markdown(report))
-    return 0
 
 
 if __name__ == "__main__":
