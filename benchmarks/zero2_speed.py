@@ -1,0 +1,71 @@
+"""Why is ZeRO-2 slower than plain PyTorch AMP on one GPU? Measure one change at a time (notebook 01).
+
+    DS_COURSE_T4_BUDGET=1 python benchmarks/zero2_speed.py --size gpt2
+
+Writes reports/zero2_speed.json: tokens/s and peak VRAM for plain AMP and ZeRO-2 variants at the same
+model and batch.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import helpers  # noqa: E402
+
+
+def variant(runtime, **zero_overrides):
+    cfg = helpers.course_config("zero2", runtime)
+    cfg = copy.deepcopy(cfg)
+    for key, value in zero_overrides.items():
+        if key == "gradient_clipping":
+            cfg.pop("gradient_clipping", None) if value is None else cfg.update(gradient_clipping=value)
+        else:
+            cfg["zero_optimization"][key] = value
+    return cfg
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--size", default="gpt2")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--out", type=Path, default=ROOT / "reports" / "zero2_speed.json")
+    p.add_argument("--work-dir", type=Path, default=ROOT / "build" / "bench")
+    args = p.parse_args(argv)
+    runtime = helpers.detect_runtime()
+    ds = helpers.load_text_dataset("local")
+    tok = helpers.train_tokenizer(ds["train"]["text"], args.work_dir / "tokenizer")
+    blocks = helpers.pack_blocks(ds["train"], tok, args.seq_len)
+    model_dir = helpers.save_model_from_config(args.work_dir / f"model-{args.size}", args.size)
+    runs = [
+        ("plain AMP, micro-batch 4", None, 4),
+        ("ZeRO-2 as in configs/, micro-batch 4", variant(runtime), 4),
+        ("ZeRO-2 overlap_comm", variant(runtime, overlap_comm=True), 4),
+        ("ZeRO-2 no gradient clipping", variant(runtime, gradient_clipping=None), 4),
+        ("ZeRO-2 contiguous_gradients off", variant(runtime, contiguous_gradients=False), 4),
+        ("plain AMP, micro-batch 8", None, 8),
+        ("ZeRO-2 as in configs/, micro-batch 8", variant(runtime), 8),
+    ]
+    rows = []
+    for name, cfg, mb in runs:
+        r = helpers.train_run(name, lambda: helpers.load_causal_lm(model_dir), blocks, runtime=runtime, ds_config=cfg,
+                              steps=args.steps, micro_batch=mb, checkpointing=True, model_name=args.size,
+                              warmup_steps=3, progress=False)
+        rows.append({"name": name, "micro_batch": mb, "tokens_per_s": r.tokens_per_s, "peak_vram_gib": r.peak_vram_gib,
+                     "loss_last": r.losses[-1]})
+        print(f"{name:<40}{r.tokens_per_s:>10,.0f} tok/s {r.peak_vram_gib:>7.2f} GiB", flush=True)
+        args.out.write_text(json.dumps({"runtime": runtime.label, "date": dt.date.today().isoformat(),
+                                        "model": args.size, "seq_len": args.seq_len, "steps": args.steps,
+                                        "rows": rows}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
