@@ -92,7 +92,7 @@ def evaluate(model: Any, blocks: Any, runtime: "Runtime", batches: int = 4, batc
     """Mean loss over the first `batches` batches of `blocks` (no gradients)."""
     import torch
 
-    was_training = model.training
+    was_training = model.training  # restored below: a model left in eval mode trains without dropout
     model.eval()
     losses = []
     device = runtime.device if runtime.has_gpu else "cpu"
