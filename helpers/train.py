@@ -181,12 +181,12 @@ def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *,
                     with _autocast(runtime):
                         loss = net(input_ids=ids, labels=ids).loss / grad_accum
                     scaler.scale(loss).backward()
-                    step_loss += float(loss)
+                    step_loss += loss.item()
                 else:
                     loss = net(input_ids=ids, labels=ids).loss
                     net.backward(loss)
                     net.step()
-                    step_loss += float(loss) / grad_accum
+                    step_loss += loss.item() / grad_accum
             if ds_config is None:
                 scaler.unscale_(ns["optimizer"])
                 torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)

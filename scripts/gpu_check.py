@@ -34,16 +34,18 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("gpu_check needs a CUDA GPU; this machine has none.", file=sys.stderr)
         return 2
+    sys.path.insert(0, str(ROOT))
+    from helpers.hardware import detect_runtime
+
+    label = detect_runtime().label  # e.g. "H200 capped to T4 budget"
     paths = args.notebooks or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
     report = json.loads(args.report.read_text()) if args.report.exists() else {"notebooks": {}}
-    label = None
     for path in paths:
         with tempfile.TemporaryDirectory() as tmp:
             figures_file = Path(tmp) / "figures.json"
             result = execute(path, out_dir=args.out_dir, figures_file=figures_file)
             figures = json.loads(figures_file.read_text()) if figures_file.exists() else {}
-        label = figures.get("runtime", label)
-        entry = {"passed": result["passed"], "wall_seconds": result["seconds"], "runtime": figures.get("runtime"),
+        entry = {"passed": result["passed"], "wall_seconds": result["seconds"], "runtime": label,
                  "figures": figures}
         if result["error"]:
             entry["error"] = result["error"][-1500:]
@@ -53,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             print(result["error"], file=sys.stderr)
     props = torch.cuda.get_device_properties(0)
     report.update({
-        "runtime": label or f"{props.name} ({'full GPU' if args.full_gpu else 'capped to T4 budget'})",
+        "runtime": label,
         "gpu": props.name,
         "t4_budget": not args.full_gpu,
         "torch": torch.__version__,

