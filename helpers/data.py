@@ -1,6 +1,6 @@
 """Text data for the fine-tuning notebooks (01 onwards): load, tokenize, pack into blocks.
 
-On Colab a Hub corpus can be named (``"wikitext:wikitext-2-raw-v1"``); offline the default is the
+On Colab a Hub corpus can be named (``"Salesforce/wikitext:wikitext-2-raw-v1"``); offline the default is the
 Shakespeare corpus shipped in ``data/shakespeare`` (see its README for source and licence). Both go
 through ``datasets.load_dataset``. A tokenizer is either loaded (``"gpt2"`` on Colab) or trained on
 the corpus in a fraction of a second and saved, so it also loads through ``from_pretrained``.
