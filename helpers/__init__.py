@@ -70,6 +70,12 @@ _EXPORTS: dict[str, str] = {
     "model_shape": "models",
     "save_model_from_config": "models",
     "load_causal_lm": "models",
+    # ZeRO-3 models and checkpoints (notebook 02)
+    "build_zero3_model": "checkpoints",
+    "release_zero3": "checkpoints",
+    "save_checkpoint": "checkpoints",
+    "resume_checkpoint": "checkpoints",
+    "consolidate_to_hf": "checkpoints",
     # training runs
     "RunResult": "train",
     "train_run": "train",
