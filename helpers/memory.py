@@ -451,8 +451,9 @@ def preflight(config: dict[str, Any], n_params: int, runtime: "Runtime", *, larg
                if report.suggestion else
                "Fix: no course config fits this model here: train a smaller model, shorten sequences or "
                "micro-batch, or move to a machine with more memory")
-        hint = "" if zero_init else (" (it counts the fp32 model built on CPU before deepspeed.initialize: "
-                                     "build it under deepspeed.zero.Init / HfDeepSpeedConfig to avoid that)")
+        hint = "" if zero_init or not runtime.has_gpu else (
+            " (it counts the fp32 model built on CPU before deepspeed.initialize: build it under "
+            "deepspeed.zero.Init / HfDeepSpeedConfig to avoid that)")
         raise BudgetError(f"{est.label} is predicted not to fit this runtime ({runtime.label}): "
                           + "; ".join(report.problems) + hint + ". " + fix + ".")
     return report
