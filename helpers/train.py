@@ -113,16 +113,16 @@ def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *,
               ds_config: dict[str, Any] | None = None, val_blocks: Any = None, steps: int = 20,
               micro_batch: int = 4, grad_accum: int = 1, lr: float = 3e-4, checkpointing: bool = False,
               eval_every: int = 0, eval_batches: int = 4, warmup_steps: int = 2, seed: int = 0,
-              estimated_bytes: int = 0, model_name: str = "", progress: bool = True) -> RunResult:
+              estimated_bytes: int = 0, model_name: str = "", nvme_path: str | None = None,
+              progress: bool = True) -> RunResult:
     """Train a fresh model for `steps` optimizer steps and measure it (ds_config None: plain PyTorch AMP).
 
-    Peak GPU memory is measured above the idle baseline, tokens/s after `warmup_steps`; the engine,
-    optimizer and model are torn down before returning, so runs can follow one another.
+    `model_factory()` returns the model, or (model, keep_alive) for a model built under ZeRO-3
+    (`helpers.build_zero3_model`). Peak GPU memory is measured above the idle baseline, tokens/s after
+    `warmup_steps`, bytes in `nvme_path` while it runs. CUDA out-of-memory is caught and reported in
+    `RunResult.error`. Everything is torn down before returning, so runs can follow one another.
     """
     import torch
-    from tqdm.auto import tqdm
-
-    from helpers.data import block_loader
 
     torch.manual_seed(seed)
     setup_single_process()
@@ -132,88 +132,110 @@ def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *,
                        precision=runtime.precision, micro_batch=micro_batch, grad_accum=grad_accum, seq_len=seq_len,
                        steps=steps, checkpointing=checkpointing, runtime=runtime.label)
     ns: dict[str, Any] = {}
-    batches = block_loader(train_blocks, micro_batch, seed=seed)
-    device = "cuda" if runtime.has_gpu else "cpu"
-    tokens_per_step = micro_batch * grad_accum * seq_len
-    lr_warmup = max(1, steps // 10)
-    with measure_peak() as mem:
-        model = model_factory()
-        result.params = sum({id(p): p.numel() for p in model.parameters()}.values())
-        if checkpointing:
-            model.gradient_checkpointing_enable()
-        model.config.use_cache = False
-        if ds_config is None:
-            model.to(device)
-            optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-            # the same linear warm-up as the DeepSpeed configs get below
-            scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, s / lr_warmup))
-            scaler = torch.amp.GradScaler(device, enabled=runtime.precision == "fp16")
-            ns.update(model=model, optimizer=optimizer)
-        else:
-            import deepspeed
+    with measure_peak(nvme_path=nvme_path) as mem:
+        try:
+            _train(ns, result, model_factory, train_blocks, runtime, ds_config, val_blocks, steps, micro_batch,
+                   grad_accum, lr, checkpointing, eval_every, eval_batches, warmup_steps, seed, progress)
+        except torch.OutOfMemoryError as exc:
+            result.error = "CUDA out of memory: " + str(exc).split("\n")[0][:300]
+    zero3 = ns.get("keep_alive") is not None
+    teardown(ns, "engine", "optimizer", "model", "keep_alive")
+    if zero3:
+        from helpers.checkpoints import release_zero3
 
-            cfg = copy.deepcopy(ds_config)
-            cfg.update(train_micro_batch_size_per_gpu=micro_batch, gradient_accumulation_steps=grad_accum,
-                       train_batch_size=micro_batch * grad_accum)
-            if "optimizer" in cfg:
-                cfg["optimizer"]["params"]["lr"] = lr
-            if "scheduler" in cfg:
-                cfg["scheduler"]["params"].update(warmup_max_lr=lr, warmup_num_steps=lr_warmup,
-                                                  warmup_type="linear")
-            engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                                           config=cfg)
-            ns.update(engine=engine, optimizer=optimizer, model=model)
-        del model
-        net = ns.get("engine", ns["model"])
-        net.train()
-        start = time.perf_counter()
-        timed_from = None
-        bar = tqdm(range(steps), desc=name, disable=not progress)
-        for step in bar:
-            if step == warmup_steps:
-                if runtime.has_gpu:
-                    torch.cuda.synchronize()
-                timed_from = time.perf_counter()
-            step_loss = 0.0
-            for _ in range(grad_accum):
-                ids = next(batches)["input_ids"].to(device)
-                if ds_config is None:
-                    with _autocast(runtime):
-                        loss = net(input_ids=ids, labels=ids).loss / grad_accum
-                    scaler.scale(loss).backward()
-                    step_loss += loss.item()
-                else:
-                    loss = net(input_ids=ids, labels=ids).loss
-                    net.backward(loss)
-                    net.step()
-                    step_loss += loss.item() / grad_accum
-            if ds_config is None:
-                scaler.unscale_(ns["optimizer"])
-                torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
-                scaler.step(ns["optimizer"])
-                scaler.update()
-                scheduler.step()
-                ns["optimizer"].zero_grad(set_to_none=True)
-            del loss, ids
-            result.losses.append(step_loss)
-            if timed_from is not None and step > warmup_steps:
-                rate = (step - warmup_steps) * tokens_per_step / (time.perf_counter() - timed_from)
-                bar.set_postfix(loss=f"{step_loss:.3f}", tok_s=f"{rate:,.0f}")
-            else:
-                bar.set_postfix(loss=f"{step_loss:.3f}")
-            if val_blocks is not None and eval_every and ((step + 1) % eval_every == 0 or step + 1 == steps):
-                result.val_losses.append((step + 1, evaluate(net, val_blocks, runtime, eval_batches, micro_batch,
-                                                             autocast=ds_config is None)))
-        if runtime.has_gpu:
-            torch.cuda.synchronize()
-        end = time.perf_counter()
-        if timed_from is not None and steps > warmup_steps:
-            result.tokens_per_s = round((steps - warmup_steps) * tokens_per_step / (end - timed_from), 1)
-        result.seconds = round(end - start, 2)
-        del net, bar
-    teardown(ns, "engine", "optimizer", "model")
+        release_zero3()
     result.peak_vram_gib = round((mem.peak_gpu_allocated - mem.baseline_gpu_allocated) / GiB, 3)
     result.peak_reserved_gib = round(mem.peak_gpu_reserved / GiB, 3)
     result.peak_rss_gib = round(mem.peak_rss / GiB, 3)
+    result.disk_gib = round(mem.peak_nvme_bytes / GiB, 3)
     result.estimated_vram_gib = round(estimated_bytes / GiB, 3)
     return result
+
+
+def _train(ns: dict[str, Any], result: RunResult, model_factory: Callable[[], Any], train_blocks: Any,
+           runtime: "Runtime", ds_config: dict[str, Any] | None, val_blocks: Any, steps: int, micro_batch: int,
+           grad_accum: int, lr: float, checkpointing: bool, eval_every: int, eval_batches: int,
+           warmup_steps: int, seed: int, progress: bool) -> None:
+    """The loop of `train_run`; every object it makes is kept in `ns`, for the teardown."""
+    import torch
+    from tqdm.auto import tqdm
+
+    from helpers.data import block_loader
+
+    batches = block_loader(train_blocks, micro_batch, seed=seed)
+    device = "cuda" if runtime.has_gpu else "cpu"
+    tokens_per_step = micro_batch * grad_accum * result.seq_len
+    lr_warmup = max(1, steps // 10)
+    made = model_factory()
+    model, ns["keep_alive"] = made if isinstance(made, tuple) else (made, None)
+    del made
+    ns["model"] = model
+    result.params = sum({id(p): getattr(p, "ds_numel", p.numel()) for p in model.parameters()}.values())
+    if checkpointing:
+        model.gradient_checkpointing_enable()
+    model.config.use_cache = False
+    if ds_config is None:
+        model.to(device)
+        ns["optimizer"] = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+        # the same linear warm-up as the DeepSpeed configs get below
+        scheduler = torch.optim.lr_scheduler.LambdaLR(ns["optimizer"], lambda s: min(1.0, s / lr_warmup))
+        scaler = torch.amp.GradScaler(device, enabled=runtime.precision == "fp16")
+    else:
+        import deepspeed
+
+        cfg = copy.deepcopy(ds_config)
+        cfg.update(train_micro_batch_size_per_gpu=micro_batch, gradient_accumulation_steps=grad_accum,
+                   train_batch_size=micro_batch * grad_accum)
+        if "optimizer" in cfg:
+            cfg["optimizer"]["params"]["lr"] = lr
+        if "scheduler" in cfg:
+            cfg["scheduler"]["params"].update(warmup_max_lr=lr, warmup_num_steps=lr_warmup, warmup_type="linear")
+        ns["engine"], ns["optimizer"], _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                                                   config=cfg)
+    del model
+    net = ns.get("engine") or ns["model"]
+    net.train()
+    start = time.perf_counter()
+    timed_from = None
+    bar = tqdm(range(steps), desc=result.name, disable=not progress)
+    for step in bar:
+        if step == warmup_steps:
+            if runtime.has_gpu:
+                torch.cuda.synchronize()
+            timed_from = time.perf_counter()
+        step_loss = 0.0
+        for _ in range(grad_accum):
+            ids = next(batches)["input_ids"].to(device)
+            if ds_config is None:
+                with _autocast(runtime):
+                    loss = net(input_ids=ids, labels=ids).loss / grad_accum
+                scaler.scale(loss).backward()
+                step_loss += loss.item()
+            else:
+                loss = net(input_ids=ids, labels=ids).loss
+                net.backward(loss)
+                net.step()
+                step_loss += loss.item() / grad_accum
+        if ds_config is None:
+            scaler.unscale_(ns["optimizer"])
+            torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+            scaler.step(ns["optimizer"])
+            scaler.update()
+            scheduler.step()
+            ns["optimizer"].zero_grad(set_to_none=True)
+        del loss, ids
+        result.losses.append(step_loss)
+        if timed_from is not None and step > warmup_steps:
+            rate = (step - warmup_steps) * tokens_per_step / (time.perf_counter() - timed_from)
+            bar.set_postfix(loss=f"{step_loss:.3f}", tok_s=f"{rate:,.0f}")
+        else:
+            bar.set_postfix(loss=f"{step_loss:.3f}")
+        if val_blocks is not None and eval_every and ((step + 1) % eval_every == 0 or step + 1 == steps):
+            result.val_losses.append((step + 1, evaluate(net, val_blocks, runtime, eval_batches, micro_batch,
+                                                         autocast=ds_config is None)))
+    if runtime.has_gpu:
+        torch.cuda.synchronize()
+    end = time.perf_counter()
+    if timed_from is not None and steps > warmup_steps:
+        result.tokens_per_s = round((steps - warmup_steps) * tokens_per_step / (end - timed_from), 1)
+    result.seconds = round(end - start, 2)

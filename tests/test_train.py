@@ -3,6 +3,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from conftest import ROOT
 from helpers.config import course_config
@@ -83,3 +84,28 @@ def test_committed_gpu_reports_are_labelled_and_consistent():
     assert check["runtime"] == "H200 capped to T4 budget"
     for name in ("00_setup_and_ds_report.ipynb", "01_zero2_finetune_and_stages.ipynb"):
         assert check["notebooks"][name]["passed"] is True
+
+
+def test_out_of_memory_is_reported_not_raised(setup):
+    blocks, _ = setup
+
+    def too_big():
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    r = train_run("plain", too_big, blocks, runtime=detect_runtime(), steps=2, progress=False)
+    assert r.error.startswith("CUDA out of memory: CUDA out of memory. Tried to allocate 20.00 GiB")
+    assert r.losses == [] and r.tokens_per_s == 0
+
+
+def test_ladder_benchmark_smoke(tmp_path):
+    out = tmp_path / "ladder.json"
+    proc = subprocess.run([sys.executable, "benchmarks/ladder.py", "--sizes", "gpt2-tiny", "--configs", "plain",
+                           "zero3_offload_cpu", "--steps", "3", "--seq-len", "32", "--out", str(out),
+                           "--work-dir", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    rows = {r["config"]: r for r in report["rows"]}
+    assert set(rows) == {"plain", "zero3_offload_cpu"} and all(r["fits"] for r in rows.values())
+    assert rows["zero3_offload_cpu"]["losses"][-1] < rows["zero3_offload_cpu"]["losses"][0]
+    assert report["summary"]["largest_per_config"]["plain"]["model"] == "gpt2-tiny"
+    assert report["budgets"]["disk_gb"] == 60.0
