@@ -5,7 +5,10 @@ rungs of the same shape, so "how big a model fits" can be asked offline.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+import functools
+import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +26,7 @@ GPT2_VOCAB = 50257
 GPT2_CONTEXT = 1024
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class ModelShape:
     """What the estimators need to know about a causal LM."""
 
@@ -49,18 +52,40 @@ def gpt2_config(name: str, **overrides: Any) -> Any:
     return GPT2Config(**kwargs)
 
 
-def model_shape(model: str | Any) -> ModelShape:
-    """Parameter counts and dimensions for a ladder name, a local path / Hub id, or a config object.
+def parse_param_count(text: str | float | int) -> int | None:
+    """350M, 1.3B, 7e9 or 124000000 -> a parameter count; None when `text` is not a number."""
+    if isinstance(text, (int, float)):
+        return int(text)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmb]?)\s*(params)?\s*", text.lower())
+    if not m:
+        return None
+    return int(float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "b": 1e9}[m.group(2)])
 
-    The model is built on the meta device, so nothing is allocated or downloaded beyond its config.
+
+def model_shape(model: str | int | float | Any) -> ModelShape:
+    """Parameter counts and dimensions for a size ("1.3B"), a ladder name, a local path / Hub id, or a config.
+
+    The model is built on the meta device, so nothing is allocated or downloaded beyond its config. A bare
+    size gets the layer shapes of the GPT-2 ladder rung nearest in parameters (for the activation estimate).
     """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from helpers.memory import count_params
 
+    count = parse_param_count(model) if isinstance(model, (str, int, float)) else None
+    if count is not None:
+        rung = min((r for r in GPT2_LADDER if r != "gpt2-tiny"),
+                   key=lambda r: abs(math.log(model_shape(r).n_params / count)))
+        near = model_shape(rung)
+        scale = count / near.n_params
+        return ModelShape(name=f"{count / 1e9:.2f}B params" if count >= 1e9 else f"{count / 1e6:.0f}M params",
+                          n_params=count, largest_layer_params=int(near.largest_layer_params * scale),
+                          hidden=near.hidden, n_layers=near.n_layers, n_heads=near.n_heads, vocab=near.vocab)
+    if isinstance(model, str) and model in GPT2_LADDER:
+        return _ladder_shape(model)
     if isinstance(model, str):
-        config = gpt2_config(model) if model in GPT2_LADDER else AutoConfig.from_pretrained(model)
+        config = AutoConfig.from_pretrained(model)
         name = Path(model).name if Path(model).is_dir() else model
     else:
         config, name = model, getattr(model, "name_or_path", "") or type(model).__name__
@@ -101,3 +126,9 @@ def load_causal_lm(name_or_path: str, **kwargs: Any) -> Any:
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def _ladder_shape(name: str) -> ModelShape:
+    """model_shape of a ladder rung, computed once."""
+    return dataclasses.replace(model_shape(gpt2_config(name)), name=name)

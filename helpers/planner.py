@@ -73,7 +73,7 @@ def planner_widget(runtime: "Runtime | None" = None) -> Any:
     out = w.HTML()
     controls = {
         "model": w.Combobox(value="gpt2", options=list(GPT2_LADDER), description="model",
-                            placeholder="ladder name, local path or Hub id", ensure_option=False),
+                            placeholder="1.3B, a ladder name, a local path or Hub id", ensure_option=False),
         "stage": w.Dropdown(options=[0, 1, 2, 3], value=2, description="ZeRO stage"),
         "offload_optimizer": w.Dropdown(options=["none", "cpu", "nvme"], value="none", description="opt. offload"),
         "offload_param": w.Dropdown(options=["none", "cpu", "nvme"], value="none", description="param offload"),

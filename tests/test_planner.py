@@ -32,3 +32,14 @@ def test_widget_updates_when_a_setting_changes(t4):
     stage.value = 3
     second = out.value
     assert "ZeRO-3" in second and "&quot;stage&quot;: 3" in second
+
+
+def test_a_bare_size_is_planned_with_the_nearest_rungs_shapes(t4):
+    from helpers.models import parse_param_count
+
+    assert parse_param_count("350M") == 350_000_000 and parse_param_count("1.3B") == 1_300_000_000
+    assert parse_param_count("7e9") == 7_000_000_000 and parse_param_count(124_000_000) == 124_000_000
+    assert parse_param_count("gpt2") is None
+    shape = model_shape("1.3B")
+    assert shape.n_params == 1_300_000_000 and shape.hidden == 1600 and shape.name == "1.30B params"
+    assert not plan("1.3B", 2, runtime=t4).report.fits
