@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 
 import helpers  # noqa: E402
 from helpers.config import course_config  # noqa: E402
-from helpers.memory import GiB, estimate_activations, estimate_model_states, estimate_peak  # noqa: E402
+from helpers.memory import GiB, estimate_activations, estimate_peak  # noqa: E402
 
 CONFIGS = ("plain", "zero0", "zero1", "zero2", "zero3")
 
@@ -52,9 +52,8 @@ def stage_rows(size: str, model_dir: str, train_blocks, runtime, args) -> list[d
 
 def per_gpu_estimates(n_params: int, precision: str) -> dict[str, dict[str, float]]:
     """Model-state GiB per GPU for stages 0-3 on 1, 2, 4, 8 GPUs (no buckets)."""
-    return {f"zero{s}": {str(n): round(estimate_model_states(n_params, s, precision=precision, n_gpus=n,
-                                                               reduce_bucket_elements=0).gpu_total / GiB, 3)
-                         for n in (1, 2, 4, 8)} for s in range(4)}
+    return {f"zero{s}": {str(n): round(b / GiB, 3) for n, b in per_n.items()}
+            for s, per_n in helpers.model_states_per_gpu(n_params, precision).items()}
 
 
 def targets(rows: list[dict]) -> dict:

@@ -57,6 +57,7 @@ _EXPORTS: dict[str, str] = {
     "plan": "planner",
     "planner_widget": "planner",
     "estimate_peak": "memory",
+    "model_states_per_gpu": "memory",
     "estimate_step_transient": "memory",
     # data (notebook 01 onwards)
     "load_text_dataset": "data",
@@ -81,7 +82,6 @@ _EXPORTS: dict[str, str] = {
     "train_run": "train",
     "evaluate": "train",
     "results_table": "train",
-    "save_results": "train",
     # records
     "record_figure": "records",
     "recorded_figures": "records",

@@ -168,6 +168,14 @@ def estimate_model_states(
     return ModelStateEstimate(" + ".join(parts), psi, n, gpu=gpu, cpu=cpu, nvme=nvme)
 
 
+def model_states_per_gpu(n_params: int, precision: str = "fp16",
+                         gpu_counts: tuple[int, ...] = (1, 2, 4, 8)) -> dict[int, dict[int, int]]:
+    """{stage: {n_gpus: model-state bytes per GPU}} for ZeRO 0-3, without buffers (notebook 01, benchmarks)."""
+    return {s: {n: estimate_model_states(n_params, s, precision=precision, n_gpus=n,
+                                         reduce_bucket_elements=0).gpu_total for n in gpu_counts}
+            for s in range(4)}
+
+
 def estimate_for_config(config: dict[str, Any], n_params: int, *, n_gpus: int = 1,
                         largest_layer_params: int = 0, zero_init: bool = False) -> ModelStateEstimate:
     """`estimate_model_states` read off a DeepSpeed config dict (stage, offload, precision)."""

@@ -6,7 +6,6 @@ Notebook 01 writes the DeepSpeed loop out once; afterwards `train_run` carries i
 from __future__ import annotations
 
 import copy
-import json
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -68,12 +67,6 @@ def results_table(results: list[RunResult]) -> str:
     head = (f"{'run':<22}{'peak GiB':>9}{'est GiB':>9}{'ratio':>7}{'tokens/s':>10}{'RSS GiB':>9}"
             f"{'loss0':>8}{'lossN':>8}")
     return "\n".join([head, "-" * len(head)] + [r.row() for r in results])
-
-
-def save_results(results: list[RunResult], path: str) -> None:
-    """Write RunResults as JSON (reports/*.json)."""
-    with open(path, "w") as f:
-        json.dump([r.as_dict() for r in results], f, indent=2)
 
 
 def _autocast(runtime: "Runtime") -> Any:

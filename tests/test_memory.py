@@ -155,3 +155,11 @@ def test_preflight_catches_too_little_disk(tmp_path):
 def test_preflight_passes_a_config_that_fits(t4):
     report = preflight(build_ds_config(2, runtime=t4), 124_000_000, t4, ram_in_use=int(1e9))
     assert report.fits and "fits" in str(report)
+
+
+def test_model_states_per_gpu_shrinks_as_each_stage_promises():
+    from helpers.memory import model_states_per_gpu
+
+    t = model_states_per_gpu(PSI, "fp16")
+    assert t[0] == {1: 16 * PSI, 2: 16 * PSI, 4: 16 * PSI, 8: 16 * PSI}
+    assert t[3][8] == 16 * PSI // 8 and t[2][4] == 2 * PSI + 14 * PSI // 4 and t[1][2] == 4 * PSI + 12 * PSI // 2
