@@ -85,6 +85,32 @@ _EXPORTS: dict[str, str] = {
     # records
     "record_figure": "records",
     "recorded_figures": "records",
+    # Mixture of Experts (notebook 03)
+    "MoEConfig": "moe",
+    "ParamCounts": "moe",
+    "build_gpt_moe": "moe",
+    "count_moe_params": "moe",
+    "moe_param_groups": "moe",
+    "describe_param_groups": "moe",
+    "measure_flops_per_token": "moe",
+    "analytic_flops_per_token": "moe",
+    "expert_capacity": "moe",
+    "RoutingRecorder": "moe",
+    "RoutingSummary": "moe",
+    "set_capacity_factor": "moe",
+    "capacity_sweep": "moe",
+    "MoERun": "moe",
+    "moe_table": "moe",
+    "moe_ds_config": "moe",
+    "train_moe": "moe",
+    "evaluate_moe": "moe",
+    "zero3_refusal": "moe",
+    "expert_parallel_summary": "moe",
+    "plot_expert_load": "moe",
+    "plot_capacity_sweep": "moe",
+    "plot_balance": "moe",
+    "plot_params": "moe",
+    "quiet_deepspeed": "moe",
 }
 
 __all__ = sorted(_EXPORTS)

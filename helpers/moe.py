@@ -836,8 +836,10 @@ def plot_capacity_sweep(rows: Sequence[dict[str, float]], title: str = "Capacity
     ax2 = ax.twinx()
     ax2.plot(x, [r["val_loss"] for r in rows], color="#4C72B0", marker="o", label="validation loss")
     ax2.set_ylabel("validation loss")
+    ax2.ticklabel_format(axis="y", useOffset=False)
     ax.set_title(title)
-    fig.legend(loc="upper right", fontsize=8)
+    handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
+    ax.legend(handles, [h.get_label() for h in handles], loc="upper right", fontsize=8)
     return fig
 
 

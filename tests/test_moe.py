@@ -1,0 +1,266 @@
+"""helpers.moe (notebook 03): counts exact, loss falls with the aux loss added, routing counts add up,
+ZeRO-3 refused with DeepSpeed's message, experts split over 2 processes."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT
+from helpers.data import load_text_dataset, pack_blocks, train_tokenizer
+from helpers.hardware import detect_runtime
+from helpers.moe import (ZERO3_REFUSAL, MoEConfig, RoutingRecorder, analytic_flops_per_token, build_gpt_moe,
+                         capacity_sweep, count_moe_params, expert_capacity, measure_flops_per_token, moe_ds_config,
+                         moe_param_groups, moe_table, train_moe, zero3_refusal)
+from helpers.runtime import DIST_ENV_VARS, setup_single_process
+
+TINY = MoEConfig(vocab_size=512, seq_len=32, hidden=32, layers=4, heads=2, ffn=128, num_experts=4, k=1)
+
+
+@pytest.fixture(autouse=True)
+def _restore_dist_env(monkeypatch):
+    for k in DIST_ENV_VARS:  # restored after each test: notebooks run later must get no stale port
+        monkeypatch.setenv(k, "0")
+        monkeypatch.delenv(k)
+
+
+@pytest.fixture(scope="module")
+def blocks(tmp_path_factory):
+    work = tmp_path_factory.mktemp("moe")
+    ds = load_text_dataset("local")
+    texts = ds["train"].select(range(400))
+    tok = train_tokenizer(texts["text"], work / "tok", vocab_size=512)
+    return pack_blocks(texts, tok, 32), pack_blocks(ds["validation"], tok, 32, max_blocks=16), len(tok)
+
+
+def test_param_counts_are_exact():
+    h, f, e = TINY.hidden, TINY.ffn, TINY.num_experts
+    dense = count_moe_params(build_gpt_moe(TINY.dense_twin()))
+    assert dense.total == dense.active == dense.local == dense.shared
+    for k in (1, 2):
+        cfg = TINY.replace(k=k)
+        model = build_gpt_moe(cfg)
+        c = count_moe_params(model)
+        n_moe = len(cfg.moe_layers)
+        assert cfg.moe_layers == (1, 3)
+        assert c.total == sum(p.numel() for p in model.parameters())
+        assert c.per_expert == 2 * h * (f // k)
+        assert c.experts == n_moe * e * c.per_expert
+        assert c.gate == n_moe * h * e
+        assert c.active == c.shared + n_moe * k * c.per_expert
+        assert c.active - c.gate == dense.total  # equal active weights: the dense twin
+        assert c.total - dense.total == c.gate + n_moe * (e - k) * c.per_expert
+
+
+def test_measured_flops_match_the_shape_count():
+    ids = torch.randint(0, TINY.vocab_size, (2, TINY.seq_len))
+    tokens = ids.numel()
+    for cfg in (TINY.dense_twin(), TINY, TINY.replace(k=2), TINY.replace(capacity_factor=0.5)):
+        measured = measure_flops_per_token(build_gpt_moe(cfg), ids)
+        # top-2 gating adds two tiny einsums (2 x 2 x experts FLOPs per token and MoE layer)
+        extra = 4 * cfg.num_experts * len(cfg.moe_layers) if cfg.k == 2 else 0
+        assert measured == analytic_flops_per_token(cfg, tokens) + extra
+    assert analytic_flops_per_token(TINY) == analytic_flops_per_token(TINY.dense_twin()) + \
+        2 * TINY.hidden * TINY.num_experts * 2
+    assert expert_capacity(TINY, 64) == math.ceil(64 / 4 * 1.25) == 20
+    assert expert_capacity(TINY.replace(k=2), 64) == 40
+    assert expert_capacity(TINY, 4) == TINY.min_capacity
+
+
+def test_bad_shapes_say_the_fix():
+    with pytest.raises(ValueError, match="divisible by k"):
+        TINY.replace(k=2, ffn=129).check()
+    with pytest.raises(ValueError, match="ep_size"):
+        TINY.replace(ep_size=3).check()
+    with pytest.raises(ValueError, match="Fix"):
+        TINY.replace(k=5).check()
+    with pytest.raises(RuntimeError, match="init_distributed"):
+        build_gpt_moe(TINY.replace(ep_size=2))
+
+
+def test_experts_start_different_and_param_groups_split_them():
+    model = build_gpt_moe(TINY)
+    experts = model.blocks[1].mlp.deepspeed_moe.experts.deepspeed_experts
+    assert not torch.equal(experts[0].up.weight, experts[1].up.weight)
+    assert torch.equal(build_gpt_moe(TINY).blocks[1].mlp.deepspeed_moe.experts.deepspeed_experts[1].up.weight,
+                       experts[1].up.weight)  # same seed, same model
+    groups = moe_param_groups(model)
+    moe = [g for g in groups if g.get("moe")]
+    assert len(moe) == 1 and moe[0]["name"] == "ep_size_1"
+    expert_ids = {id(p) for m in (1, 3) for p in model.blocks[m].mlp.deepspeed_moe.experts.parameters()}
+    assert {id(p) for p in moe[0]["params"]} == expert_ids
+    assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
+    assert len(moe_param_groups(build_gpt_moe(TINY.dense_twin()))) == 1
+
+
+def test_recorder_counts_add_up_and_drop_above_capacity():
+    for k, cf in ((1, 0.5), (2, 0.5), (1, 8.0)):
+        cfg = TINY.replace(k=k, capacity_factor=cf)
+        model = build_gpt_moe(cfg, seed=1)
+        ids = torch.randint(0, cfg.vocab_size, (4, cfg.seq_len))
+        tokens = ids.numel()
+        with RoutingRecorder(model) as rec:
+            for _ in range(3):
+                model(ids)
+                rec.end_step()
+        s = rec.summary()
+        cap = expert_capacity(cfg, tokens)
+        assert len(rec.history()["kept"]) == 3
+        assert s.tokens == [3 * tokens] * 2
+        for layer in range(2):
+            assert sum(s.demand[layer]) == k * 3 * tokens  # every token asks for k experts
+            assert sum(s.load[layer]) + s.dropped_routes[layer] == k * 3 * tokens
+            for step in rec.history()["kept"]:
+                assert max(step[layer]) <= cap  # no expert takes more than its capacity
+        if k == 1:  # top-1: an expert keeps min(asked, capacity) routes per step
+            for kept, asked in zip(rec.history()["kept"], rec.history()["demand"]):
+                assert kept == [[min(a, cap) for a in row] for row in asked]
+            assert s.tokens_lost == s.dropped_routes
+        if cf == 8.0:
+            assert s.dropped_fraction == 0 and s.load == s.demand
+        else:
+            assert s.dropped_fraction > 0
+
+
+def test_moe_trains_under_zero2_with_the_aux_loss_added(blocks):
+    train, val, vocab = blocks
+    rt = detect_runtime()
+    cfg = TINY.replace(vocab_size=vocab, k=2, aux_loss_coef=0.1)
+    steps, mb = 12, 4
+    run = train_moe("top-2", cfg, train, runtime=rt, val_blocks=val, steps=steps, eval_every=6, progress=False,
+                    ds_config=moe_ds_config(rt, micro_batch=mb, lr=3e-3, steps=steps),
+                    probe=lambda m: capacity_sweep(m, val, [0.25, 1.0, 4.0], batches=2, batch_size=4))
+    assert run.lm_losses[-1] < run.lm_losses[0] - 0.3, run.lm_losses
+    assert [s for s, _ in run.val_losses] == [6, 12] and run.val_losses[-1][1] < run.lm_losses[0]
+    for total, lm, aux in zip(run.losses, run.lm_losses, run.aux_losses):
+        assert aux > 0.5  # two MoE layers, each about 1.0
+        assert total == pytest.approx(lm + 0.1 * aux, rel=1e-5)
+    tokens = steps * mb * cfg.seq_len
+    assert run.routing["tokens"] == [tokens, tokens]
+    assert all(sum(d) == 2 * tokens for d in run.routing["demand"])
+    assert all(sum(l) + d == 2 * tokens for l, d in zip(run.routing["load"], run.routing["dropped_routes"]))
+    assert len(run.load_history) == steps and run.tokens_per_s > 0
+    c = count_moe_params(build_gpt_moe(cfg))
+    assert (run.params_total, run.params_active) == (c.total, c.active)
+    drops = [r["dropped_fraction"] for r in run.probe]
+    assert drops[0] > drops[1] >= drops[2] == 0
+    d = run.as_dict(with_curves=False)
+    assert {"params_total", "params_active", "tokens_per_s", "peak_vram_gib", "val_loss", "expert_load",
+            "runtime"} <= set(d) and "losses" not in d
+    json.dumps(d)
+    dense = train_moe("dense", cfg.dense_twin(), train, runtime=rt, val_blocks=val, steps=4, progress=False,
+                      ds_config=moe_ds_config(rt, micro_batch=mb, lr=3e-3, steps=4))
+    assert dense.aux_losses == [0.0] * 4 and dense.routing == {}
+    assert "dense" in moe_table([dense, run])
+
+
+def test_zero3_is_refused_with_deepspeeds_message():
+    message = zero3_refusal(TINY.replace(k=2), detect_runtime())
+    assert ZERO3_REFUSAL in message and "stage 1/2" in message
+    # the failed initialize leaves nothing behind: ZeRO-2 still trains in this process
+    setup_single_process()
+    import deepspeed
+
+    model = build_gpt_moe(TINY)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),  # engine splits the groups
+                                      config=moe_ds_config(detect_runtime(), micro_batch=2))
+    ids = torch.randint(0, TINY.vocab_size, (2, TINY.seq_len))
+    out = engine(input_ids=ids, labels=ids)
+    engine.backward(out.loss)
+    engine.step()
+    assert math.isfinite(out.loss.item())
+    engine.destroy()
+
+
+def test_a_client_optimizer_over_mixed_groups_is_refused():
+    import deepspeed
+
+    setup_single_process()
+    model = build_gpt_moe(TINY)
+    with pytest.raises(AssertionError, match="None of the param groups are marked as MoE"):
+        deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()),
+                             config=moe_ds_config(detect_runtime(), micro_batch=2))
+
+
+def test_expert_parallel_script_splits_the_experts_over_two_processes(tmp_path, free_port_env, blocks):
+    out = tmp_path / "ep"
+    train, _, vocab = blocks
+    train.select(range(64)).save_to_disk(str(tmp_path / "blocks"))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", free_port_env,
+           "scripts/moe_expert_parallel.py", "--out", str(out), "--device", "cpu", "--experts", "4",
+           "--steps", "3", "--hidden", "32", "--blocks", str(tmp_path / "blocks"), "--vocab", str(vocab)]
+    env = {k: v for k, v in os.environ.items() if k not in DIST_ENV_VARS}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    layer = next(iter(ranks[0]["experts_held"]))
+    assert [r["experts_held"][layer] for r in ranks] == [[0, 1], [2, 3]]
+    for r in ranks:
+        assert r["ep_size"] == 2 and r["backend"] == "gloo"
+        assert 2 * r["expert_params_local"] == r["expert_params_total"]
+        assert r["params_local"] == r["shared_params"] + r["expert_params_local"]
+        assert r["same_weights_as_unsplit_model"] and r["shared_weights_equal_on_all_ranks"]
+        assert r["expert_weights_differ_between_ranks"]
+        assert r["routes_to_other_ranks"] > 0 and len(r["losses"]) == 3
+
+
+@pytest.fixture
+def free_port_env():
+    from helpers.runtime import free_port
+
+    return str(free_port())
+
+
+def test_benchmark_smoke(tmp_path):
+    out = tmp_path / "moe.json"
+    proc = subprocess.run([sys.executable, "benchmarks/moe.py", "--vocab", "512", "--seq-len", "32", "--hidden", "32",
+                           "--layers", "2", "--heads", "2", "--ffn", "128", "--experts", "4", "--micro-batch", "4",
+                           "--steps", "4", "--texts", "300", "--aux-sweep", "0", "0.01", "--capacity-sweep", "0.5",
+                           "2", "--out", str(out), "--work-dir", str(tmp_path)],
+                          cwd=ROOT, env={k: v for k, v in os.environ.items() if k not in DIST_ENV_VARS},
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert [r["name"] for r in report["rows"]] == ["dense", "MoE top-1", "MoE top-2"]
+    for r in report["rows"]:
+        assert {"params_total", "params_active", "tokens_per_s", "peak_vram_gib", "val_loss", "expert_load",
+                "runtime"} <= set(r)
+    assert report["rows"][1]["params_active"] == report["rows"][2]["params_active"]
+    assert len(report["rows"][1]["expert_load"][0]) == 4
+    assert [a["aux_loss_coef"] for a in report["aux_sweep"]] == [0.0, 0.01]
+    assert ZERO3_REFUSAL in report["zero3_refusal"]
+    assert out.with_suffix(".md").read_text().startswith("# Dense vs Mixture of Experts")
+
+
+def test_committed_report_if_present():
+    path = ROOT / "reports" / "moe.json"
+    if not path.exists():
+        pytest.skip("reports/moe.json not committed yet (GPU run)")
+    report = json.loads(path.read_text())
+    assert "CPU" not in report["runtime"]
+    rows = {r["name"]: r for r in report["rows"]}
+    assert set(rows) == {"dense", "MoE top-1", "MoE top-2"}
+    for r in rows.values():
+        assert r["runtime"] == report["runtime"] and r["tokens_per_s"] > 0 and r["peak_vram_gib"] > 0
+        assert r["loss_last5"] < r["loss_first5"]
+    assert rows["MoE top-1"]["params_total"] > rows["dense"]["params_total"]
+    assert rows["MoE top-1"]["params_active"] - rows["dense"]["params_active"] == \
+        report["shape"]["hidden"] * report["shape"]["num_experts"] * len(report["moe_layers"])
+
+
+def test_plots_draw_what_they_are_given():
+    from helpers.moe import MoERun, plot_balance, plot_capacity_sweep, plot_expert_load, plot_params
+
+    fig = plot_expert_load([[3, 1], [2, 2], [0, 4]], capacity=3)
+    assert len(fig.axes[0].lines) == 3  # two experts and the capacity line
+    fig = plot_capacity_sweep([{"capacity_factor": 0.5, "dropped_fraction": 0.4, "val_loss": 6.30001},
+                               {"capacity_factor": 2.0, "dropped_fraction": 0.0, "val_loss": 6.3}])
+    assert len(fig.axes) == 2 and len(fig.axes[0].patches) == 2
+    run = MoERun(name="a", kind="top-1", num_experts=2, k=1, capacity_factor=1.0, aux_loss_coef=0.0, params_total=1,
+                 params_active=1, flops_per_token=1.0, precision="fp32", micro_batch=1, seq_len=1, steps=1,
+                 runtime="x", routing={"demand": [[3, 1]]})
+    assert len(plot_balance([run, run]).axes[0].patches) == 4
+    assert len(plot_params(["d", "m"], [10, 30], [10, 10]).axes[0].patches) == 4
