@@ -1,0 +1,702 @@
+"""One DeepSpeed config, three drivers: the raw engine, Hugging Face Trainer and Accelerate (notebook 04).
+
+- Trainer takes the config through ``TrainingArguments(deepspeed=...)``. Values it also owns (batch sizes,
+  learning rate, Adam betas/eps, weight decay, clipping, warm-up, fp16/bf16) may be written ``"auto"``: Trainer
+  fills them from its arguments (`trainer_ds_config`, `AUTO_FIELDS`). A concrete value that disagrees with the
+  arguments is refused when training starts. Create the arguments *before* the model: for ZeRO-3 they register
+  the config globally, so ``from_pretrained`` builds the model partitioned.
+- Accelerate takes the same dict through ``DeepSpeedPlugin(hf_ds_config=...)``; optimizer and scheduler come
+  from the config (``DummyOptim`` / ``DummyScheduler`` stand in for them). ``Accelerator(cpu=True)`` silently
+  drops DeepSpeed, so `run_accelerate` checks that the model really became a ``DeepSpeedEngine``.
+- Both leave global state behind (transformers' ZeRO-3 config, Accelerate's singleton state, an environment
+  variable); `reset_hf_deepspeed_state` clears it so a notebook can run twice in one kernel.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import os
+import shlex
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from helpers.config import ConfigError, course_config
+from helpers.memory import GiB, measure_peak
+from helpers.runtime import reset_peak_stats, setup_single_process, teardown
+from helpers.train import RunResult
+
+if TYPE_CHECKING:
+    from helpers.hardware import Runtime
+
+# DeepSpeed config key -> the TrainingArguments field Trainer writes there when the value is "auto"
+AUTO_FIELDS: dict[str, str] = {
+    "train_micro_batch_size_per_gpu": "per_device_train_batch_size",
+    "gradient_accumulation_steps": "gradient_accumulation_steps",
+    "train_batch_size": "world_size x per_device_train_batch_size x gradient_accumulation_steps",
+    "gradient_clipping": "max_grad_norm",
+    "optimizer.params.lr": "learning_rate",
+    "optimizer.params.betas": "[adam_beta1, adam_beta2]",
+    "optimizer.params.eps": "adam_epsilon",
+    "optimizer.params.weight_decay": "weight_decay",
+    "scheduler.params.warmup_min_lr": "0 (no TrainingArguments field)",
+    "scheduler.params.warmup_max_lr": "learning_rate",
+    "scheduler.params.warmup_num_steps": "warmup_steps",
+    "scheduler.params.total_num_steps": "max_steps (computed when training starts)",
+    "fp16.enabled": "fp16",
+    "bf16.enabled": "bf16",
+}
+# keys Trainer and Accelerate size from the model's hidden size when they are "auto"
+HIDDEN_SIZE_AUTO: dict[str, str] = {
+    "zero_optimization.reduce_bucket_size": "hidden x hidden",
+    "zero_optimization.stage3_prefetch_bucket_size": "0.9 x hidden x hidden",
+    "zero_optimization.stage3_param_persistence_threshold": "10 x hidden",
+}
+_MISSING = object()
+
+
+def _get(config: dict[str, Any], dotted: str, default: Any = _MISSING) -> Any:
+    node: Any = config
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def _set(config: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    node = config
+    for part in parents:
+        node = node[part]
+    node[last] = value
+
+
+def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
+def _check_config(ds_config: Any) -> None:
+    if not isinstance(ds_config, dict) or "zero_optimization" not in ds_config:
+        raise ConfigError("expected a DeepSpeed config dict with a 'zero_optimization' section. "
+                          "Fix: build one with helpers.course_config('zero2', runtime) or helpers.build_ds_config().")
+
+
+def driver_config(name: str, runtime: "Runtime", *, micro_batch: int, lr: float, steps: int,
+                  **overrides: Any) -> dict[str, Any]:
+    """The course config `name` exactly as `train_run` runs it (warm-up steps//10), for all three drivers."""
+    return course_config(name, runtime, micro_batch_size=micro_batch, lr=lr, warmup_steps=max(1, steps // 10),
+                         **overrides)
+
+
+def trainer_ds_config(ds_config: dict[str, Any], *, auto_buckets: bool = False) -> dict[str, Any]:
+    """A copy of a helpers config with "auto" wherever TrainingArguments owns the value (notebook 04).
+
+    `auto_buckets` also lets Trainer size the ZeRO buckets from the model's hidden size (`HIDDEN_SIZE_AUTO`);
+    the course keeps its own sizes by default (DeepSpeed's 5e8-element bucket costs ~1 GB in fp16).
+    """
+    _check_config(ds_config)
+    out = copy.deepcopy(ds_config)
+    keys = list(AUTO_FIELDS) + (list(HIDDEN_SIZE_AUTO) if auto_buckets else [])
+    for key in keys:
+        if _get(out, key) is not _MISSING:
+            _set(out, key, "auto")
+    return out
+
+
+def auto_table(ds_config: dict[str, Any], trainer_config: dict[str, Any],
+               resolved: dict[str, Any] | None = None) -> str:
+    """Key | helpers value | what Trainer is given | where it comes from | what the engine ran (if known)."""
+    rows = [("key", "helpers config", "Trainer config", "filled from", "engine ran")]
+    for key, source in {**AUTO_FIELDS, **HIDDEN_SIZE_AUTO}.items():
+        given = _get(trainer_config, key)
+        if given is _MISSING:
+            continue
+        ran = "" if resolved is None else _get(resolved, key, "-")
+        rows.append((key, str(_get(ds_config, key, "-")), str(given), source if given == "auto" else "(as given)",
+                     str(ran)))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    if resolved is None:
+        widths[4] = 0
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths) if w).rstrip() for r in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines)
+
+
+def config_differences(reference: dict[str, Any], other: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """{dotted key: (reference value, other value)} for every leaf that differs or exists on one side only."""
+    a, b = _flatten(reference), _flatten(other)
+    return {k: (a.get(k, "<absent>"), b.get(k, "<absent>")) for k in sorted(a.keys() | b.keys())
+            if a.get(k, "<absent>") != b.get(k, "<absent>")}
+
+
+def training_arguments(output_dir: str | Path, ds_config: dict[str, Any], runtime: "Runtime", *, steps: int,
+                       seed: int = 0, checkpointing: bool = False, progress: bool = True, auto: bool = True,
+                       **overrides: Any) -> Any:
+    """TrainingArguments whose values agree with the concrete `ds_config`, which Trainer gets "auto"-filled.
+
+    With `auto=False` the concrete config is passed as it is: it works too, as long as every value agrees
+    with these arguments (Trainer refuses a mismatch when training starts). Create the arguments BEFORE the
+    model: with ZeRO-3 they make from_pretrained build the model partitioned.
+    """
+    from transformers import TrainingArguments
+
+    _check_config(ds_config)
+    if runtime.precision == "fp16" and not runtime.has_gpu:
+        raise ConfigError("fp16 needs a GPU. Fix: on CPU train in fp32 (helpers.course_config(name, runtime)).")
+    params = _get(ds_config, "optimizer.params", {})
+    betas = params.get("betas", [0.9, 0.999])
+    kwargs: dict[str, Any] = dict(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=int(ds_config["train_micro_batch_size_per_gpu"]),
+        gradient_accumulation_steps=int(ds_config.get("gradient_accumulation_steps", 1)),
+        max_steps=steps,
+        learning_rate=float(params.get("lr", 5e-5)),
+        adam_beta1=float(betas[0]), adam_beta2=float(betas[1]),
+        adam_epsilon=float(params.get("eps", 1e-8)),
+        weight_decay=float(params.get("weight_decay", 0.0)),
+        max_grad_norm=float(ds_config.get("gradient_clipping", 1.0)),
+        warmup_steps=int(_get(ds_config, "scheduler.params.warmup_num_steps", 0)),
+        fp16=runtime.precision == "fp16", bf16=runtime.precision == "bf16",
+        gradient_checkpointing=checkpointing,
+        train_sampling_strategy="sequential",  # the batches come pre-ordered (`ordered_blocks`)
+        logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=not progress, seed=seed,
+        deepspeed=trainer_ds_config(ds_config) if auto else copy.deepcopy(ds_config),
+    )
+    kwargs.update(overrides)
+    return TrainingArguments(**kwargs)
+
+
+def ordered_blocks(train_blocks: Any, micro_batch: int, batches: int, seed: int = 0) -> Any:
+    """The first `batches` batches `train_run` would draw, as a Dataset in that order (for a sequential sampler)."""
+    from datasets import Dataset
+
+    from helpers.data import block_loader
+
+    loader = block_loader(train_blocks, micro_batch, seed=seed)
+    rows = [row for _ in range(batches) for row in next(loader)["input_ids"].tolist()]
+    return Dataset.from_dict({"input_ids": rows}).with_format("torch")
+
+
+def causal_lm_collator(features: list[dict[str, Any]]) -> dict[str, Any]:
+    """Stack packed blocks; the labels are the inputs (the model shifts them)."""
+    import torch
+
+    ids = torch.stack([torch.as_tensor(f["input_ids"]) for f in features])
+    return {"input_ids": ids, "labels": ids}
+
+
+def fix_causal_lm_loss(model: Any) -> Any:
+    """Tell Trainer the model's loss shifts labels, so it divides by the T-1 predicted tokens per block, not T.
+
+    GPT2LMHeadModel has no `loss_type` transformers recognises; Trainer then counts every label token and
+    reports (and back-propagates) the loss times (T-1)/T (see `loss_token_count`).
+    """
+    if getattr(model, "loss_type", None) is None:
+        model.loss_type = "ForCausalLM"
+    return model
+
+
+def loss_token_count(trainer: Any, batch: dict[str, Any]) -> int:
+    """How many tokens Trainer divides this batch's summed loss by (its `num_items_in_batch`)."""
+    import torch
+
+    n = trainer._get_num_items_in_batch([batch], torch.device("cpu"))
+    return int(n)
+
+
+@dataclass
+class DriverRun:
+    """A `RunResult` plus what only the Hugging Face drivers can tell: the config the engine ran, its class."""
+
+    result: RunResult
+    driver: str
+    resolved_config: dict[str, Any] = field(default_factory=dict)
+    engine_class: str = ""
+
+
+class StepRecorder:
+    """Per-step losses and tokens/s after `warmup_steps`, from a hand-written loop or as a Trainer callback."""
+
+    def __init__(self, tokens_per_step: int, warmup_steps: int = 2, cuda: bool = False):
+        self.tokens_per_step = tokens_per_step
+        self.warmup_steps = warmup_steps
+        self.cuda = cuda
+        self.losses: list[float] = []
+        self.times: list[float] = []
+        self.start = time.perf_counter()
+
+    def _now(self) -> float:
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def begin(self) -> None:
+        self.start = self._now()
+
+    def step(self, loss: float | None = None) -> None:
+        """Call after each optimizer step (with its loss, unless the Trainer log supplies it)."""
+        self.times.append(self._now())
+        if loss is not None:
+            self.losses.append(float(loss))
+
+    @property
+    def tokens_per_s(self) -> float:
+        done = len(self.times) - self.warmup_steps
+        if done <= 0:
+            return 0.0
+        t0 = self.times[self.warmup_steps - 1] if self.warmup_steps else self.start
+        return done * self.tokens_per_step / max(self.times[-1] - t0, 1e-9)
+
+    def trainer_callback(self) -> Any:
+        """A TrainerCallback feeding this recorder (needs logging_steps=1 for one loss per step)."""
+        from transformers import TrainerCallback
+
+        recorder = self
+
+        class _Recorder(TrainerCallback):
+            def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+                recorder.begin()
+
+            def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+                recorder.step()
+
+            def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
+                if logs and "loss" in logs:
+                    recorder.losses.append(float(logs["loss"]))
+
+        return _Recorder()
+
+
+def recorded_result(name: str, recorder: StepRecorder, mem: Any, *, runtime: "Runtime", ds_config: dict[str, Any],
+                    dataset: Any, params: int = 0, checkpointing: bool = False, model_name: str = "",
+                    estimated_bytes: int = 0) -> RunResult:
+    """A `RunResult` (the record `train_run` returns) from a StepRecorder and a `measure_peak` measurement."""
+    return RunResult(
+        name=name, model=model_name, params=params, config=name, precision=runtime.precision,
+        micro_batch=int(ds_config["train_micro_batch_size_per_gpu"]),
+        grad_accum=int(ds_config.get("gradient_accumulation_steps", 1)),
+        seq_len=int(dataset[0]["input_ids"].shape[-1]), steps=len(recorder.times), checkpointing=checkpointing,
+        runtime=runtime.label, losses=list(recorder.losses), tokens_per_s=round(recorder.tokens_per_s, 1),
+        peak_vram_gib=round((mem.peak_gpu_allocated - mem.baseline_gpu_allocated) / GiB, 3),
+        peak_reserved_gib=round(mem.peak_gpu_reserved / GiB, 3), peak_rss_gib=round(mem.peak_rss / GiB, 3),
+        estimated_vram_gib=round(estimated_bytes / GiB, 3), seconds=round(mem.seconds, 2))
+
+
+def _tokens_per_step(ds_config: dict[str, Any], dataset: Any) -> int:
+    return (int(ds_config["train_micro_batch_size_per_gpu"]) * int(ds_config.get("gradient_accumulation_steps", 1))
+            * int(dataset[0]["input_ids"].shape[-1]))
+
+
+def _param_count(model: Any) -> int:
+    return sum({id(p): getattr(p, "ds_numel", p.numel()) for p in model.parameters()}.values())
+
+
+def _check_engine(engine: Any, driver: str) -> str:
+    import deepspeed
+
+    if not isinstance(engine, deepspeed.DeepSpeedEngine):
+        raise RuntimeError(f"{driver} did not wrap the model in a DeepSpeed engine (got {type(engine).__name__}). "
+                           "Fix: do not pass cpu=True to Accelerator (it drops DeepSpeed silently) and pass the "
+                           "config (TrainingArguments(deepspeed=...) / DeepSpeedPlugin(hf_ds_config=...)).")
+    return type(engine).__name__
+
+
+def run_trainer(name: str, model_factory: Callable[[], Any], dataset: Any, *, runtime: "Runtime",
+                ds_config: dict[str, Any], output_dir: str | Path, steps: int | None = None, seed: int = 0,
+                checkpointing: bool = False, warmup_steps: int = 2, estimated_bytes: int = 0, model_name: str = "",
+                progress: bool = True, auto: bool = True,
+                after: Callable[[Any], Any] | None = None) -> tuple[DriverRun, Any]:
+    """Train with transformers' Trainer on `ds_config` and measure it like `train_run` (notebook 04).
+
+    TrainingArguments come first, then `model_factory()` (so ZeRO-3 builds it partitioned). `after(trainer)`
+    runs once training is done, before the teardown (e.g. save the model); its return value is returned too.
+    Global DeepSpeed/Accelerate state is reset before and after.
+    """
+    from transformers import Trainer
+
+    steps = steps or len(dataset) // int(ds_config["train_micro_batch_size_per_gpu"])
+    _torch_seed(seed)
+    setup_single_process()
+    reset_hf_deepspeed_state()
+    reset_peak_stats()
+    recorder = StepRecorder(_tokens_per_step(ds_config, dataset), warmup_steps, runtime.has_gpu)
+    ns: dict[str, Any] = {}
+    extra = None
+    with measure_peak() as mem:
+        args = training_arguments(output_dir, ds_config, runtime, steps=steps, seed=seed,
+                                  checkpointing=checkpointing, progress=progress, auto=auto)
+        model = fix_causal_lm_loss(model_factory())
+        model.config.use_cache = False
+        params = _param_count(model)
+        ns["trainer"] = Trainer(model=model, args=args, train_dataset=dataset, data_collator=causal_lm_collator,
+                                callbacks=[recorder.trainer_callback()])
+        del model
+        ns["trainer"].train()
+    trainer = ns["trainer"]
+    engine_class = _check_engine(trainer.model_wrapped, "Trainer")
+    resolved = copy.deepcopy(trainer.model_wrapped.config)
+    if after is not None:
+        extra = after(trainer)
+    del trainer
+    teardown_hf(ns, "trainer")
+    result = recorded_result(name, recorder, mem, runtime=runtime, ds_config=ds_config, dataset=dataset,
+                             params=params, checkpointing=checkpointing, model_name=model_name,
+                             estimated_bytes=estimated_bytes)
+    return DriverRun(result, "Trainer", resolved, engine_class), extra
+
+
+def _torch_seed(seed: int) -> None:
+    """torch.manual_seed, imported lazily."""
+    import torch
+
+    torch.manual_seed(seed)
+
+
+def run_accelerate(name: str, model_factory: Callable[[], Any], dataset: Any, *, runtime: "Runtime",
+                   ds_config: dict[str, Any], steps: int | None = None, seed: int = 0, checkpointing: bool = False,
+                   warmup_steps: int = 2, estimated_bytes: int = 0, model_name: str = "",
+                   progress: bool = True) -> DriverRun:
+    """Train with Accelerate + DeepSpeedPlugin on the same dict and measure it like `train_run` (notebook 04)."""
+    import torch
+    from accelerate import Accelerator
+    from accelerate.utils import DeepSpeedPlugin, DummyOptim, DummyScheduler
+    from tqdm.auto import tqdm
+
+    _check_config(ds_config)
+    micro_batch = int(ds_config["train_micro_batch_size_per_gpu"])
+    steps = steps or len(dataset) // micro_batch
+    torch.manual_seed(seed)
+    setup_single_process()
+    reset_hf_deepspeed_state()
+    reset_peak_stats()
+    recorder = StepRecorder(_tokens_per_step(ds_config, dataset), warmup_steps, runtime.has_gpu)
+    grad_accum = int(ds_config.get("gradient_accumulation_steps", 1))
+    ns: dict[str, Any] = {}
+    with measure_peak() as mem:
+        plugin = DeepSpeedPlugin(hf_ds_config=copy.deepcopy(ds_config))
+        # never cpu=True: Accelerate then drops DeepSpeed without a word
+        ns["accelerator"] = accelerator = Accelerator(deepspeed_plugin=plugin,
+                                                      mixed_precision=accelerate_precision(runtime))
+        model = fix_causal_lm_loss(model_factory())  # after the Accelerator: ZeRO-3 builds it partitioned
+        model.config.use_cache = False
+        params = _param_count(model)
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+        # the config holds the optimizer and scheduler: these placeholders stand in for them
+        optimizer = DummyOptim(model.parameters())
+        scheduler = DummyScheduler(optimizer)
+        loader = torch.utils.data.DataLoader(dataset, batch_size=micro_batch, shuffle=False,
+                                             collate_fn=causal_lm_collator)
+        ns["engine"], ns["optimizer"], loader, ns["scheduler"] = accelerator.prepare(model, optimizer, loader,
+                                                                                     scheduler)
+        del model, optimizer, scheduler
+        engine = ns["engine"]
+        engine.train()
+        batches = iter(loader)
+        recorder.begin()
+        for _ in (bar := tqdm(range(steps), desc=name, disable=not progress)):
+            step_loss = 0.0
+            for _ in range(grad_accum):
+                batch = next(batches)
+                loss = engine(**batch).loss
+                accelerator.backward(loss)  # engine.backward + engine.step (DeepSpeed steps at the boundary)
+                ns["optimizer"].step()  # no-ops under DeepSpeed, kept so the loop reads as any Accelerate loop
+                ns["scheduler"].step()
+                ns["optimizer"].zero_grad()
+                step_loss += loss.item() / grad_accum
+            recorder.step(step_loss)
+            bar.set_postfix(loss=f"{step_loss:.3f}")
+        del loss, batch, batches, loader, engine
+    engine_class = _check_engine(ns["engine"], "Accelerate")
+    resolved = copy.deepcopy(ns["engine"].config)
+    teardown_hf(ns, "engine", "optimizer", "scheduler", "accelerator")
+    result = recorded_result(name, recorder, mem, runtime=runtime, ds_config=ds_config, dataset=dataset,
+                             params=params, checkpointing=checkpointing, model_name=model_name,
+                             estimated_bytes=estimated_bytes)
+    return DriverRun(result, "Accelerate", resolved, engine_class)
+
+
+def accelerate_precision(runtime: "Runtime") -> str:
+    """Accelerator's mixed_precision for this runtime: 'fp16', 'bf16' or 'no' (fp32)."""
+    return {"fp16": "fp16", "bf16": "bf16"}.get(runtime.precision, "no")
+
+
+# ---------------------------------------------------------------- global state and teardown
+
+def hf_deepspeed_state() -> dict[str, str]:
+    """What global DeepSpeed state transformers and Accelerate hold right now (notebook 04)."""
+    from accelerate.state import AcceleratorState, PartialState
+    from transformers.integrations.deepspeed import deepspeed_config, is_deepspeed_zero3_enabled
+
+    if deepspeed_config() is None:
+        hf = "none"
+    else:
+        hf = "ZeRO-3: from_pretrained builds models partitioned" if is_deepspeed_zero3_enabled() else "set (not ZeRO-3)"
+    acc = "none"
+    if AcceleratorState._shared_state:
+        acc = str(AcceleratorState._shared_state.get("distributed_type", "set"))
+    elif PartialState._shared_state:
+        acc = "PartialState only"
+    return {"transformers HfDeepSpeedConfig": hf, "Accelerate state": acc,
+            "ACCELERATE_USE_DEEPSPEED": os.environ.get("ACCELERATE_USE_DEEPSPEED", "unset")}
+
+
+def reset_hf_deepspeed_state() -> dict[str, str]:
+    """Forget transformers' global DeepSpeed config and Accelerate's state; returns what was there before.
+
+    Without it a ZeRO-3 run leaves later models built partitioned, and a second Accelerator with a
+    deepspeed_plugin is refused ("You cannot pass in a `deepspeed_plugin` when creating a second `Accelerator`").
+    The torch.distributed process group stays (DeepSpeed reuses it).
+    """
+    from accelerate.state import AcceleratorState, GradientState
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+    before = hf_deepspeed_state()
+    unset_hf_deepspeed_config()
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    os.environ.pop("ACCELERATE_USE_DEEPSPEED", None)
+    return before
+
+
+def teardown_hf(namespace: dict[str, Any], *names: str) -> int:
+    """Like `helpers.teardown`, for Trainers and Accelerators too: destroy their engines, drop their
+    references, reset the global state; returns the CUDA bytes still allocated."""
+    import deepspeed
+
+    destroyed: set[int] = set()
+    for name in names:
+        obj = namespace.pop(name, None)
+        if obj is None:
+            continue
+        engines, accelerator = [], None
+        if hasattr(obj, "model_wrapped") and hasattr(obj, "accelerator"):  # a Trainer
+            engines.append(obj.model_wrapped)
+            accelerator = obj.accelerator
+            for attr in ("model", "model_wrapped", "deepspeed", "optimizer", "lr_scheduler"):
+                if hasattr(obj, attr):
+                    setattr(obj, attr, None)
+            handler = getattr(obj, "callback_handler", None)
+            for attr in ("model", "optimizer", "lr_scheduler", "train_dataloader", "eval_dataloader"):
+                if handler is not None and hasattr(handler, attr):
+                    setattr(handler, attr, None)
+        elif type(obj).__name__ == "Accelerator":
+            accelerator = obj
+            engines.extend(getattr(obj, "_models", []))
+        else:
+            engines.append(obj)
+        for engine in engines:
+            if isinstance(engine, deepspeed.DeepSpeedEngine) and id(engine) not in destroyed:
+                destroyed.add(id(engine))
+                engine.destroy()
+        if accelerator is not None:
+            accelerator.free_memory()
+        state = getattr(obj, "state", None)
+        if isinstance(state, dict):
+            state.clear()
+        del obj, engines, accelerator
+    reset_hf_deepspeed_state()
+    return teardown(namespace)
+
+
+# ---------------------------------------------------------------- ZeRO-3 saving
+
+def placeholder_tensors(state_dict: dict[str, Any]) -> tuple[int, int]:
+    """(empty tensors, all tensors) in a state dict: ZeRO-3 leaves its partitioned parameters as shape [0]."""
+    empty = sum(1 for t in state_dict.values() if hasattr(t, "numel") and t.numel() == 0)
+    return empty, len(state_dict)
+
+
+def check_saved_weights(directory: str | Path, engine: Any) -> dict[str, Any]:
+    """Compare a saved model folder with the engine's (gathered) ZeRO-3 weights, tensor by tensor.
+
+    Returns {"file", "tensors", "empty", "shape_mismatches", "max_abs_diff"}; a folder without weights
+    raises FileNotFoundError naming the fix.
+    """
+    from safetensors.torch import load_file
+
+    files = sorted(Path(directory).glob("*.safetensors"))
+    if not files:
+        listing = sorted(p.name for p in Path(directory).iterdir()) if Path(directory).is_dir() else []
+        raise FileNotFoundError(f"no *.safetensors weights in {directory} (it holds {listing}). Under ZeRO-3 "
+                                "Trainer writes weights only with stage3_gather_16bit_weights_on_model_save: true; "
+                                "otherwise recover them from the DeepSpeed checkpoint with zero_to_fp32.")
+    saved: dict[str, Any] = {}
+    for f in files:
+        saved.update(load_file(str(f)))
+    module = getattr(engine, "module", engine)
+    named = dict(module.named_parameters())
+    empty = sum(1 for t in saved.values() if t.numel() == 0)
+    mismatches, worst = [], 0.0
+    for key, tensor in saved.items():
+        param = named.get(key)
+        if param is None:
+            continue
+        full = _full_tensor(param)
+        if tuple(full.shape) != tuple(tensor.shape):
+            mismatches.append(f"{key}: saved {tuple(tensor.shape)} vs model {tuple(full.shape)}")
+            continue
+        worst = max(worst, float((tensor.float() - full).abs().max()) if full.numel() else 0.0)
+    return {"file": ", ".join(f.name for f in files), "tensors": len(saved), "empty": empty,
+            "shape_mismatches": mismatches, "max_abs_diff": worst}
+
+
+def _full_tensor(param: Any) -> Any:
+    """The whole parameter in fp32 on the CPU; a ZeRO-3 partition is gathered (and released again) for it."""
+    import deepspeed
+    import torch
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+    if getattr(param, "ds_status", None) == ZeroParamStatus.NOT_AVAILABLE:
+        with deepspeed.zero.GatheredParameters([param], modifier_rank=None):
+            return param.detach().to("cpu", torch.float32).clone()
+    return param.detach().to("cpu", torch.float32).clone()  # whole already (persistent, or not ZeRO-3)
+
+
+def logits_for(model: Any, ids: Any) -> Any:
+    """Logits of `model` (an engine or a plain model) for `ids`, in fp32 on the CPU, without gradients."""
+    import torch
+
+    was_training = model.training
+    model.eval()
+    device = next(getattr(model, "module", model).parameters()).device
+    with torch.no_grad():
+        out = model(input_ids=ids.to(device)).logits.float().cpu()
+    if was_training:
+        model.train()
+    return out
+
+
+# ---------------------------------------------------------------- launching on N GPUs
+
+def accelerate_config_yaml(ds_config_path: str | Path, n_gpus: int, mixed_precision: str = "fp16") -> str:
+    """An `accelerate launch --config_file` YAML that points at the DeepSpeed JSON file (notebook 04)."""
+    _check_gpus(n_gpus)
+    if mixed_precision not in ("no", "fp16", "bf16"):
+        raise ValueError(f"mixed_precision must be 'no', 'fp16' or 'bf16' (got {mixed_precision!r})")
+    return "\n".join([
+        "compute_environment: LOCAL_MACHINE",
+        "distributed_type: DEEPSPEED",
+        "deepspeed_config:",
+        f"  deepspeed_config_file: {ds_config_path}",
+        f"  zero3_init_flag: {'true' if _zero_stage_of(ds_config_path) == 3 else 'false'}",
+        f"mixed_precision: {mixed_precision}",
+        "machine_rank: 0",
+        "num_machines: 1",
+        f"num_processes: {n_gpus}",
+        "main_training_function: main",
+        "rdzv_backend: static",
+        "same_network: true",
+        "use_cpu: false",
+        "",
+    ])
+
+
+def _zero_stage_of(ds_config_path: str | Path) -> int | None:
+    import json
+
+    try:
+        return int(json.loads(Path(ds_config_path).read_text())["zero_optimization"]["stage"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _check_gpus(n_gpus: int) -> None:
+    if isinstance(n_gpus, bool) or not isinstance(n_gpus, int) or n_gpus < 1:
+        raise ValueError(f"n_gpus must be a positive integer (got {n_gpus!r}). Fix: the GPUs on this machine, "
+                         "e.g. torch.cuda.device_count().")
+
+
+def launch_commands(script: str | Path, ds_config_path: str | Path, n_gpus: int,
+                    accelerate_config_path: str | Path | None = None) -> dict[str, str]:
+    """The shell commands that run `script` with this config on `n_gpus` GPUs of one machine.
+
+    The script reads the config itself (a Trainer script: ``--deepspeed <json>``); notebook 05 runs them.
+    """
+    _check_gpus(n_gpus)
+    s, c = shlex.quote(str(script)), shlex.quote(str(ds_config_path))
+    cmds = {
+        "deepspeed launcher": f"deepspeed --num_gpus {n_gpus} {s} --deepspeed {c}",
+        "torchrun": f"torchrun --nproc_per_node {n_gpus} {s} --deepspeed {c}",
+        "accelerate launch (flags)": (f"accelerate launch --use_deepspeed --num_processes {n_gpus} "
+                                      f"--deepspeed_config_file {c} {s} --deepspeed {c}"),
+    }
+    if accelerate_config_path is not None:
+        cmds["accelerate launch (config file)"] = (f"accelerate launch --config_file "
+                                                   f"{shlex.quote(str(accelerate_config_path))} {s} --deepspeed {c}")
+    return cmds
+
+
+LAUNCH_SCRIPT = '''"""Fine-tune a causal LM with Trainer + DeepSpeed, one process per GPU (written by notebook 04).
+
+    deepspeed --num_gpus N {name} --deepspeed configs/zero2.json
+"""
+import argparse
+import json
+import sys
+
+sys.path.insert(0, {root!r})
+import helpers  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--deepspeed", required=True, help="DeepSpeed JSON config (as in configs/)")
+    p.add_argument("--model", default={model!r})
+    p.add_argument("--tokenizer", default={tokenizer!r})
+    p.add_argument("--data", default={data!r})
+    p.add_argument("--seq-len", type=int, default={seq_len})
+    p.add_argument("--steps", type=int, default={steps})
+    p.add_argument("--out", default={out!r})
+    p.add_argument("--local_rank", type=int, default=-1)  # passed by the deepspeed launcher
+    args = p.parse_args()
+    runtime = helpers.detect_runtime()
+    cfg = json.load(open(args.deepspeed))
+    if runtime.precision == "fp32":  # CPU: DeepSpeed refuses fp16 there
+        cfg.pop("fp16", None)
+    tok = helpers.load_tokenizer(args.tokenizer or args.model)
+    blocks = helpers.pack_blocks(helpers.load_text_dataset(args.data)["train"], tok, args.seq_len)
+    # "auto" values: the same file works on any number of GPUs (train_batch_size = GPUs x micro-batch x accum.)
+    targs = helpers.training_arguments(args.out, cfg, runtime, steps=args.steps, progress=False,
+                                       train_sampling_strategy="random")
+    model = helpers.fix_causal_lm_loss(helpers.load_causal_lm(args.model))
+    from transformers import Trainer
+
+    trainer = Trainer(model=model, args=targs, train_dataset=blocks, data_collator=helpers.causal_lm_collator)
+    out = trainer.train()
+    if trainer.is_world_process_zero():
+        print(json.dumps({{"world_size": targs.world_size, "train_loss": out.training_loss,
+                          "engine": type(trainer.model_wrapped).__name__,
+                          "train_batch_size": trainer.model_wrapped.config["train_batch_size"]}}))
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def launch_script(path: str | Path, *, model: str, data: str, tokenizer: str = "", seq_len: int = 512,
+                  steps: int = 20, out: str = "build/launch_out") -> Path:
+    """Write a stand-alone Trainer + DeepSpeed script for the launch commands (notebook 04)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    root = str(Path(__file__).resolve().parent.parent)
+    path.write_text(LAUNCH_SCRIPT.format(name=path.name, root=root, model=model, data=data, tokenizer=tokenizer,
+                                         seq_len=seq_len, steps=steps, out=out))
+    return path
+
+
+def agreement(reference: RunResult, other: RunResult) -> float:
+    """Largest per-step |loss difference| between two runs over their common steps (nan if none)."""
+    pairs = list(zip(reference.losses, other.losses))
+    return max((abs(a - b) for a, b in pairs), default=math.nan)

@@ -1,0 +1,291 @@
+"""One config, three drivers (raw engine, Trainer, Accelerate), ZeRO-3 saving through Trainer, global state (CPU, fp32)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import ROOT
+from helpers.config import ConfigError, course_config
+from helpers.data import load_text_dataset, pack_blocks, train_tokenizer
+from helpers.hardware import detect_runtime
+from helpers.integrations import (AUTO_FIELDS, accelerate_config_yaml, agreement, auto_table, causal_lm_collator,
+                                  check_saved_weights, config_differences, driver_config, fix_causal_lm_loss,
+                                  hf_deepspeed_state, launch_commands, launch_script, logits_for, loss_token_count,
+                                  ordered_blocks, placeholder_tensors, reset_hf_deepspeed_state, run_accelerate,
+                                  run_trainer, teardown_hf, trainer_ds_config, training_arguments)
+from helpers.models import load_causal_lm, save_model_from_config
+from helpers.runtime import DIST_ENV_VARS, setup_single_process
+from helpers.train import train_run
+
+VOCAB = 1024
+SEQ = 32
+MB = 4
+STEPS = 6
+LR = 3e-3
+NO_DROPOUT = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    root = tmp_path_factory.mktemp("integrations")
+    ds = load_text_dataset("local")
+    tok = train_tokenizer(ds["train"]["text"], root / "tok", vocab_size=VOCAB)
+    blocks = pack_blocks(ds["train"].select(range(400)), tok, SEQ)
+    # no dropout: the three drivers then compute exactly the same steps
+    model_dir = save_model_from_config(root / "model", "gpt2-tiny", vocab_size=VOCAB, **NO_DROPOUT)
+    return root, blocks, model_dir
+
+
+@pytest.fixture(autouse=True)
+def single_process(monkeypatch):
+    for k in DIST_ENV_VARS + ("ACCELERATE_USE_DEEPSPEED",):
+        monkeypatch.setenv(k, "0")
+        monkeypatch.delenv(k)
+    setup_single_process()
+    yield
+    reset_hf_deepspeed_state()
+
+
+def test_trainer_config_marks_exactly_the_trainer_owned_keys_auto():
+    cfg = course_config("zero2", detect_runtime(), micro_batch_size=MB, lr=LR)
+    auto = trainer_ds_config(cfg)
+    diff = config_differences(cfg, auto)
+    assert diff and all(new == "auto" for _, new in diff.values())
+    assert set(diff) <= set(AUTO_FIELDS)
+    assert {"optimizer.params.lr", "train_micro_batch_size_per_gpu", "gradient_clipping"} <= set(diff)
+    assert auto["zero_optimization"] == cfg["zero_optimization"]  # bucket sizes kept unless asked
+    assert cfg["optimizer"]["params"]["lr"] == LR  # the input is not modified
+    buckets = trainer_ds_config(course_config("zero3"), auto_buckets=True)["zero_optimization"]
+    assert buckets["reduce_bucket_size"] == buckets["stage3_param_persistence_threshold"] == "auto"
+    assert "per_device_train_batch_size" in auto_table(cfg, auto)
+    with pytest.raises(ConfigError, match="zero_optimization"):
+        trainer_ds_config({"train_batch_size": 4})
+
+
+def test_training_arguments_fill_the_auto_values_with_the_config_values(work):
+    root, _, _ = work
+    rt = detect_runtime()
+    cfg = driver_config("zero2", rt, micro_batch=MB, lr=LR, steps=STEPS)
+    args = training_arguments(root / "out", cfg, rt, steps=STEPS)
+    filled = args.hf_deepspeed_config.config
+    for key in ("train_micro_batch_size_per_gpu", "train_batch_size", "gradient_clipping", "optimizer",
+                "gradient_accumulation_steps"):
+        assert filled[key] == cfg[key], key
+    assert filled["scheduler"]["params"]["warmup_max_lr"] == LR
+    reset_hf_deepspeed_state()
+
+
+def test_trainer_refuses_a_concrete_value_that_disagrees_with_its_arguments(work):
+    root, _, model_dir = work
+    rt = detect_runtime()
+    cfg = driver_config("zero2", rt, micro_batch=MB, lr=LR, steps=STEPS)
+    args = training_arguments(root / "out", cfg, rt, steps=STEPS, auto=False, learning_rate=LR / 10)
+    with pytest.raises(ValueError, match="optimizer.params.lr"):
+        args.hf_deepspeed_config.trainer_config_finalize(args, load_causal_lm(model_dir), STEPS)
+
+
+def test_ordered_blocks_are_the_batches_train_run_draws(work):
+    _, blocks, _ = work
+    from helpers.data import block_loader
+
+    ordered = ordered_blocks(blocks, MB, 3, seed=0)
+    loader = block_loader(blocks, MB, seed=0)
+    for i in range(3):
+        assert torch.equal(ordered[i * MB:(i + 1) * MB]["input_ids"], next(loader)["input_ids"])
+    batch = causal_lm_collator([ordered[0], ordered[1]])
+    assert batch["input_ids"].shape == (2, SEQ) and torch.equal(batch["labels"], batch["input_ids"])
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_raw_engine_trainer_and_accelerate_follow_the_same_loss_trajectory(work, stage):
+    root, blocks, model_dir = work
+    rt = detect_runtime()
+    cfg = driver_config(f"zero{stage}", rt, micro_batch=MB, lr=LR, steps=STEPS)
+    if stage == 3:
+        from helpers.checkpoints import build_zero3_model
+
+        raw_factory = lambda: build_zero3_model(cfg, model_dir)  # noqa: E731
+    else:
+        raw_factory = lambda: load_causal_lm(model_dir)  # noqa: E731
+    raw = train_run("raw", raw_factory, blocks, runtime=rt, ds_config=cfg, steps=STEPS, micro_batch=MB, lr=LR,
+                    progress=False)
+    data = ordered_blocks(blocks, MB, STEPS)
+    trainer, _ = run_trainer("Trainer", lambda: load_causal_lm(model_dir), data, runtime=rt, ds_config=cfg,
+                             output_dir=root / f"trainer{stage}", progress=False)
+    accel = run_accelerate("Accelerate", lambda: load_causal_lm(model_dir), data, runtime=rt, ds_config=cfg,
+                           progress=False)
+    assert raw.losses[-1] < raw.losses[0] - 0.2, raw.losses
+    for run in (trainer, accel):
+        assert run.engine_class == "DeepSpeedEngine"
+        assert len(run.result.losses) == STEPS
+        assert run.result.losses == pytest.approx(raw.losses, rel=1e-4), run.driver
+        assert agreement(raw, run.result) < 1e-3
+        assert run.result.tokens_per_s > 0 and run.result.params == raw.params
+        # every value of the helpers config is what the engine ran
+        changed = {k: v for k, v in config_differences(cfg, run.resolved_config).items() if v[0] != "<absent>"}
+        changed.pop("steps_per_print", None)  # Accelerate silences DeepSpeed's own logging
+        assert not changed, changed
+    assert hf_deepspeed_state()["transformers HfDeepSpeedConfig"] == "none"  # nothing left behind
+
+
+def test_trainer_without_the_loss_fix_divides_by_every_token(work):
+    root, blocks, model_dir = work
+    rt = detect_runtime()
+    cfg = driver_config("zero2", rt, micro_batch=MB, lr=LR, steps=STEPS)
+    from transformers import Trainer
+
+    ns = {}
+    batch = causal_lm_collator([blocks[i] for i in range(MB)])
+    model = load_causal_lm(model_dir)
+    args = training_arguments(root / "out", cfg, rt, steps=STEPS)
+    ns["trainer"] = Trainer(model=model, args=args, data_collator=causal_lm_collator)
+    assert loss_token_count(ns["trainer"], batch) == MB * SEQ  # position 0 is counted but never predicted
+    # a second Trainer on the same arguments meets the first one's Accelerate state (fresh arguments reset it)
+    with pytest.raises(NotImplementedError, match="second `Accelerator`"):
+        Trainer(model=model, args=args)
+    teardown_hf(ns, "trainer")
+    fix_causal_lm_loss(model)
+    ns["trainer"] = Trainer(model=model, args=training_arguments(root / "out", cfg, rt, steps=STEPS),
+                            data_collator=causal_lm_collator)
+    assert loss_token_count(ns["trainer"], batch) == MB * (SEQ - 1)
+    teardown_hf(ns, "trainer")
+
+
+def test_zero3_trainer_saves_real_weights_that_reload_to_the_same_logits(work):
+    root, blocks, model_dir = work
+    rt = detect_runtime()
+    cfg = driver_config("zero3", rt, micro_batch=MB, lr=LR, steps=4)
+    assert cfg["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True
+    cfg["zero_optimization"]["stage3_param_persistence_threshold"] = 0  # partition even the small tensors
+    ids = blocks[0:2]["input_ids"]
+    out = root / "zero3_saved"
+
+    def save(trainer):
+        engine = trainer.model_wrapped
+        assert engine.module.transformer.wte.weight.numel() == 0  # partitioned: a placeholder on this rank
+        empty, total = placeholder_tensors(engine.module.state_dict())
+        trainer.model.save_pretrained(str(root / "naive"))  # saves the placeholders
+        naive = check_saved_weights(root / "naive", engine)
+        trainer.save_model(str(out))
+        return {"logits": logits_for(engine, ids), "check": check_saved_weights(out, engine),
+                "placeholders": (empty, total), "naive": naive}
+
+    run, saved = run_trainer("Trainer ZeRO-3", lambda: load_causal_lm(model_dir), ordered_blocks(blocks, MB, 4),
+                             runtime=rt, ds_config=cfg, output_dir=root / "t3", progress=False, after=save)
+    empty, total = saved["placeholders"]
+    assert empty == total > 0  # a naive state_dict() under ZeRO-3 holds nothing but placeholders
+    assert saved["naive"]["empty"] > 0 and saved["naive"]["shape_mismatches"]
+    check = saved["check"]
+    assert check["empty"] == 0 and not check["shape_mismatches"] and check["tensors"] >= total - 1
+    assert check["max_abs_diff"] == 0.0
+    reloaded = load_causal_lm(str(out))  # built whole: the global ZeRO-3 config was reset
+    assert reloaded.transformer.wte.weight.shape == (VOCAB, 64)
+    assert torch.allclose(logits_for(reloaded, ids), saved["logits"], atol=1e-5)
+    fresh = load_causal_lm(model_dir)
+    assert not torch.allclose(logits_for(fresh, ids), saved["logits"], atol=1e-3)  # training changed it
+
+
+def test_saved_weights_check_names_the_fix_for_a_folder_without_weights(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match="stage3_gather_16bit_weights_on_model_save"):
+        check_saved_weights(tmp_path, None)
+
+
+def test_a_second_accelerator_with_deepspeed_is_refused_until_the_state_is_reset():
+    from accelerate import Accelerator
+    from accelerate.utils import DeepSpeedPlugin
+
+    rt = detect_runtime()
+    cfg = course_config("zero2", rt)
+    ns = {"first": Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=dict(cfg)))}
+    assert hf_deepspeed_state()["ACCELERATE_USE_DEEPSPEED"] == "true"
+    with pytest.raises(NotImplementedError, match="second `Accelerator`"):
+        Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=dict(cfg)))
+    before = reset_hf_deepspeed_state()
+    assert before["Accelerate state"] != "none"
+    assert hf_deepspeed_state() == {"transformers HfDeepSpeedConfig": "none", "Accelerate state": "none",
+                                    "ACCELERATE_USE_DEEPSPEED": "unset"}
+    ns["second"] = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=dict(cfg)))
+    assert str(ns["second"].distributed_type).endswith("DEEPSPEED")
+    teardown_hf(ns, "first", "second")
+
+
+def test_teardown_frees_the_trainer_model_a_plain_del_keeps(work):
+    import gc
+    import weakref
+
+    from transformers import Trainer
+
+    root, blocks, model_dir = work
+    rt = detect_runtime()
+    cfg = driver_config("zero2", rt, micro_batch=MB, lr=LR, steps=2)
+    refs = []
+    for how in ("del", "teardown_hf"):
+        ns = {"trainer": Trainer(model=load_causal_lm(model_dir),
+                                 args=training_arguments(root / "tt", cfg, rt, steps=2, progress=False),
+                                 train_dataset=ordered_blocks(blocks, MB, 2), data_collator=causal_lm_collator)}
+        ns["trainer"].train()
+        refs.append(weakref.ref(ns["trainer"].model_wrapped.module))
+        if how == "del":
+            del ns["trainer"]
+            reset_hf_deepspeed_state()
+        else:
+            teardown_hf(ns, "trainer")
+        gc.collect()
+    assert refs[0]() is not None  # something still holds the engine's model after a plain del
+    assert refs[1]() is None
+
+
+def test_launch_commands_and_accelerate_config(tmp_path):
+    cfg_path = ROOT / "configs" / "zero3.json"
+    cmds = launch_commands("train.py", cfg_path, 4, accelerate_config_path="acc.yaml")
+    assert cmds["deepspeed launcher"] == f"deepspeed --num_gpus 4 train.py --deepspeed {cfg_path}"
+    assert "--nproc_per_node 4" in cmds["torchrun"]
+    assert "--config_file acc.yaml" in cmds["accelerate launch (config file)"]
+    with pytest.raises(ValueError, match="positive integer"):
+        launch_commands("train.py", cfg_path, 0)
+    text = accelerate_config_yaml(cfg_path, 4, "fp16")
+    path = tmp_path / "acc.yaml"
+    path.write_text(text)
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    loaded = load_config_from_file(str(path))
+    assert loaded.num_processes == 4 and str(loaded.distributed_type).endswith("DEEPSPEED")
+    assert loaded.deepspeed_config["deepspeed_config_file"] == str(cfg_path)
+    assert loaded.deepspeed_config["zero3_init_flag"] is True  # read from the JSON: stage 3
+    assert "zero3_init_flag: false" in accelerate_config_yaml(ROOT / "configs" / "zero2.json", 2)
+
+
+def test_launch_script_runs_under_the_deepspeed_launcher(work, tmp_path):
+    root, _, model_dir = work
+    script = launch_script(tmp_path / "train_ds.py", model=model_dir, tokenizer=str(root / "tok"), data="local",
+                           seq_len=SEQ, steps=2, out=str(tmp_path / "out"))
+    cmd = launch_commands(script, ROOT / "configs" / "zero2.json", 1)["deepspeed launcher"]
+    env = {k: v for k, v in os.environ.items() if k not in DIST_ENV_VARS}
+    # on CPU the launcher counts accelerators, not GPUs
+    argv = cmd.replace("--num_gpus", "--num_accelerators").split()
+    argv[0] = str(Path(sys.executable).parent / argv[0])  # the launcher of this environment
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [x for x in proc.stdout.splitlines() if x.startswith("{")][-1]
+    report = json.loads(line)
+    assert report["engine"] == "DeepSpeedEngine" and report["world_size"] == 1
+    assert report["train_batch_size"] == 4  # "auto": world size x micro-batch x accumulation
+
+
+def test_benchmark_smoke(tmp_path):
+    out = tmp_path / "integrations.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "integrations.py"), "--size", "gpt2-tiny",
+                           "--steps", "4", "--seq-len", "32", "--configs", "zero2", "--out", str(out),
+                           "--work-dir", str(tmp_path / "work")], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert {r["driver"] for r in report["rows"]} == {"raw engine", "Trainer", "Accelerate"}
+    for row in report["rows"]:
+        assert row["runtime"] == report["runtime"] and row["final_loss"] > 0 and row["tokens_per_s"] > 0
+    assert report["agreement"]["zero2"]["max_loss_diff"] < 1e-3
+    assert out.with_suffix(".md").read_text().startswith("#")
