@@ -1,56 +1,63 @@
 """Benchmark: the largest GPT-2-family model that trains on a T4 budget, per config (notebook 02).
 
-    DS_COURSE_T4_BUDGET=1 python benchmarks/ladder.py --nvme-path /tmp/nvme
-    python benchmarks/ladder.py --sizes gpt2-tiny --configs plain zero2_offload_cpu --steps 3 --seq-len 32  # CPU smoke
+    DS_COURSE_T4_BUDGET=1 python benchmarks/ladder.py --nvme-path /tmp/nvme --deadline-s 500
+    python benchmarks/ladder.py --sizes gpt2-tiny gpt2 --configs plain zero2_offload_cpu --steps 3 --seq-len 32  # CPU
 
-For plain PyTorch AMP and each DeepSpeed config, climb the size ladder (models built from their configs, ZeRO-3
-ones partitioned under HfDeepSpeedConfig) and train a few steps. A rung *fits* when it ran, the loss fell, and it
-stayed within the budgets: VRAM (the T4 cap makes PyTorch raise out-of-memory), peak process RSS <= 12.7 GB and
-NVMe folder <= 60 GB. A config stops climbing at its first rung that does not fit.
-Writes reports/ladder.json (model, params, config, fits, peak_vram_gib, peak_rss_gib, disk_gib, tokens_per_s,
-runtime; failures with their reason) and reports/ladder.md; target: DeepSpeed's best >= 4x plain's parameters.
+Each rung (a model size with a config) trains a few steps in a FRESH Python process, as a new Colab kernel
+would: peak RSS then belongs to that rung alone (pinned and cached host memory of an earlier rung would
+otherwise stay in the process). A rung *fits* when it ran, the loss fell and it stayed within the budgets:
+VRAM (the T4 cap makes PyTorch raise out-of-memory), peak process RSS <= 12.7 GB and NVMe folder <= 60 GB.
+
+Search: plain PyTorch climbs from the smallest size until its first failure (the OOM wall). Each DeepSpeed
+config starts AT that wall: it climbs while it fits, and if the wall itself does not fit it steps down until
+a size fits (rungs below the start are not run: a config that fits a model fits a smaller one).
+Before a rung runs, the estimator (helpers.estimate_for_config + the fresh-process RSS baseline) predicts
+its RAM and disk; a rung predicted over budget is recorded as refused by pre-flight and not run, except for
+the configs in --verify-refusals (cheap ones), which run anyway so the report shows the measured wall.
+With --deadline-s, no rung starts after that many seconds (the report says which were left); the run can
+be continued later: rows already in --out are kept and not run again (--fresh starts over).
+Writes reports/ladder.json and reports/ladder.md; target: DeepSpeed's best >= 4x plain's parameters.
 """
 from __future__ import annotations
 
 import argparse
 import datetime as dt
 import json
+import os
 import shutil
+import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import helpers  # noqa: E402
-from helpers.config import build_ds_config  # noqa: E402
 from helpers.hardware import COLAB_RAM_GB  # noqa: E402
 from helpers.models import GPT2_LADDER  # noqa: E402
 
 GB = 1e9
+GiB = 2**30
 DISK_BUDGET_GB = 60.0
 CONFIGS = ("plain", "zero2_offload_cpu", "zero3_offload_cpu", "zero3_nvme_optimizer", "zero3_nvme_all")
+CHEAP = ("plain", "zero2_offload_cpu", "zero3_offload_cpu")
+FRESH_PROCESS_RSS_GB = 1.5  # until a child reports its own baseline
 
 
 def ladder_config(name: str, runtime, nvme_path: str | None, largest_param: int) -> dict | None:
-    """The DeepSpeed config of a ladder column (None: plain PyTorch)."""
+    """The DeepSpeed config of a ladder column (None: plain PyTorch); fp16 starts at loss scale 2^12 (few steps)."""
     if name == "plain":
         return None
-    if name == "zero2_offload_cpu":
-        return build_ds_config(2, runtime=runtime, offload_optimizer="cpu")
-    if name == "zero3_offload_cpu":
-        return build_ds_config(3, runtime=runtime, offload_optimizer="cpu", offload_param="cpu")
-    if name == "zero3_nvme_optimizer":
-        return build_ds_config(3, runtime=runtime, offload_optimizer="nvme", offload_param="cpu", nvme_path=nvme_path)
-    if name == "zero3_nvme_all":
-        # every parameter in flight takes a whole swap buffer: the buffer must hold the largest one
-        size = max(100_000_000, int(largest_param * 1.05))
-        return build_ds_config(3, runtime=runtime, offload_optimizer="nvme", offload_param="nvme",
-                               nvme_path=nvme_path, nvme_buffer_count=16, nvme_buffer_size=size)
-    raise ValueError(f"unknown ladder config {name!r}; choose from {CONFIGS}")
+    if name not in CONFIGS:
+        raise ValueError(f"unknown ladder config {name!r}; choose from {CONFIGS}")
+    return helpers.offload_config(name, runtime, largest_param=largest_param, nvme_path=nvme_path,
+                                  initial_scale_power=12)
 
 
 def factory(size: str, cfg: dict | None, vocab: int):
+    """Builds the rung's model: partitioned under HfDeepSpeedConfig for ZeRO-3, whole otherwise."""
     config = helpers.gpt2_config(size, vocab_size=vocab)
     if cfg is not None and cfg["zero_optimization"]["stage"] == 3:
         return lambda: helpers.build_zero3_model(cfg, config=config, seed=0)
@@ -65,20 +72,92 @@ def factory(size: str, cfg: dict | None, vocab: int):
     return build
 
 
-def verdict(r, ram_budget_gb: float) -> tuple[bool, str]:
-    if r.error:
-        return False, r.error
-    if len(r.losses) < 2 or not r.losses[-1] < r.losses[0]:
-        return False, f"loss did not fall ({r.losses[0]:.3f} -> {r.losses[-1]:.3f})"
-    if r.peak_rss_gib * 2**30 / GB > ram_budget_gb:
-        return False, f"peak RSS {r.peak_rss_gib * 2**30 / GB:.1f} GB > {ram_budget_gb} GB RAM budget"
-    if r.disk_gib * 2**30 / GB > DISK_BUDGET_GB:
-        return False, f"NVMe folder {r.disk_gib * 2**30 / GB:.1f} GB > {DISK_BUDGET_GB} GB disk budget"
+def verdict(r: dict, ram_budget_gb: float) -> tuple[bool, str]:
+    """(fits, reason) of one measured rung."""
+    if r["error"]:
+        return False, r["error"]
+    losses = r["losses"]
+    if len(losses) < 2 or not losses[-1] < losses[0]:
+        return False, f"loss did not fall ({losses[0]:.3f} -> {losses[-1]:.3f})" if losses else "no steps ran"
+    if r["peak_rss_gib"] * GiB / GB > ram_budget_gb:
+        return False, f"peak RSS {r['peak_rss_gib'] * GiB / GB:.1f} GB > {ram_budget_gb} GB RAM budget"
+    if r["disk_gib"] * GiB / GB > DISK_BUDGET_GB:
+        return False, f"NVMe folder {r['disk_gib'] * GiB / GB:.1f} GB > {DISK_BUDGET_GB} GB disk budget"
     return True, ""
 
 
+def predict(name: str, size: str, runtime, nvme: str | None, micro_batch: int, seq_len: int,
+            baseline_rss_gb: float) -> dict:
+    """Estimated peak VRAM (GiB), RSS (GB) and disk (GB) of a rung, before running it."""
+    shape = helpers.model_shape(helpers.gpt2_config(size))
+    cfg = ladder_config(name, runtime, nvme, shape.largest_layer_params)
+    act = helpers.estimate_activations(micro_batch, seq_len, shape.hidden, shape.n_layers, shape.vocab,
+                                       n_heads=shape.n_heads, precision=runtime.precision, checkpointing=True)
+    peak, states = helpers.estimate_peak(cfg, shape.n_params, precision=runtime.precision, activation_bytes=act,
+                                         largest_layer_params=shape.largest_layer_params)
+    if cfg is not None:
+        states = helpers.estimate_for_config(cfg, shape.n_params, largest_layer_params=shape.largest_layer_params,
+                                             zero_init=cfg["zero_optimization"]["stage"] == 3)
+    cpu = states.cpu_total if cfg is not None else states.n_params * 4  # plain: the fp32 model built on CPU
+    return {"predicted_vram_gib": round(peak / GiB, 2), "predicted_rss_gb": round(cpu / GB + baseline_rss_gb, 2),
+            "predicted_disk_gb": round(states.nvme_total / GB, 2)}
+
+
+# ------------------------------------------------------------------------------------------ one rung (child)
+
+def run_rung(args: argparse.Namespace) -> int:
+    """Train one rung in this (fresh) process and write its measurements as JSON."""
+    import psutil
+
+    baseline_rss = psutil.Process().memory_info().rss
+    runtime = helpers.detect_runtime()
+    tok = helpers.load_tokenizer(str(args.work_dir / "tokenizer"))
+    ds = helpers.load_text_dataset("local")
+    blocks = helpers.pack_blocks(ds["train"], tok, args.seq_len, max_blocks=256)
+    name, size = args.rung
+    shape = helpers.model_shape(helpers.gpt2_config(size))
+    nvme = args.nvme_dir
+    cfg = ladder_config(name, runtime, str(nvme) if nvme else None, shape.largest_layer_params)
+    r = helpers.train_run(f"{name} {size}", factory(size, cfg, shape.vocab), blocks, runtime=runtime,
+                          ds_config=cfg, steps=args.steps, micro_batch=args.micro_batch, lr=3e-4,
+                          checkpointing=True, warmup_steps=1, model_name=size, nvme_path=nvme, progress=False)
+    out = {k: getattr(r, k) for k in ("peak_vram_gib", "peak_rss_gib", "disk_gib", "tokens_per_s", "losses",
+                                      "error", "seconds", "params", "rss_by_phase")}
+    out["baseline_rss_gib"] = round(baseline_rss / GiB, 3)
+    args.result.write_text(json.dumps(out))
+    return 0
+
+
+def measure_in_child(args: argparse.Namespace, name: str, size: str, nvme: Path | None, gpu: str | None,
+                     cpus: set[int] | None = None, timeout_s: float | None = None) -> dict:
+    """Run one rung in a fresh process (on GPU `gpu`, CPU cores `cpus`); a crash becomes the rung's error."""
+    result = args.work_dir / f"rung-{name}-{size}.json"
+    result.unlink(missing_ok=True)
+    cmd = [sys.executable, __file__, "--rung", name, size, "--result", str(result), "--work-dir", str(args.work_dir),
+           "--steps", str(args.steps), "--micro-batch", str(args.micro_batch), "--seq-len", str(args.seq_len)]
+    if nvme:
+        cmd += ["--nvme-dir", str(nvme)]
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, preexec_fn=pin, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"peak_vram_gib": 0.0, "peak_rss_gib": 0.0, "disk_gib": 0.0, "tokens_per_s": 0.0, "losses": [],
+                "seconds": timeout_s, "params": 0, "timed_out": True,
+                "error": f"not finished within this run's time budget ({timeout_s:.0f} s left when it started)"}
+    if result.exists():
+        return json.loads(result.read_text())
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+    return {"peak_vram_gib": 0.0, "peak_rss_gib": 0.0, "disk_gib": 0.0, "tokens_per_s": 0.0, "losses": [],
+            "seconds": 0.0, "params": 0, "error": f"process ended with code {proc.returncode}: " + " | ".join(tail)}
+
+
+# ---------------------------------------------------------------------------------------------- the search
+
 def summary(rows: list[dict]) -> dict:
-    best = {}
+    best: dict[str, dict] = {}
     for r in rows:
         if r["fits"] and r["params"] > best.get(r["config"], {}).get("params", 0):
             best[r["config"]] = {"model": r["model"], "params": r["params"]}
@@ -89,19 +168,27 @@ def summary(rows: list[dict]) -> dict:
 
 
 def markdown(report: dict) -> str:
+    s = report["settings"]
     lines = [f"# Largest model per config ({report['runtime']}, {report['date']})", "",
-             f"micro-batch {report['settings']['micro_batch']} x {report['settings']['seq_len']} tokens, "
-             f"{report['settings']['steps']} steps; budgets: VRAM {report['budgets']['vram_gib']} GiB, "
-             f"RAM {report['budgets']['ram_gb']} GB, disk {report['budgets']['disk_gb']} GB.", "",
-             "| model | params | config | fits | peak VRAM GiB | peak RSS GiB | disk GiB | tokens/s | reason |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"micro-batch {s['micro_batch']} x {s['seq_len']} tokens, {s['steps']} steps, activation checkpointing, "
+             f"{report['precision']}; budgets: VRAM {report['budgets']['vram_gib']} GiB, RAM {report['budgets']['ram_gb']} "
+             f"GB, disk {report['budgets']['disk_gb']} GB. Each rung ran in a fresh process.", "",
+             "| model | params | config | ran | fits | peak VRAM GiB | peak RSS GB (predicted) | disk GB (predicted) "
+             "| tokens/s | reason |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
-        lines.append(f"| {r['model']} | {r['params'] / 1e6:,.0f}M | {r['config']} | {'yes' if r['fits'] else 'no'} | "
-                     f"{r['peak_vram_gib']:.2f} | {r['peak_rss_gib']:.2f} | {r['disk_gib']:.2f} | "
-                     f"{r['tokens_per_s']:,.0f} | {r['reason']} |")
-    s = report["summary"]
-    lines += ["", f"DeepSpeed's largest / plain PyTorch's largest: {s['deepspeed_over_plain']} "
-              f"(target >= 4: {'met' if s['target_4x_met'] else 'NOT met'})"]
+        ran = r.get("ran", True)
+        m = (lambda v: f"{v:.2f}" if ran else "-")
+        lines.append(
+            f"| {r['model']} | {r['params'] / 1e6:,.0f}M | {r['config']} | {'yes' if ran else 'no'} | "
+            f"{'yes' if r['fits'] else 'no'} | {m(r['peak_vram_gib'])} | "
+            f"{m(r['peak_rss_gib'] * GiB / GB)} ({r.get('predicted_rss_gb', 0):.1f}) | "
+            f"{m(r['disk_gib'] * GiB / GB)} ({r.get('predicted_disk_gb', 0):.1f}) | "
+            f"{r['tokens_per_s']:,.0f} | {r['reason'][:160]} |")
+    sm = report["summary"]
+    lines += ["", f"DeepSpeed's largest / plain PyTorch's largest: {sm['deepspeed_over_plain']} "
+              f"(target >= 4: {'met' if sm['target_4x_met'] else 'NOT met'})"]
+    if report.get("not_run"):
+        lines += ["", "Not run (time budget): " + ", ".join(report["not_run"])]
     return "\n".join(lines) + "\n"
 
 
@@ -109,60 +196,152 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", nargs="+", default=[s for s in GPT2_LADDER if s != "gpt2-tiny"])
     p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS)
-    p.add_argument("--steps", type=int, default=8)  # fp16 skips its first steps while the loss scale settles
+    p.add_argument("--verify-refusals", nargs="*", default=list(CHEAP), choices=CONFIGS,
+                   help="configs whose rungs run even when pre-flight predicts they will not fit")
+    p.add_argument("--steps", type=int, default=4)
     p.add_argument("--micro-batch", type=int, default=2)
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--nvme-path", default="/tmp/ds-course-nvme")
     p.add_argument("--out", type=Path, default=ROOT / "reports" / "ladder.json")
     p.add_argument("--work-dir", type=Path, default=ROOT / "build" / "bench")
+    p.add_argument("--deadline-s", type=float, default=0.0, help="start no rung after this many seconds (0: none)")
+    p.add_argument("--hard-stop-s", type=float, default=0.0,
+                   help="kill a rung still running this many seconds after the start (0: never); it is run again "
+                        "when the ladder is continued")
+    p.add_argument("--fresh", action="store_true", help="ignore rows already in --out")
+    p.add_argument("--rerun", nargs="*", default=[], metavar="CONFIG:SIZE", help="measure these rungs again")
+    p.add_argument("--lanes", nargs="*", default=[], metavar="GPU:CONFIG,CONFIG",
+                   help="after plain, run these groups of configs in parallel, one GPU and an equal share of the "
+                        "CPU cores each (e.g. 0:zero3_nvme_optimizer,zero2_offload_cpu 1:zero3_nvme_all)")
+    # one rung, in a child process
+    p.add_argument("--rung", nargs=2, metavar=("CONFIG", "SIZE"), help=argparse.SUPPRESS)
+    p.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--nvme-dir", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.rung:
+        return run_rung(args)
 
+    started = time.perf_counter()
     runtime = helpers.detect_runtime()
     ram_budget_gb = COLAB_RAM_GB if (runtime.t4_budget or runtime.is_colab) else runtime.ram_budget_bytes / GB
     ds = helpers.load_text_dataset("local")
-    tok = helpers.train_tokenizer(ds["train"]["text"], args.work_dir / "tokenizer")
-    blocks = helpers.pack_blocks(ds["train"], tok, args.seq_len, max_blocks=256)
+    helpers.train_tokenizer(ds["train"]["text"], args.work_dir / "tokenizer")
+    old = json.loads(args.out.read_text()) if (args.out.exists() and not args.fresh) else {}
+    same = old.get("runtime") == runtime.label and old.get("settings") == {
+        "micro_batch": args.micro_batch, "seq_len": args.seq_len, "steps": args.steps}
+    rerun = {tuple(x.split(":")) for x in args.rerun}
+    done = {(r["config"], r["model"]): r for r in old.get("rows", [])
+            if not r.get("timed_out") and (r["config"], r["model"]) not in rerun} if same else {}
     rows: list[dict] = []
-    for name in args.configs:
-        for size in args.sizes:
-            shape = helpers.model_shape(helpers.gpt2_config(size))
-            nvme = None
-            if "nvme" in name:
-                nvme = Path(args.nvme_path) / f"{name}-{size}"
-                shutil.rmtree(nvme, ignore_errors=True)
-                nvme.mkdir(parents=True)
-            try:
-                cfg = ladder_config(name, runtime, str(nvme) if nvme else None, shape.largest_layer_params)
-            except helpers.ConfigError as exc:
-                rows.append({"model": size, "params": shape.n_params, "config": name, "fits": False,
-                             "peak_vram_gib": 0.0, "peak_rss_gib": 0.0, "disk_gib": 0.0, "tokens_per_s": 0.0,
-                             "runtime": runtime.label, "reason": f"config refused: {exc}"})
+    not_run: list[str] = []
+    baseline = [FRESH_PROCESS_RSS_GB]
+    sizes = list(args.sizes)
+
+    lock = threading.RLock()
+
+    def write() -> dict:
+        report = {"runtime": runtime.label, "date": dt.date.today().isoformat(), "precision": runtime.precision,
+                  "settings": {"micro_batch": args.micro_batch, "seq_len": args.seq_len, "steps": args.steps},
+                  "budgets": {"vram_gib": round(runtime.vram_budget_bytes / GiB, 1), "ram_gb": round(ram_budget_gb, 1),
+                              "disk_gb": DISK_BUDGET_GB},
+                  "method": "fresh process per rung; DeepSpeed configs start at plain PyTorch's first failing size",
+                  "lanes": args.lanes or None,
+                  "rows": rows, "summary": summary(rows), "not_run": not_run}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+        args.out.with_suffix(".md").write_text(markdown(report))
+        return report
+
+    def rung(name: str, size: str, gpu: str | None = None, cpus: set[int] | None = None) -> dict | None:
+        """Measure (or refuse) one rung; None when the deadline has passed."""
+        if (name, size) in done:
+            with lock:
+                rows.append(done[(name, size)])
+            return done[(name, size)]
+        if args.deadline_s and time.perf_counter() - started > args.deadline_s:
+            with lock:
+                not_run.append(f"{name} {size}")
+                write()
+            return None
+        shape = helpers.model_shape(helpers.gpt2_config(size))
+        nvme = Path(args.nvme_path) / f"{name}-{size}" if "nvme" in name else None
+        if nvme:
+            shutil.rmtree(nvme, ignore_errors=True)
+            nvme.mkdir(parents=True)
+        pred = predict(name, size, runtime, str(nvme) if nvme else None, args.micro_batch, args.seq_len, baseline[0])
+        row = {"model": size, "params": shape.n_params, "config": name, "runtime": runtime.label, **pred}
+        over = [f"RAM {pred['predicted_rss_gb']:.1f} GB > {ram_budget_gb} GB"] if pred["predicted_rss_gb"] > ram_budget_gb else []
+        if pred["predicted_disk_gb"] > DISK_BUDGET_GB:
+            over.append(f"disk {pred['predicted_disk_gb']:.1f} GB > {DISK_BUDGET_GB} GB")
+        if over and name not in args.verify_refusals:
+            row.update(ran=False, fits=False, peak_vram_gib=0.0, peak_rss_gib=0.0, disk_gib=0.0, tokens_per_s=0.0,
+                       losses=[], reason="refused by pre-flight, not run: predicted " + ", ".join(over))
+        else:
+            left = args.hard_stop_s - (time.perf_counter() - started) if args.hard_stop_s else None
+            m = measure_in_child(args, name, size, nvme, gpu, cpus, timeout_s=left)
+            baseline[0] = max(baseline[0], m.get("baseline_rss_gib", 0) * GiB / GB)
+            fits, reason = verdict(m, ram_budget_gb)
+            if m.get("timed_out"):
+                row["timed_out"] = True
+            row.update(ran=True, fits=fits, reason=reason, **{k: m[k] for k in (
+                "peak_vram_gib", "peak_rss_gib", "disk_gib", "tokens_per_s", "losses", "seconds")},
+                       rss_by_phase_gb={k: round(v * GiB / GB, 2) for k, v in m.get("rss_by_phase", {}).items()})
+        if nvme:
+            shutil.rmtree(nvme, ignore_errors=True)
+        with lock:
+            rows.append(row)
+            write()
+        print(f"{name:<22}{size:<12}{'ran' if row['ran'] else 'refused':<9}{'fits' if row['fits'] else 'no':<6}"
+              f"{row['peak_vram_gib']:>7.2f} GiB {row['peak_rss_gib'] * GiB / GB:>6.2f} GB RSS "
+              f"(pred {row['predicted_rss_gb']:.1f}) {row['disk_gib'] * GiB / GB:>6.2f} GB disk "
+              f"{row['tokens_per_s']:>8,.0f} tok/s  {row['reason'][:100]}", flush=True)
+        return row
+
+    # plain PyTorch: climb from the smallest size to its first failure (the OOM wall)
+    wall = len(sizes) - 1
+    if "plain" in args.configs:
+        for i, size in enumerate(sizes):
+            r = rung("plain", size)
+            if r is None or not r["fits"]:
+                wall = i
                 break
-            r = helpers.train_run(f"{name} {size}", factory(size, cfg, shape.vocab), blocks, runtime=runtime,
-                                  ds_config=cfg, steps=args.steps, micro_batch=args.micro_batch, lr=1e-4,
-                                  checkpointing=True, warmup_steps=1, model_name=size, nvme_path=nvme,
-                                  progress=False)
-            if nvme:
-                shutil.rmtree(nvme, ignore_errors=True)
-            fits, reason = verdict(r, ram_budget_gb)
-            rows.append({"model": size, "params": shape.n_params, "config": name, "fits": fits,
-                         "peak_vram_gib": r.peak_vram_gib, "peak_rss_gib": r.peak_rss_gib, "disk_gib": r.disk_gib,
-                         "tokens_per_s": r.tokens_per_s, "runtime": runtime.label, "reason": reason,
-                         "losses": r.losses})
-            print(f"{name:<22}{size:<12}{'fits' if fits else 'does not fit':<14}{r.peak_vram_gib:>7.2f} GiB "
-                  f"{r.peak_rss_gib:>7.2f} GiB RSS {r.disk_gib:>7.2f} GiB disk {r.tokens_per_s:>9,.0f} tok/s {reason}",
-                  flush=True)
-            report = {"runtime": runtime.label, "date": dt.date.today().isoformat(), "precision": runtime.precision,
-                      "settings": {"micro_batch": args.micro_batch, "seq_len": args.seq_len, "steps": args.steps},
-                      "budgets": {"vram_gib": round(runtime.vram_budget_bytes / 2**30, 1), "ram_gb": round(ram_budget_gb, 1),
-                                  "disk_gb": DISK_BUDGET_GB},
-                      "rows": rows, "summary": summary(rows)}
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(report, indent=2) + "\n")
-            args.out.with_suffix(".md").write_text(markdown(report))
-            if not fits:
-                break
+    start = wall if "plain" in args.configs else 0
+
+    def column(name: str, gpu: str | None = None, cpus: set[int] | None = None) -> None:
+        r = rung(name, sizes[start], gpu, cpus)
+        if r is None:
+            return
+        if r["fits"]:
+            for size in sizes[start + 1:]:  # climb
+                r = rung(name, size, gpu, cpus)
+                if r is None or not r["fits"]:
+                    return
+        else:
+            for size in reversed(sizes[:start]):  # step down to the largest that fits
+                r = rung(name, size, gpu, cpus)
+                if r is None or r["fits"]:
+                    return
+
+    others = [c for c in args.configs if c != "plain"]
+    if not args.lanes:
+        for name in others:
+            column(name)
+    else:
+        cores = sorted(os.sched_getaffinity(0))
+        share = max(1, len(cores) // len(args.lanes))
+        threads = []
+        for i, lane in enumerate(args.lanes):
+            gpu, names = lane.split(":")
+            cpus = set(cores[i * share:(i + 1) * share])
+            todo = [n for n in names.split(",") if n in others]
+            threads.append(threading.Thread(target=lambda t=todo, g=gpu, c=cpus: [column(n, g, c) for n in t]))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    report = write()
     print(args.out.with_suffix(".md").read_text())
+    print(f"ladder: {time.perf_counter() - started:.0f} s; summary {json.dumps(report['summary'])}")
     return 0
 
 

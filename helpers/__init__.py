@@ -32,6 +32,9 @@ _EXPORTS: dict[str, str] = {
     "COURSE_CONFIGS": "config",
     "course_config": "config",
     "write_course_configs": "config",
+    "offload_config": "config",
+    "OFFLOAD_KINDS": "config",
+    "check_nvme_path": "config",
     # memory
     "ModelStateEstimate": "memory",
     "estimate_model_states": "memory",
@@ -53,6 +56,8 @@ _EXPORTS: dict[str, str] = {
     "plot_memory_breakdown": "plots",
     "plot_memory_timeline": "plots",
     "plot_losses": "plots",
+    "plot_speed_vs_memory": "plots",
+    "colab_t4_profile": "hardware",
     # planner
     "plan": "planner",
     "planner_widget": "planner",

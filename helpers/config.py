@@ -86,8 +86,8 @@ def _resolve_precision(precision: str, runtime: "Runtime | None") -> str:
 
 
 def _offload_section(device: str, nvme_path: str | None, what: str,
-                     buffer_count: int, buffer_size: int) -> dict[str, Any]:
-    section: dict[str, Any] = {"device": device, "pin_memory": True}
+                     buffer_count: int, buffer_size: int, pin_memory: bool) -> dict[str, Any]:
+    section: dict[str, Any] = {"device": device, "pin_memory": pin_memory}
     if device == "nvme":
         section["nvme_path"] = str(nvme_path)
         if what == "param":
@@ -112,6 +112,11 @@ def build_ds_config(
     check_paths: bool = True,
     nvme_buffer_count: int = 8,
     nvme_buffer_size: int = 100_000_000,
+    pin_memory: bool = False,
+    sub_group_size: int = 100_000_000,
+    prefetch_bucket_size: int = 50_000_000,
+    max_live_parameters: int = 100_000_000,
+    initial_scale_power: int = 16,
     optimizer: str = "AdamW",
     lr: float = 1e-4,
     weight_decay: float = 0.01,
@@ -123,7 +128,12 @@ def build_ds_config(
     activation_checkpointing: bool = False,
     steps_per_print: int = 10_000,
 ) -> dict[str, Any]:
-    """A DeepSpeed config dict for ZeRO `stage` 0-3 with optional CPU/NVMe offload (notebooks 00-05)."""
+    """A DeepSpeed config dict for ZeRO `stage` 0-3 with optional CPU/NVMe offload (notebooks 00-05).
+
+    Offload buffers are not pinned by default (`pin_memory`): page-locked host memory is faster to copy but
+    comes out of the same small RAM that offload already fills. `sub_group_size` (stage 3) is how many
+    elements the optimizer steps at a time: with NVMe it sizes the swap buffers held in RAM.
+    """
     if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
         raise ConfigError(f"ZeRO stage must be 0, 1, 2 or 3 (got {stage!r}). Stage 1 partitions optimizer "
                           "states, 2 also gradients, 3 also parameters. Fix: pass stage=0..3.")
@@ -183,7 +193,7 @@ def build_ds_config(
     if gradient_clipping is not None:
         config["gradient_clipping"] = gradient_clipping
     if resolved == "fp16":
-        config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16,
+        config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": initial_scale_power,
                           "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}
     elif resolved == "bf16":
         config["bf16"] = {"enabled": True}
@@ -194,17 +204,20 @@ def build_ds_config(
                     reduce_bucket_size=50_000_000, allgather_bucket_size=50_000_000)
     if stage == 3:
         zero.update(stage3_gather_16bit_weights_on_model_save=True,
-                    stage3_prefetch_bucket_size=50_000_000,
+                    stage3_prefetch_bucket_size=prefetch_bucket_size,
                     stage3_param_persistence_threshold=100_000,
-                    stage3_max_live_parameters=100_000_000,
+                    stage3_max_live_parameters=max_live_parameters,
                     stage3_max_reuse_distance=100_000_000)
         zero.pop("allgather_bucket_size")
+    if stage == 3:
+        _check_int("sub_group_size", sub_group_size)
+        zero["sub_group_size"] = sub_group_size
     if offload_optimizer != "none":
         zero["offload_optimizer"] = _offload_section(offload_optimizer, nvme_path, "optimizer",
-                                                     nvme_buffer_count, nvme_buffer_size)
+                                                     nvme_buffer_count, nvme_buffer_size, pin_memory)
     if offload_param != "none":
         zero["offload_param"] = _offload_section(offload_param, nvme_path, "param",
-                                                 nvme_buffer_count, nvme_buffer_size)
+                                                 nvme_buffer_count, nvme_buffer_size, pin_memory)
     config["zero_optimization"] = zero
     if uses_nvme:
         config["aio"] = {"block_size": 1_048_576, "queue_depth": 8, "thread_count": 1,
@@ -216,6 +229,39 @@ def build_ds_config(
                                               "contiguous_memory_optimization": False,
                                               "synchronize_checkpoint_boundary": False}
     return config
+
+
+OFFLOAD_KINDS: dict[str, dict[str, Any]] = {
+    "zero2_offload_cpu": {"stage": 2, "offload_optimizer": "cpu"},
+    "zero3_offload_cpu": {"stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"},
+    "zero3_nvme_optimizer": {"stage": 3, "offload_optimizer": "nvme", "offload_param": "cpu"},
+    "zero3_nvme_all": {"stage": 3, "offload_optimizer": "nvme", "offload_param": "nvme"},
+}
+
+
+def offload_config(kind: str, runtime: "Runtime", *, largest_param: int = 0, nvme_path: str | None = None,
+                   **overrides: Any) -> dict[str, Any]:
+    """The offload config `kind` (OFFLOAD_KINDS) sized for a model whose largest tensor has `largest_param` elements.
+
+    With parameters on NVMe every parameter in flight holds one swap buffer: buffers hold the largest tensor
+    (the embedding), and a short prefetch keeps the number in flight below the 8 buffers. On CPU, NVMe
+    parameter offload runs in bf16 (DeepSpeed 0.19.8 fails in fp32 there: a dtype bug). Notebook 02, ladder.
+    """
+    if kind not in OFFLOAD_KINDS:
+        raise ConfigError(f"unknown offload config {kind!r}. Fix: one of {sorted(OFFLOAD_KINDS)}.")
+    kwargs: dict[str, Any] = {**OFFLOAD_KINDS[kind], "runtime": runtime}
+    if "nvme" in OFFLOAD_KINDS[kind].values():
+        kwargs["nvme_path"] = nvme_path
+    if OFFLOAD_KINDS[kind].get("offload_param") == "nvme":
+        if largest_param <= 0:
+            raise ConfigError("NVMe parameter offload needs the model's largest tensor (largest_param=...) to size "
+                              "its swap buffers. Fix: largest_param=helpers.model_shape(model).largest_layer_params.")
+        kwargs.update(nvme_buffer_count=8, nvme_buffer_size=max(10_000_000, int(largest_param * 1.05)),
+                      prefetch_bucket_size=10_000_000, max_live_parameters=30_000_000)
+        if not runtime.has_gpu:
+            kwargs["precision"] = "bf16"
+    kwargs.update(overrides)
+    return build_ds_config(**kwargs)
 
 
 def activation_checkpointing_hint(config: dict[str, Any]) -> str:

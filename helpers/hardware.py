@@ -172,6 +172,15 @@ def detect_runtime(t4_budget: bool | None = None, disk_path: str = ".") -> Runti
         precision="fp32", notes=tuple(notes))
 
 
+def colab_t4_profile(disk_free_gb: float = 70.0) -> Runtime:
+    """The free Colab T4 runtime as numbers, for what-if checks on any machine (notebook 02)."""
+    return Runtime(device="cuda", gpu_name="Tesla T4", compute_capability=(7, 5),
+                   gpu_total_bytes=int(T4_VRAM_GIB * GiB), vram_budget_bytes=int(T4_VRAM_GIB * GiB),
+                   ram_total_bytes=int(COLAB_RAM_GB * GB), ram_budget_bytes=int(COLAB_RAM_GB * GB),
+                   disk_free_bytes=int(disk_free_gb * GB), cpu_cores=2, gpu_count=1, is_colab=True, t4_budget=False,
+                   precision="fp16", notes=("what-if profile of a free Colab T4, not this machine",))
+
+
 def require_gpu(runtime: Runtime, what: str = "this step") -> None:
     """Raise NoGPUError with the fix when `runtime` has no CUDA GPU."""
     if not runtime.has_gpu:

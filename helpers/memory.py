@@ -98,6 +98,7 @@ def estimate_model_states(
     overlap_comm: bool = False,
     nvme_buffer_count: int = 8,
     nvme_buffer_size: int = 100_000_000,
+    sub_group_size: int = 1_000_000_000,
     zero_init: bool = False,
 ) -> ModelStateEstimate:
     """Model-state bytes per GPU and per node CPU for a ZeRO `stage` (None: plain PyTorch AMP + AdamW).
@@ -109,6 +110,9 @@ def estimate_model_states(
     Stages 1 and 2 also allocate a gradient reduction bucket of `reduce_bucket_elements` on the GPU
     (DeepSpeed's default 5e8 elements: about 1 GB in 16-bit, whatever the model size; twice that with
     overlap_comm). Pass reduce_bucket_elements=0 for model states alone.
+    With optimizer offload the gradients land in RAM: fp32 at stages 1-2; at stage 3 a 16-bit
+    partition plus the fp32 copy the optimizer steps on (all of it with a CPU optimizer, one
+    `sub_group_size` slice with NVMe, whose 4 swap buffers of that slice are held in RAM too).
     """
     psi = int(n_params)
     n = int(n_gpus)
@@ -144,7 +148,12 @@ def estimate_model_states(
         parts.append(f"optimizer->{offload_optimizer}")
         target = cpu if offload_optimizer == "cpu" else nvme
         target["optimizer"] = opt_share * n  # all ranks of the node share the host
-        cpu["grads"] = 4 * psi // n * n  # fp32 gradient partition per rank, on the host
+        sub_group = min(int(sub_group_size), psi)
+        if stage == 3:
+            # 16-bit gradient partitions, then the fp32 gradients the optimizer steps on
+            cpu["grads"] = e * psi + (4 * psi if offload_optimizer == "cpu" else 4 * sub_group)
+        else:
+            cpu["grads"] = 4 * psi // n * n  # fp32 gradient partition per rank, on the host
     # parameters
     if offload_param == "none":
         gpu["params"] = param_share
@@ -158,7 +167,8 @@ def estimate_model_states(
             nvme["params"] = param_share * n
             cpu["buffers"] = nvme_buffer_count * nvme_buffer_size * e
     if offload_optimizer == "nvme":
-        cpu["buffers"] = cpu.get("buffers", 0) + 4 * nvme_buffer_size * 4  # optimizer swap buffers
+        # optimizer swap buffers: 4 of one sub-group each, fp32
+        cpu["buffers"] = cpu.get("buffers", 0) + 4 * min(int(sub_group_size), psi) * 4
     if stage in (1, 2) and reduce_bucket_elements:
         # contiguous gradients: torch.empty(reduce_bucket_size) in the model dtype, x2 with overlap_comm
         gpu["buffers"] = reduce_bucket_elements * e * (2 if overlap_comm else 1)
@@ -184,7 +194,7 @@ def estimate_for_config(config: dict[str, Any], n_params: int, *, n_gpus: int = 
                  "bf16" if config.get("bf16", {}).get("enabled") else "fp32")
     off_opt = zero.get("offload_optimizer", {}).get("device", "none")
     off_par = zero.get("offload_param", {}).get("device", "none")
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {"sub_group_size": int(zero.get("sub_group_size", 1_000_000_000))}
     if off_par == "nvme":
         kwargs.update(nvme_buffer_count=zero["offload_param"].get("buffer_count", 5),
                       nvme_buffer_size=int(zero["offload_param"].get("buffer_size", 100_000_000)))
@@ -282,6 +292,11 @@ class Measurement:
     peak_nvme_bytes: int = 0
     seconds: float = 0.0
     samples: list[dict[str, float]] = field(default_factory=list)
+    started: float = 0.0  # time.perf_counter() when measuring began; samples' "t" counts from here
+
+    def peak_between(self, key: str, t0: float, t1: float) -> float:
+        """Largest sample of `key` ('rss', 'gpu_allocated', ...) with t0 <= t <= t1 (seconds from the start)."""
+        return max((s[key] for s in self.samples if key in s and t0 <= s["t"] <= t1), default=0.0)
 
     @property
     def peak_gpu_gib(self) -> float:
@@ -319,6 +334,7 @@ def measure_peak(nvme_path: str | os.PathLike[str] | None = None, interval_s: fl
     m.peak_rss = m.baseline_rss
     stop = threading.Event()
     start = time.perf_counter()
+    m.started = start
     last_nvme = [-1e9]
 
     def sample() -> None:
@@ -439,14 +455,22 @@ def preflight(config: dict[str, Any], n_params: int, runtime: "Runtime", *, larg
     report = _report(est, runtime, activation_bytes, nvme_path, ram_in_use)
     if report.fits:
         return report
+    from helpers.config import OFFLOAD_KINDS, build_ds_config, offload_config
+
     precision = est.label.rsplit(" + ", 1)[-1]
     for candidate in FALLBACK_LADDER:
-        # the suggestion assumes the model is built the ZeRO-3 way (deepspeed.zero.Init) where it can be
+        # the course's own config for the candidate (buffers sized as the notebooks size them); the suggestion
+        # assumes the model is built the ZeRO-3 way (deepspeed.zero.Init) where it can be
+        kind = next((k for k, v in OFFLOAD_KINDS.items() if v == candidate), None)
+        common = dict(check_paths=False, nvme_path=nvme_path or "/nvme")
+        if kind is None:
+            cand_cfg = build_ds_config(**candidate, precision=precision, **common)
+        else:
+            cand_cfg = offload_config(kind, runtime, largest_param=max(largest_layer_params, 1),
+                                      precision=precision, **common)
         cand_init = zero_init or candidate["stage"] == 3
-        cand_est = estimate_model_states(n_params, candidate["stage"], precision=precision,
-                                         offload_optimizer=candidate.get("offload_optimizer", "none"),
-                                         offload_param=candidate.get("offload_param", "none"),
-                                         largest_layer_params=largest_layer_params, zero_init=cand_init)
+        cand_est = estimate_for_config(cand_cfg, n_params, largest_layer_params=largest_layer_params,
+                                       zero_init=cand_init)
         if _report(cand_est, runtime, activation_bytes, nvme_path, ram_in_use).fits:
             report.suggestion = dict(candidate)
             report.suggestion_zero_init = cand_init

@@ -99,3 +99,26 @@ def plot_losses(losses: Sequence[float], title: str = "Training loss", **named: 
     ax.set_title(title)
     ax.legend()
     return fig
+
+
+def plot_speed_vs_memory(names: Sequence[str], peak_vram_gib: Sequence[float], tokens_per_s: Sequence[float],
+                         peak_rss_gb: Sequence[float], ram_budget_gb: float | None = None,
+                         title: str = "Speed for scale") -> "Figure":
+    """Left: peak VRAM vs tokens/s per config (scatter); right: peak CPU RSS per config (notebook 02)."""
+    fig = _figure(11, 4)
+    ax, ax2 = fig.subplots(1, 2)
+    for i, (name, x, y) in enumerate(zip(names, peak_vram_gib, tokens_per_s)):
+        ax.scatter([x], [y], s=60, color=f"C{i}", label=name)
+        ax.annotate(name, (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
+    ax.set_xlabel("peak GPU memory (GiB)")
+    ax.set_ylabel("tokens/s")
+    ax.set_yscale("log")
+    ax.set_title(title)
+    ax2.bar(range(len(names)), list(peak_rss_gb), color=[f"C{i}" for i in range(len(names))])
+    if ram_budget_gb:
+        ax2.axhline(ram_budget_gb, color="#C44E52", linestyle="--", label=f"RAM budget {ram_budget_gb:.1f} GB")
+        ax2.legend(fontsize=8)
+    ax2.set_xticks(range(len(names)), list(names), rotation=20, ha="right", fontsize=8)
+    ax2.set_ylabel("peak process RSS (GB)")
+    ax2.set_title("CPU RAM")
+    return fig

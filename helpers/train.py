@@ -43,6 +43,8 @@ class RunResult:
     disk_gib: float = 0.0
     seconds: float = 0.0
     error: str = ""
+    # peak process RSS (GiB) while the model is built, while deepspeed.initialize runs, and while training
+    rss_by_phase: dict[str, float] = field(default_factory=dict)
 
     @property
     def ratio(self) -> float:
@@ -55,18 +57,19 @@ class RunResult:
         d["ratio"] = None if math.isnan(self.ratio) else round(self.ratio, 3)
         return d
 
-    def row(self) -> str:
+    def row(self, width: int = 22) -> str:
         """One line of a fixed-width table (see `results_table`)."""
-        return (f"{self.name:<22}{self.peak_vram_gib:>9.2f}{self.estimated_vram_gib:>9.2f}{self.ratio:>7.2f}"
+        return (f"{self.name:<{width}}{self.peak_vram_gib:>9.2f}{self.estimated_vram_gib:>9.2f}{self.ratio:>7.2f}"
                 f"{self.tokens_per_s:>10.0f}{self.peak_rss_gib:>9.2f}"
                 f"{self.losses[0] if self.losses else math.nan:>8.3f}{self.losses[-1] if self.losses else math.nan:>8.3f}")
 
 
 def results_table(results: list[RunResult]) -> str:
     """Measured peak VRAM, estimate, ratio, tokens/s, RSS and first/last loss per run."""
-    head = (f"{'run':<22}{'peak GiB':>9}{'est GiB':>9}{'ratio':>7}{'tokens/s':>10}{'RSS GiB':>9}"
+    width = max([22] + [len(r.name) + 1 for r in results])
+    head = (f"{'run':<{width}}{'peak GiB':>9}{'est GiB':>9}{'ratio':>7}{'tokens/s':>10}{'RSS GiB':>9}"
             f"{'loss0':>8}{'lossN':>8}")
-    return "\n".join([head, "-" * len(head)] + [r.row() for r in results])
+    return "\n".join([head, "-" * len(head)] + [r.row(width) for r in results])
 
 
 def _autocast(runtime: "Runtime") -> Any:
@@ -137,6 +140,11 @@ def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *,
         from helpers.checkpoints import release_zero3
 
         release_zero3()
+    marks = [("build model", ns.get("t_start")), ("initialize", ns.get("t_built")), ("train", ns.get("t_ready")),
+             ("end", time.perf_counter())]
+    for (phase, t0), (_, t1) in zip(marks, marks[1:]):
+        if t0 is not None and t1 is not None:
+            result.rss_by_phase[phase] = round(mem.peak_between("rss", t0 - mem.started, t1 - mem.started) / GiB, 3)
     result.peak_vram_gib = round((mem.peak_gpu_allocated - mem.baseline_gpu_allocated) / GiB, 3)
     result.peak_reserved_gib = round(mem.peak_gpu_reserved / GiB, 3)
     result.peak_rss_gib = round(mem.peak_rss / GiB, 3)
@@ -159,7 +167,9 @@ def _train(ns: dict[str, Any], result: RunResult, model_factory: Callable[[], An
     device = "cuda" if runtime.has_gpu else "cpu"
     tokens_per_step = micro_batch * grad_accum * result.seq_len
     lr_warmup = max(1, steps // 10)
+    ns["t_start"] = time.perf_counter()
     made = model_factory()
+    ns["t_built"] = time.perf_counter()
     model, ns["keep_alive"] = made if isinstance(made, tuple) else (made, None)
     del made
     ns["model"] = model
@@ -186,6 +196,7 @@ def _train(ns: dict[str, Any], result: RunResult, model_factory: Callable[[], An
         ns["engine"], ns["optimizer"], _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                                                    config=cfg)
     del model
+    ns["t_ready"] = time.perf_counter()
     net = ns.get("engine") or ns["model"]
     net.train()
     start = time.perf_counter()

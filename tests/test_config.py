@@ -33,7 +33,7 @@ def test_world_size_multiplies_the_global_batch():
 
 def test_offload_sections(tmp_path):
     c = build_ds_config(2, precision="fp16", offload_optimizer="cpu")
-    assert c["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
+    assert c["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "pin_memory": False}
     assert "torch_adam" not in c["optimizer"]["params"]  # DeepSpeedCPUAdam does the offloaded step
     c = build_ds_config(3, precision="fp16", offload_optimizer="nvme", offload_param="nvme",
                         nvme_path=str(tmp_path), nvme_buffer_count=16, nvme_buffer_size=2 * 10**8)

@@ -61,3 +61,11 @@ def test_sized_picks_by_runtime(t4, cpu):
 def test_summary_mentions_budgets(t4):
     text = str(t4)
     assert "15.0 GiB" in text and "12.7 GB" in text and "fp16" in text
+
+
+def test_colab_t4_profile_is_the_free_colab_budget():
+    from helpers.hardware import colab_t4_profile
+
+    t4 = colab_t4_profile()
+    assert t4.label == "Colab T4" and t4.precision == "fp16" and not t4.native_bf16
+    assert t4.vram_budget_bytes == 15 * 2**30 and t4.ram_budget_bytes == int(12.7e9)

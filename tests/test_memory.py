@@ -49,13 +49,21 @@ def test_param_offload_keeps_only_live_layers_on_gpu():
     e = estimate_model_states(PSI, 3, precision="fp16", offload_optimizer="cpu", offload_param="cpu",
                               largest_layer_params=50_000, zero_init=True)
     assert e.gpu["params"] == 2 * 2 * 50_000 and e.cpu["params"] == 2 * PSI and e.cpu["model copy"] == 0
+    # stage 3 keeps a 16-bit gradient partition and the fp32 gradients the CPU optimizer steps on
+    assert e.cpu["grads"] == 2 * PSI + 4 * PSI and e.cpu_total == 2 * PSI + 6 * PSI + 12 * PSI
 
 
 def test_nvme_offload_puts_states_on_disk_and_buffers_in_ram():
     e = estimate_model_states(PSI, 3, precision="fp16", offload_optimizer="nvme", offload_param="nvme",
-                              nvme_buffer_count=4, nvme_buffer_size=1000)
+                              nvme_buffer_count=4, nvme_buffer_size=1000, sub_group_size=100_000)
     assert e.nvme == {"optimizer": 12 * PSI, "params": 2 * PSI}
-    assert e.cpu["buffers"] == 4 * 1000 * 2 + 4 * 1000 * 4
+    # param swap buffers (fp16) + 4 optimizer swap buffers of one fp32 sub-group
+    assert e.cpu["buffers"] == 4 * 1000 * 2 + 4 * 100_000 * 4
+    # gradients: the 16-bit partition, and fp32 for one sub-group at a time
+    assert e.cpu["grads"] == 2 * PSI + 4 * 100_000
+    cfg = build_ds_config(3, precision="fp16", offload_optimizer="nvme", offload_param="nvme", nvme_path="/x",
+                          check_paths=False, nvme_buffer_count=4, nvme_buffer_size=1000, sub_group_size=100_000)
+    assert estimate_for_config(cfg, PSI, zero_init=True).cpu == e.cpu | {"model copy": 0}
 
 
 def test_param_offload_below_stage_3_is_refused():
@@ -134,7 +142,9 @@ def test_preflight_refuses_gpt2_xl_zero2_on_a_t4_and_names_a_config_that_fits(t4
     with pytest.raises(BudgetError) as err:
         preflight(cfg, 1_557_611_200, t4, largest_layer_params=80_000_000, ram_in_use=int(1e9))
     msg = str(err.value)
-    assert "GPU: needs ~" in msg and "budget 15.00 GiB" in msg and "Fix: build_ds_config(stage=" in msg
+    assert "GPU: needs ~" in msg and "budget 15.00 GiB" in msg
+    # CPU offload would need ~20 bytes/param of RAM (> 12.7 GB): the first course config that fits is ZeRO-Infinity
+    assert "Fix: build_ds_config(stage=3, offload_optimizer='nvme', offload_param='cpu', nvme_path=...)" in msg
 
 
 def test_preflight_catches_the_cpu_ram_wall(t4):

@@ -18,3 +18,14 @@ def test_plots_return_figures_without_touching_global_style():
     assert len(fig.axes[0].lines) == 3  # GPU allocated, RSS, budget line
     assert plot_losses([3.0, 2.0, 1.0], val=[2.5, 1.5]).axes[0].lines[1].get_ydata().tolist() == [2.5, 1.5]
     assert dict(matplotlib.rcParams) == before
+
+
+def test_speed_vs_memory_has_one_point_per_config_and_the_ram_budget():
+    from helpers.plots import plot_speed_vs_memory
+
+    fig = plot_speed_vs_memory(["ZeRO-2 + CPU", "ZeRO-3 NVMe"], [2.9, 1.1], [1400.0, 90.0], [20.5, 9.8],
+                               ram_budget_gb=12.7)
+    scatter, bars = fig.axes
+    assert len(scatter.collections) == 2 and scatter.get_yscale() == "log"
+    assert [p.get_height() for p in bars.patches] == [20.5, 9.8]
+    assert bars.lines[0].get_ydata()[0] == 12.7

@@ -1,0 +1,104 @@
+"""The ladder benchmark's search (benchmarks/ladder.py): which rungs run, which are refused, what 'fits' means."""
+import importlib.util
+import json
+
+import pytest
+
+from conftest import ROOT, fake_runtime
+
+spec = importlib.util.spec_from_file_location("ladder", ROOT / "benchmarks" / "ladder.py")
+ladder = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ladder)
+
+SIZES = ["gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt2-2.7b"]
+
+
+def fake_measure(fitting):
+    """A measure_in_child stand-in: fits (loss falls, small RSS) for the (config, size) pairs in `fitting`."""
+    calls = []
+
+    def measure(args, name, size, nvme, gpu, cpus=None, timeout_s=None):
+        calls.append((name, size))
+        ok = (name, size) in fitting
+        return {"peak_vram_gib": 1.0, "peak_rss_gib": 2.0 if ok else 30.0, "disk_gib": 0.0, "tokens_per_s": 10.0,
+                "losses": [11.0, 10.0], "seconds": 1.0, "params": 1, "error": "", "baseline_rss_gib": 1.0}
+
+    return measure, calls
+
+
+@pytest.fixture
+def run_ladder(tmp_path, monkeypatch):
+    monkeypatch.setattr(ladder.helpers, "detect_runtime", lambda: fake_runtime(t4_budget=True))
+    monkeypatch.setattr(ladder.helpers, "train_tokenizer", lambda *a, **k: None)
+    monkeypatch.setattr(ladder.helpers, "load_text_dataset", lambda *a, **k: {"train": {"text": []}})
+
+    def run(fitting, configs, verify=()):
+        measure, calls = fake_measure(fitting)
+        monkeypatch.setattr(ladder, "measure_in_child", measure)
+        out = tmp_path / "ladder.json"
+        ladder.main(["--sizes", *SIZES, "--configs", *configs, "--verify-refusals", *verify, "--out", str(out),
+                     "--nvme-path", str(tmp_path / "nvme"), "--work-dir", str(tmp_path), "--fresh"])
+        return json.loads(out.read_text()), calls
+
+    return run
+
+
+def test_plain_climbs_to_its_wall_and_deepspeed_starts_there(run_ladder):
+    fitting = {("plain", "gpt2"), ("plain", "gpt2-medium"), ("zero2_offload_cpu", "gpt2-medium")}
+    report, calls = run_ladder(fitting, ["plain", "zero2_offload_cpu"], verify=["plain", "zero2_offload_cpu"])
+    # plain: 124M, 355M fit, 774M is the wall; ZeRO-2 offload starts at 774M, fails, steps down to 355M
+    assert calls == [("plain", "gpt2"), ("plain", "gpt2-medium"), ("plain", "gpt2-large"),
+                     ("zero2_offload_cpu", "gpt2-large"), ("zero2_offload_cpu", "gpt2-medium")]
+    assert report["summary"]["largest_per_config"] == {
+        "plain": {"model": "gpt2-medium", "params": 354_823_168},
+        "zero2_offload_cpu": {"model": "gpt2-medium", "params": 354_823_168}}
+    assert report["summary"]["deepspeed_over_plain"] == 1.0 and not report["summary"]["target_4x_met"]
+    failed = [r for r in report["rows"] if not r["fits"]]
+    assert all("peak RSS 32.2 GB > 12.7 GB RAM budget" in r["reason"] for r in failed)
+
+
+def test_a_rung_predicted_over_budget_is_refused_without_running(run_ladder):
+    fitting = {("plain", "gpt2"), ("zero3_nvme_optimizer", "gpt2-medium"), ("zero3_nvme_optimizer", "gpt2-large"),
+               ("zero3_nvme_optimizer", "gpt2-xl")}
+    report, calls = run_ladder(fitting, ["plain", "zero3_nvme_optimizer"], verify=["plain"])
+    # 2.7B with fp16 params and gradients in RAM: ~2 x 5.3 GB + buffers > 12.7 GB, so pre-flight refuses it
+    assert ("zero3_nvme_optimizer", "gpt2-2.7b") not in calls
+    refused = [r for r in report["rows"] if not r["ran"]]
+    assert [(r["config"], r["model"]) for r in refused] == [("zero3_nvme_optimizer", "gpt2-2.7b")]
+    assert refused[0]["reason"].startswith("refused by pre-flight, not run: predicted RAM")
+    assert refused[0]["predicted_rss_gb"] > 12.7
+    assert report["summary"]["largest_per_config"]["zero3_nvme_optimizer"]["model"] == "gpt2-xl"
+    assert report["summary"]["target_4x_met"]  # 1.56B / 124M
+
+
+def test_verdict_needs_a_falling_loss_and_the_budgets():
+    ok = {"error": "", "losses": [11.0, 10.5], "peak_rss_gib": 5.0, "disk_gib": 1.0}
+    assert ladder.verdict(ok, 12.7) == (True, "")
+    assert ladder.verdict(ok | {"losses": [11.0, 11.2]}, 12.7)[1] == "loss did not fall (11.000 -> 11.200)"
+    assert ladder.verdict(ok | {"error": "CUDA out of memory: x"}, 12.7) == (False, "CUDA out of memory: x")
+    assert "RAM budget" in ladder.verdict(ok | {"peak_rss_gib": 12.0}, 12.7)[1]  # 12.0 GiB = 12.9 GB
+    assert "disk budget" in ladder.verdict(ok | {"disk_gib": 60.0}, 12.7)[1]
+
+
+def test_lanes_run_columns_on_their_own_gpu(tmp_path, monkeypatch):
+    monkeypatch.setattr(ladder.helpers, "detect_runtime", lambda: fake_runtime(t4_budget=True))
+    monkeypatch.setattr(ladder.helpers, "train_tokenizer", lambda *a, **k: None)
+    monkeypatch.setattr(ladder.helpers, "load_text_dataset", lambda *a, **k: {"train": {"text": []}})
+    seen = []
+
+    def measure(args, name, size, nvme, gpu, cpus=None, timeout_s=None):
+        seen.append((name, size, gpu, bool(cpus)))
+        fits = name == "plain" and size == "gpt2"
+        return {"peak_vram_gib": 1.0, "peak_rss_gib": 2.0, "disk_gib": 0.0, "tokens_per_s": 1.0, "seconds": 1.0,
+                "losses": [11.0, 10.0] if fits or name != "plain" else [], "params": 1,
+                "error": "" if fits or name != "plain" else "CUDA out of memory", "baseline_rss_gib": 1.0}
+
+    monkeypatch.setattr(ladder, "measure_in_child", measure)
+    out = tmp_path / "ladder.json"
+    ladder.main(["--sizes", "gpt2", "gpt2-medium", "--configs", "plain", "zero2_offload_cpu", "zero3_offload_cpu",
+                 "--lanes", "0:zero2_offload_cpu", "1:zero3_offload_cpu", "--out", str(out), "--work-dir",
+                 str(tmp_path), "--fresh"])
+    assert seen[:2] == [("plain", "gpt2", None, False), ("plain", "gpt2-medium", None, False)]
+    assert sorted(seen[2:]) == [("zero2_offload_cpu", "gpt2-medium", "0", True),
+                                ("zero3_offload_cpu", "gpt2-medium", "1", True)]
+    assert json.loads(out.read_text())["lanes"] == ["0:zero2_offload_cpu", "1:zero3_offload_cpu"]
