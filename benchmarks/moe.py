@@ -38,7 +38,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--capacity-factor", type=float, default=1.25)
     p.add_argument("--aux-coef", type=float, default=0.01)
     p.add_argument("--micro-batch", type=int, default=16)
-    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--steps", type=int, default=200)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--texts", type=int, default=0, help="use only the first N paragraphs of the corpus (0: all)")
     p.add_argument("--aux-sweep", type=float, nargs="*", default=[0.0, 0.01, 0.1])
@@ -79,6 +79,8 @@ def expert_parallel(args: argparse.Namespace, runtime: helpers.Runtime, blocks, 
            "--steps", str(args.ep_steps), "--micro-batch", str(min(args.micro_batch, 4)), *shape]
     env = {k: v for k, v in os.environ.items()
            if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    if device == "cpu":  # CPU processes even where a GPU is present: hide it from them
+        env.update(CUDA_VISIBLE_DEVICES="", DS_ACCELERATOR="cpu")
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
         return {"device": device, "error": proc.stderr[-3000:]}

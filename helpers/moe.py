@@ -606,7 +606,7 @@ def evaluate_moe(model: Any, blocks: Any, batches: int = 4, batch_size: int = 8,
     model.eval()
     device = next(model.parameters()).device
     losses = []
-    with torch.no_grad(), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+    with torch.no_grad(), torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
         torch.manual_seed(seed)
         for i in range(min(batches, len(blocks) // batch_size)):
             ids = blocks[i * batch_size:(i + 1) * batch_size]["input_ids"].to(device)

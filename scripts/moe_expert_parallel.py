@@ -134,9 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     shared = [p for n, p in engine.module.named_parameters() if "deepspeed_experts" not in n]
     experts = [p for n, p in engine.module.named_parameters() if "deepspeed_experts" in n]
     sums = torch.tensor([float(sum(p.detach().float().sum() for p in shared)),
-                         float(sum(p.detach().float().sum() for p in experts))], dtype=torch.float64)
-    gathered = [torch.zeros_like(sums) for _ in range(world)]
-    dist.all_gather(gathered, sums.to(engine.device) if device == "cuda" else sums)
+                         float(sum(p.detach().float().sum() for p in experts))], dtype=torch.float64,
+                        device=engine.device)
+    gathered = [torch.zeros_like(sums) for _ in range(world)]  # NCCL gathers into device tensors
+    dist.all_gather(gathered, sums)
     gathered = [g.cpu() for g in gathered]
     report = {
         "rank": rank, "world_size": world, "ep_size": cfg.ep_size, "device": device,
