@@ -408,11 +408,12 @@ def run_accelerate(name: str, model_factory: Callable[[], Any], dataset: Any, *,
             step_loss = 0.0
             for _ in range(grad_accum):
                 batch = next(batches)
-                loss = engine(**batch).loss
-                accelerator.backward(loss)  # engine.backward + engine.step (DeepSpeed steps at the boundary)
-                ns["optimizer"].step()  # no-ops under DeepSpeed, kept so the loop reads as any Accelerate loop
-                ns["scheduler"].step()
-                ns["optimizer"].zero_grad()
+                with accelerator.accumulate(engine):  # marks the accumulation boundary for DeepSpeed
+                    loss = engine(**batch).loss
+                    accelerator.backward(loss)  # engine.backward + engine.step (DeepSpeed steps at the boundary)
+                    ns["optimizer"].step()  # no-ops under DeepSpeed, kept so the loop reads as any Accelerate loop
+                    ns["scheduler"].step()
+                    ns["optimizer"].zero_grad()
                 step_loss += loss.item() / grad_accum
             recorder.step(step_loss)
             bar.set_postfix(loss=f"{step_loss:.3f}")
@@ -579,18 +580,19 @@ def logits_for(model: Any, ids: Any) -> Any:
 
 # ---------------------------------------------------------------- launching on N GPUs
 
-def accelerate_config_yaml(ds_config_path: str | Path, n_gpus: int, mixed_precision: str = "fp16") -> str:
-    """An `accelerate launch --config_file` YAML that points at the DeepSpeed JSON file (notebook 04)."""
+def accelerate_config_yaml(ds_config_path: str | Path, n_gpus: int) -> str:
+    """An `accelerate launch --config_file` YAML that points at the DeepSpeed JSON file (notebook 04).
+
+    Precision, accumulation and clipping come from the JSON alone: with `deepspeed_config_file` set, Accelerate
+    refuses the same settings in its own file (e.g. a `mixed_precision` line).
+    """
     _check_gpus(n_gpus)
-    if mixed_precision not in ("no", "fp16", "bf16"):
-        raise ValueError(f"mixed_precision must be 'no', 'fp16' or 'bf16' (got {mixed_precision!r})")
     return "\n".join([
         "compute_environment: LOCAL_MACHINE",
         "distributed_type: DEEPSPEED",
         "deepspeed_config:",
         f"  deepspeed_config_file: {ds_config_path}",
         f"  zero3_init_flag: {'true' if _zero_stage_of(ds_config_path) == 3 else 'false'}",
-        f"mixed_precision: {mixed_precision}",
         "machine_rank: 0",
         "num_machines: 1",
         f"num_processes: {n_gpus}",

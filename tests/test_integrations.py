@@ -100,11 +100,11 @@ def test_ordered_blocks_are_the_batches_train_run_draws(work):
     assert batch["input_ids"].shape == (2, SEQ) and torch.equal(batch["labels"], batch["input_ids"])
 
 
-@pytest.mark.parametrize("stage", [2, 3])
-def test_raw_engine_trainer_and_accelerate_follow_the_same_loss_trajectory(work, stage):
+@pytest.mark.parametrize("stage,accum", [(2, 2), (3, 1)])
+def test_raw_engine_trainer_and_accelerate_follow_the_same_loss_trajectory(work, stage, accum):
     root, blocks, model_dir = work
     rt = detect_runtime()
-    cfg = driver_config(f"zero{stage}", rt, micro_batch=MB, lr=LR, steps=STEPS)
+    cfg = driver_config(f"zero{stage}", rt, micro_batch=MB, lr=LR, steps=STEPS, grad_accum_steps=accum)
     if stage == 3:
         from helpers.checkpoints import build_zero3_model
 
@@ -112,12 +112,12 @@ def test_raw_engine_trainer_and_accelerate_follow_the_same_loss_trajectory(work,
     else:
         raw_factory = lambda: load_causal_lm(model_dir)  # noqa: E731
     raw = train_run("raw", raw_factory, blocks, runtime=rt, ds_config=cfg, steps=STEPS, micro_batch=MB, lr=LR,
-                    progress=False)
-    data = ordered_blocks(blocks, MB, STEPS)
+                    grad_accum=accum, progress=False)
+    data = ordered_blocks(blocks, MB, STEPS * accum)
     trainer, _ = run_trainer("Trainer", lambda: load_causal_lm(model_dir), data, runtime=rt, ds_config=cfg,
-                             output_dir=root / f"trainer{stage}", progress=False)
+                             steps=STEPS, output_dir=root / f"trainer{stage}", progress=False)
     accel = run_accelerate("Accelerate", lambda: load_causal_lm(model_dir), data, runtime=rt, ds_config=cfg,
-                           progress=False)
+                           steps=STEPS, progress=False)
     assert raw.losses[-1] < raw.losses[0] - 0.2, raw.losses
     for run in (trainer, accel):
         assert run.engine_class == "DeepSpeedEngine"
@@ -248,7 +248,8 @@ def test_launch_commands_and_accelerate_config(tmp_path):
     assert "--config_file acc.yaml" in cmds["accelerate launch (config file)"]
     with pytest.raises(ValueError, match="positive integer"):
         launch_commands("train.py", cfg_path, 0)
-    text = accelerate_config_yaml(cfg_path, 4, "fp16")
+    text = accelerate_config_yaml(cfg_path, 4)
+    assert "mixed_precision" not in text  # Accelerate refuses it next to a deepspeed_config_file
     path = tmp_path / "acc.yaml"
     path.write_text(text)
     from accelerate.commands.config.config_args import load_config_from_file
@@ -260,17 +261,21 @@ def test_launch_commands_and_accelerate_config(tmp_path):
     assert "zero3_init_flag: false" in accelerate_config_yaml(ROOT / "configs" / "zero2.json", 2)
 
 
-def test_launch_script_runs_under_the_deepspeed_launcher(work, tmp_path):
+@pytest.mark.parametrize("launcher", ["deepspeed launcher", "accelerate launch (config file)"])
+def test_launch_script_runs_under_the_generated_command(work, tmp_path, launcher):
     root, _, model_dir = work
     script = launch_script(tmp_path / "train_ds.py", model=model_dir, tokenizer=str(root / "tok"), data="local",
                            seq_len=SEQ, steps=2, out=str(tmp_path / "out"))
-    cmd = launch_commands(script, ROOT / "configs" / "zero2.json", 1)["deepspeed launcher"]
+    cfg_path = ROOT / "configs" / "zero2.json"
+    yaml_path = tmp_path / "accelerate.yaml"
+    yaml_path.write_text(accelerate_config_yaml(cfg_path, 1))
+    cmd = launch_commands(script, cfg_path, 1, accelerate_config_path=yaml_path)[launcher]
     env = {k: v for k, v in os.environ.items() if k not in DIST_ENV_VARS}
-    # on CPU the launcher counts accelerators, not GPUs
+    # on CPU the deepspeed launcher counts accelerators, not GPUs
     argv = cmd.replace("--num_gpus", "--num_accelerators").split()
     argv[0] = str(Path(sys.executable).parent / argv[0])  # the launcher of this environment
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     line = [x for x in proc.stdout.splitlines() if x.startswith("{")][-1]
     report = json.loads(line)
     assert report["engine"] == "DeepSpeedEngine" and report["world_size"] == 1
