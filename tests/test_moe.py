@@ -157,6 +157,30 @@ def test_moe_trains_under_zero2_with_the_aux_loss_added(blocks):
     assert "dense" in moe_table([dense, run])
 
 
+def test_zero_stages_0_1_2_train_moe_alike():
+    import deepspeed
+
+    ids = torch.randint(0, TINY.vocab_size, (2, TINY.seq_len), generator=torch.Generator().manual_seed(0))
+    trajectories = []
+    for stage in (0, 1, 2):
+        setup_single_process()
+        model = build_gpt_moe(TINY.replace(k=2))
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=moe_param_groups(model),
+                                          config=moe_ds_config(detect_runtime(), stage=stage, micro_batch=2, lr=3e-3))
+        losses = []
+        torch.manual_seed(0)  # top-2's sampled second expert draws from the global RNG
+        for _ in range(5):
+            out = engine(input_ids=ids, labels=ids)
+            engine.backward(out.loss)
+            engine.step()
+            losses.append(out.lm_loss.item())
+        engine.destroy()
+        trajectories.append(losses)
+    assert trajectories[0][-1] < trajectories[0][0]
+    for t in trajectories[1:]:
+        assert t == pytest.approx(trajectories[0], rel=1e-4)
+
+
 def test_zero3_is_refused_with_deepspeeds_message():
     message = zero3_refusal(TINY.replace(k=2), detect_runtime())
     assert ZERO3_REFUSAL in message and "stage 1/2" in message
