@@ -1,4 +1,4 @@
-"""One config, three drivers (raw engine, Trainer, Accelerate), ZeRO-3 saving through Trainer, global state (CPU, fp32)."""
+"""One config, three drivers (raw engine, Trainer, Accelerate), ZeRO-3 saving with Trainer, global state (CPU)."""
 import json
 import os
 import subprocess
