@@ -187,6 +187,15 @@ def markdown(report: dict) -> str:
     sm = report["summary"]
     lines += ["", f"DeepSpeed's largest / plain PyTorch's largest: {sm['deepspeed_over_plain']} "
               f"(target >= 4: {'met' if sm['target_4x_met'] else 'NOT met'})"]
+    phased = [r for r in report["rows"] if r.get("rss_by_phase_gb")]
+    if phased:
+        lines += ["", "Where the RAM peak happens (peak process RSS in GB while the model is built, while "
+                  "`deepspeed.initialize` runs, while training):", "",
+                  "| model | config | build model | initialize | train | predicted |", "|---|---|---|---|---|---|"]
+        for r in phased:
+            p = r["rss_by_phase_gb"]
+            lines.append(f"| {r['model']} | {r['config']} | {p.get('build model', 0):.2f} | {p.get('initialize', 0):.2f} "
+                         f"| {p.get('train', 0):.2f} | {r.get('predicted_rss_gb', 0):.2f} |")
     if report.get("not_run"):
         lines += ["", "Not run (time budget): " + ", ".join(report["not_run"])]
     return "\n".join(lines) + "\n"
