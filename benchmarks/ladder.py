@@ -109,6 +109,8 @@ def run_rung(args: argparse.Namespace) -> int:
     """Train one rung in this (fresh) process and write its measurements as JSON."""
     import psutil
 
+    if args.mmap_threshold_mib:
+        helpers.mmap_large_allocations(int(args.mmap_threshold_mib * 2**20))
     baseline_rss = psutil.Process().memory_info().rss
     runtime = helpers.detect_runtime()
     tok = helpers.load_tokenizer(str(args.work_dir / "tokenizer"))
@@ -134,7 +136,8 @@ def measure_in_child(args: argparse.Namespace, name: str, size: str, nvme: Path 
     result = args.work_dir / f"rung-{name}-{size}.json"
     result.unlink(missing_ok=True)
     cmd = [sys.executable, __file__, "--rung", name, size, "--result", str(result), "--work-dir", str(args.work_dir),
-           "--steps", str(args.steps), "--micro-batch", str(args.micro_batch), "--seq-len", str(args.seq_len)]
+           "--steps", str(args.steps), "--micro-batch", str(args.micro_batch), "--seq-len", str(args.seq_len),
+           "--mmap-threshold-mib", str(args.mmap_threshold_mib)]
     if nvme:
         cmd += ["--nvme-dir", str(nvme)]
     env = dict(os.environ, PYTHONWARNINGS="ignore")
@@ -219,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
                         "when the ladder is continued")
     p.add_argument("--fresh", action="store_true", help="ignore rows already in --out")
     p.add_argument("--rerun", nargs="*", default=[], metavar="CONFIG:SIZE", help="measure these rungs again")
+    p.add_argument("--mmap-threshold-mib", type=float, default=0.0,
+                   help="in each rung, helpers.mmap_large_allocations(this) first (0: glibc's default)")
     p.add_argument("--lanes", nargs="*", default=[], metavar="GPU:CONFIG,CONFIG",
                    help="after plain, run these groups of configs in parallel, one GPU and an equal share of the "
                         "CPU cores each (e.g. 0:zero3_nvme_optimizer,zero2_offload_cpu 1:zero3_nvme_all)")
@@ -236,8 +241,10 @@ def main(argv: list[str] | None = None) -> int:
     ds = helpers.load_text_dataset("local")
     helpers.train_tokenizer(ds["train"]["text"], args.work_dir / "tokenizer")
     old = json.loads(args.out.read_text()) if (args.out.exists() and not args.fresh) else {}
-    same = old.get("runtime") == runtime.label and old.get("settings") == {
-        "micro_batch": args.micro_batch, "seq_len": args.seq_len, "steps": args.steps}
+    settings = {"micro_batch": args.micro_batch, "seq_len": args.seq_len, "steps": args.steps}
+    if args.mmap_threshold_mib:
+        settings["mmap_threshold_mib"] = args.mmap_threshold_mib
+    same = old.get("runtime") == runtime.label and old.get("settings") == settings
     rerun = {tuple(x.split(":")) for x in args.rerun}
     done = {(r["config"], r["model"]): r for r in old.get("rows", [])
             if not r.get("timed_out") and (r["config"], r["model"]) not in rerun} if same else {}
@@ -250,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def write() -> dict:
         report = {"runtime": runtime.label, "date": dt.date.today().isoformat(), "precision": runtime.precision,
-                  "settings": {"micro_batch": args.micro_batch, "seq_len": args.seq_len, "steps": args.steps},
+                  "settings": settings,
                   "budgets": {"vram_gib": round(runtime.vram_budget_bytes / GiB, 1), "ram_gb": round(ram_budget_gb, 1),
                               "disk_gb": DISK_BUDGET_GB},
                   "method": "fresh process per rung; DeepSpeed configs start at plain PyTorch's first failing size",

@@ -25,6 +25,7 @@ _EXPORTS: dict[str, str] = {
     "teardown": "runtime",
     "reset_peak_stats": "runtime",
     "gpu_allocated_bytes": "runtime",
+    "mmap_large_allocations": "runtime",
     # config builder
     "build_ds_config": "config",
     "validate_ds_config": "config",

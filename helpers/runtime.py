@@ -104,3 +104,21 @@ def teardown(namespace: dict[str, Any], *names: str) -> int:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
     return gpu_allocated_bytes()
+
+
+def mmap_large_allocations(threshold_bytes: int = 1 << 20) -> bool:
+    """Make glibc serve allocations above `threshold_bytes` with mmap, so RAM freed later goes back at once (notebook 02).
+
+    By default glibc raises this threshold up to 32 MiB as the program runs; per-layer tensors below it come
+    from the heap and, once freed (e.g. the copies of the parameters DeepSpeed's ZeRO-3 offload replaces with
+    its own flat buffer), stay in the process's RSS. Returns False where there is no glibc.
+    """
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        m_mmap_threshold = -3  # <malloc.h> M_MMAP_THRESHOLD
+        return bool(libc.mallopt(m_mmap_threshold, int(threshold_bytes)))
+    except (OSError, AttributeError):
+        return False

@@ -65,3 +65,16 @@ def test_teardown_brings_gpu_memory_back_to_baseline(monkeypatch):
     assert gpu_allocated_bytes() > baseline + 2**20
     after = teardown(ns, "engine", "optimizer", "model")
     assert after <= baseline, (baseline, after)
+
+
+def test_mmap_large_allocations_gives_freed_ram_back():
+    import psutil
+
+    from helpers.runtime import mmap_large_allocations
+
+    assert mmap_large_allocations(1 << 20)
+    rss = psutil.Process().memory_info().rss
+    blocks = [torch.ones(2 * 2**20) for _ in range(32)]  # 32 x 8 MiB, each above the 1 MiB threshold
+    assert psutil.Process().memory_info().rss - rss > 200 * 2**20
+    del blocks
+    assert psutil.Process().memory_info().rss - rss < 32 * 2**20  # unmapped on free, not kept by the heap
