@@ -242,10 +242,12 @@ def _ep_rank(ep_size: int) -> int:
         return 0
     import torch.distributed as dist
 
-    if not dist.is_initialized():
-        raise RuntimeError(f"ep_size={ep_size} needs torch.distributed initialised before the model is built. "
-                           "Fix: call deepspeed.init_distributed() first, under a launcher (torchrun / deepspeed) "
-                           f"with at least {ep_size} processes.")
+    world = dist.get_world_size() if dist.is_initialized() else 0
+    if world < ep_size or world % ep_size:
+        raise RuntimeError(f"ep_size={ep_size} needs torch.distributed initialised with a multiple of {ep_size} "
+                           f"processes before the model is built (found {world or 'none'}). Fix: call "
+                           "deepspeed.init_distributed() first, under a launcher (torchrun / deepspeed) "
+                           f"with {ep_size} or a multiple of {ep_size} processes.")
     return dist.get_rank() % ep_size
 
 
