@@ -102,3 +102,19 @@ def test_lanes_run_columns_on_their_own_gpu(tmp_path, monkeypatch):
     assert sorted(seen[2:]) == [("zero2_offload_cpu", "gpt2-medium", "0", True),
                                 ("zero3_offload_cpu", "gpt2-medium", "1", True)]
     assert json.loads(out.read_text())["lanes"] == ["0:zero2_offload_cpu", "1:zero3_offload_cpu"]
+
+
+def test_committed_ladder_report_is_consistent():
+    report = json.loads((ROOT / "reports" / "ladder.json").read_text())
+    assert report["runtime"] == "H200 capped to T4 budget" and report["precision"] == "fp16"
+    assert report["budgets"] == {"vram_gib": 15.0, "ram_gb": 12.7, "disk_gb": 60.0}
+    fields = {"model", "params", "config", "fits", "ran", "peak_vram_gib", "peak_rss_gib", "disk_gib", "tokens_per_s",
+              "reason", "predicted_rss_gb", "predicted_disk_gb"}
+    for r in report["rows"]:
+        assert fields <= set(r), r["config"]
+        assert r["fits"] == (r["reason"] == ""), r
+        if r["fits"]:  # a fitting rung ran, its loss fell and it stayed within the budgets
+            assert r["ran"] and r["losses"][-1] < r["losses"][0]
+            assert r["peak_rss_gib"] * 2**30 / 1e9 <= 12.7 and r["disk_gib"] * 2**30 / 1e9 <= 60.0
+    assert report["summary"] == ladder.summary(report["rows"])
+    assert (ROOT / "reports" / "ladder.md").read_text() == ladder.markdown(report)
