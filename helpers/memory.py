@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 if TYPE_CHECKING:
     from helpers.hardware import Runtime
 
+from helpers.config import OFFLOAD_KINDS  # noqa: E402  (pure data; config imports nothing heavy)
+
 GiB = 1024**3
 GB = 1000**3
 COMPONENTS = ("params", "grads", "optimizer", "activations", "buffers")
@@ -417,13 +419,9 @@ class PreflightReport:
 
 
 # Tried in order when a config does not fit: cheapest in speed first.
-FALLBACK_LADDER: tuple[dict[str, Any], ...] = (
-    {"stage": 2},
-    {"stage": 2, "offload_optimizer": "cpu"},
-    {"stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"},
-    {"stage": 3, "offload_optimizer": "nvme", "offload_param": "cpu"},
-    {"stage": 3, "offload_optimizer": "nvme", "offload_param": "nvme"},
-)
+# ZeRO-2 without offload, then the course's offload configs (helpers.config.OFFLOAD_KINDS) in their order.
+FALLBACK_LADDER: tuple[tuple[str | None, dict[str, Any]], ...] = (
+    (None, {"stage": 2}), *OFFLOAD_KINDS.items())
 
 
 def _report(est: ModelStateEstimate, runtime: "Runtime", activation_bytes: int, nvme_path: Any,
@@ -455,13 +453,12 @@ def preflight(config: dict[str, Any], n_params: int, runtime: "Runtime", *, larg
     report = _report(est, runtime, activation_bytes, nvme_path, ram_in_use)
     if report.fits:
         return report
-    from helpers.config import OFFLOAD_KINDS, build_ds_config, offload_config
+    from helpers.config import build_ds_config, offload_config
 
     precision = est.label.rsplit(" + ", 1)[-1]
-    for candidate in FALLBACK_LADDER:
+    for kind, candidate in FALLBACK_LADDER:
         # the course's own config for the candidate (buffers sized as the notebooks size them); the suggestion
         # assumes the model is built the ZeRO-3 way (deepspeed.zero.Init) where it can be
-        kind = next((k for k, v in OFFLOAD_KINDS.items() if v == candidate), None)
         common = dict(check_paths=False, nvme_path=nvme_path or "/nvme")
         if kind is None:
             cand_cfg = build_ds_config(**candidate, precision=precision, **common)
