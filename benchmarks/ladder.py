@@ -41,19 +41,21 @@ from helpers.models import GPT2_LADDER  # noqa: E402
 GB = 1e9
 GiB = 2**30
 DISK_BUDGET_GB = 60.0
-CONFIGS = ("plain", "zero2_offload_cpu", "zero3_offload_cpu", "zero3_nvme_optimizer", "zero3_nvme_all")
+CONFIGS = ("plain", "zero2_offload_cpu", "zero3_offload_cpu", "zero3_nvme_optimizer_gpu_params", "zero3_nvme_optimizer",
+           "zero3_nvme_all")
 CHEAP = ("plain", "zero2_offload_cpu", "zero3_offload_cpu")
 FRESH_PROCESS_RSS_GB = 1.5  # until a child reports its own baseline
 
 
-def ladder_config(name: str, runtime, nvme_path: str | None, largest_param: int) -> dict | None:
+def ladder_config(name: str, runtime, nvme_path: str | None, largest_param: int,
+                  check_paths: bool = True) -> dict | None:
     """The DeepSpeed config of a ladder column (None: plain PyTorch); fp16 starts at loss scale 2^12 (few steps)."""
     if name == "plain":
         return None
     if name not in CONFIGS:
         raise ValueError(f"unknown ladder config {name!r}; choose from {CONFIGS}")
     return helpers.offload_config(name, runtime, largest_param=largest_param, nvme_path=nvme_path,
-                                  initial_scale_power=12)
+                                  initial_scale_power=12, check_paths=check_paths)
 
 
 def factory(size: str, cfg: dict | None, vocab: int):
@@ -90,7 +92,7 @@ def predict(name: str, size: str, runtime, nvme: str | None, micro_batch: int, s
             baseline_rss_gb: float) -> dict:
     """Estimated peak VRAM (GiB), RSS (GB) and disk (GB) of a rung, before running it."""
     shape = helpers.model_shape(helpers.gpt2_config(size))
-    cfg = ladder_config(name, runtime, nvme, shape.largest_layer_params)
+    cfg = ladder_config(name, runtime, nvme or "/nvme", shape.largest_layer_params, check_paths=False)
     act = helpers.estimate_activations(micro_batch, seq_len, shape.hidden, shape.n_layers, shape.vocab,
                                        n_heads=shape.n_heads, precision=runtime.precision, checkpointing=True)
     peak, states = helpers.estimate_peak(cfg, shape.n_params, precision=runtime.precision, activation_bytes=act,
@@ -246,8 +248,10 @@ def main(argv: list[str] | None = None) -> int:
         settings["mmap_threshold_mib"] = args.mmap_threshold_mib
     same = old.get("runtime") == runtime.label and old.get("settings") == settings
     rerun = {tuple(x.split(":")) for x in args.rerun}
+    # measured rungs are kept (their predictions are recomputed: they follow the current estimator); refused
+    # or unfinished ones are decided again
     done = {(r["config"], r["model"]): r for r in old.get("rows", [])
-            if not r.get("timed_out") and (r["config"], r["model"]) not in rerun} if same else {}
+            if r.get("ran", True) and not r.get("timed_out") and (r["config"], r["model"]) not in rerun} if same else {}
     rows: list[dict] = []
     not_run: list[str] = []
     baseline = [FRESH_PROCESS_RSS_GB]
@@ -271,9 +275,12 @@ def main(argv: list[str] | None = None) -> int:
     def rung(name: str, size: str, gpu: str | None = None, cpus: set[int] | None = None) -> dict | None:
         """Measure (or refuse) one rung; None when the deadline has passed."""
         if (name, size) in done:
+            baseline[0] = max(baseline[0], done[(name, size)].get("baseline_rss_gb", 0.0))
+            row = {**done[(name, size)], **predict(name, size, runtime, None, args.micro_batch, args.seq_len,
+                                                  baseline[0])}
             with lock:
-                rows.append(done[(name, size)])
-            return done[(name, size)]
+                rows.append(row)
+            return row
         if args.deadline_s and time.perf_counter() - started > args.deadline_s:
             with lock:
                 not_run.append(f"{name} {size}")
@@ -289,9 +296,16 @@ def main(argv: list[str] | None = None) -> int:
         over = [f"RAM {pred['predicted_rss_gb']:.1f} GB > {ram_budget_gb} GB"] if pred["predicted_rss_gb"] > ram_budget_gb else []
         if pred["predicted_disk_gb"] > DISK_BUDGET_GB:
             over.append(f"disk {pred['predicted_disk_gb']:.1f} GB > {DISK_BUDGET_GB} GB")
+        free_gb = shutil.disk_usage(nvme).free / GB if nvme else 0.0
         if over and name not in args.verify_refusals:
             row.update(ran=False, fits=False, peak_vram_gib=0.0, peak_rss_gib=0.0, disk_gib=0.0, tokens_per_s=0.0,
                        losses=[], reason="refused by pre-flight, not run: predicted " + ", ".join(over))
+        elif nvme and pred["predicted_disk_gb"] > 0.95 * free_gb:
+            # within the 60 GB budget, but this machine's disk is smaller: a limit of the machine, not of the config
+            row.update(ran=False, fits=False, peak_vram_gib=0.0, peak_rss_gib=0.0, disk_gib=0.0, tokens_per_s=0.0,
+                       losses=[], machine_limit=True,
+                       reason=f"not run: this machine's disk has {free_gb:.1f} GB free at {args.nvme_path}, the rung "
+                              f"is predicted to write {pred['predicted_disk_gb']:.1f} GB")
         else:
             left = args.hard_stop_s - (time.perf_counter() - started) if args.hard_stop_s else None
             m = measure_in_child(args, name, size, nvme, gpu, cpus, timeout_s=left)
@@ -299,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
             fits, reason = verdict(m, ram_budget_gb)
             if m.get("timed_out"):
                 row["timed_out"] = True
+            row["baseline_rss_gb"] = round(m.get("baseline_rss_gib", 0) * GiB / GB, 2)
             row.update(ran=True, fits=fits, reason=reason, **{k: m[k] for k in (
                 "peak_vram_gib", "peak_rss_gib", "disk_gib", "tokens_per_s", "losses", "seconds")},
                        rss_by_phase_gb={k: round(v * GiB / GB, 2) for k, v in m.get("rss_by_phase", {}).items()})

@@ -26,6 +26,7 @@ _EXPORTS: dict[str, str] = {
     "reset_peak_stats": "runtime",
     "gpu_allocated_bytes": "runtime",
     "mmap_large_allocations": "runtime",
+    "release_host_memory": "runtime",
     # config builder
     "build_ds_config": "config",
     "validate_ds_config": "config",

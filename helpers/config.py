@@ -234,6 +234,8 @@ def build_ds_config(
 OFFLOAD_KINDS: dict[str, dict[str, Any]] = {
     "zero2_offload_cpu": {"stage": 2, "offload_optimizer": "cpu"},
     "zero3_offload_cpu": {"stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"},
+    # the fp16 params stay on the GPU (a T4 has more VRAM than Colab has RAM), only the optimizer goes to NVMe
+    "zero3_nvme_optimizer_gpu_params": {"stage": 3, "offload_optimizer": "nvme"},
     "zero3_nvme_optimizer": {"stage": 3, "offload_optimizer": "nvme", "offload_param": "cpu"},
     "zero3_nvme_all": {"stage": 3, "offload_optimizer": "nvme", "offload_param": "nvme"},
 }

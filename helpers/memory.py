@@ -27,7 +27,12 @@ from helpers.config import OFFLOAD_KINDS  # noqa: E402  (pure data; config impor
 
 GiB = 1024**3
 GB = 1000**3
-COMPONENTS = ("params", "grads", "optimizer", "activations", "buffers")
+COMPONENTS = ("params", "grads", "optimizer", "activations", "buffers", "staging")
+# ZeRO-3 with offload holds more host RAM than its tensors add up to: DeepSpeed's swap and copy staging
+# (pinned blocks that torch's host allocator rounds up and caches) and per-layer tensors freed into glibc's
+# heap during initialisation. Measured in fresh processes (reports/ladder.json, H200 capped to T4 budget,
+# fp16, 355M-1.5B, four stage-3 offload configs): 2.9-3.9 bytes/param above the named components.
+STAGE3_OFFLOAD_STAGING_BYTES_PER_PARAM = 3.5
 
 
 def bytes_per_element(precision: str) -> int:
@@ -114,7 +119,9 @@ def estimate_model_states(
     overlap_comm). Pass reduce_bucket_elements=0 for model states alone.
     With optimizer offload the gradients land in RAM: fp32 at stages 1-2; at stage 3 a 16-bit
     partition plus the fp32 copy the optimizer steps on (all of it with a CPU optimizer, one
-    `sub_group_size` slice with NVMe, whose 4 swap buffers of that slice are held in RAM too).
+    `sub_group_size` slice with NVMe, whose 4 swap buffers of that slice are held in RAM too; the fp32
+    gradients then live on NVMe beside the optimizer states: 16 Ψ on disk). ZeRO-3 with offload adds
+    `STAGE3_OFFLOAD_STAGING_BYTES_PER_PARAM` of host RAM ('staging', measured, see there).
     """
     psi = int(n_params)
     n = int(n_gpus)
@@ -152,8 +159,11 @@ def estimate_model_states(
         target["optimizer"] = opt_share * n  # all ranks of the node share the host
         sub_group = min(int(sub_group_size), psi)
         if stage == 3:
-            # 16-bit gradient partitions, then the fp32 gradients the optimizer steps on
+            # 16-bit gradient partitions, then the fp32 gradients the optimizer steps on; with NVMe those are
+            # swapped out with their sub-group (DeepSpeed's swap_out_gradients) and one sub-group is in RAM
             cpu["grads"] = e * psi + (4 * psi if offload_optimizer == "cpu" else 4 * sub_group)
+            if offload_optimizer == "nvme":
+                nvme["grads"] = 4 * psi
         else:
             cpu["grads"] = 4 * psi // n * n  # fp32 gradient partition per rank, on the host
     # parameters
@@ -174,6 +184,8 @@ def estimate_model_states(
     if stage in (1, 2) and reduce_bucket_elements:
         # contiguous gradients: torch.empty(reduce_bucket_size) in the model dtype, x2 with overlap_comm
         gpu["buffers"] = reduce_bucket_elements * e * (2 if overlap_comm else 1)
+    if stage == 3 and (offload_optimizer != "none" or offload_param != "none"):
+        cpu["staging"] = int(STAGE3_OFFLOAD_STAGING_BYTES_PER_PARAM * psi)
     cpu["model copy"] = 0 if (zero_init and stage == 3) else 4 * psi
     if precision:
         parts.append(precision)

@@ -14,7 +14,8 @@ if TYPE_CHECKING:
 GiB = 1024**3
 GB = 1000**3
 COLORS = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A868", "activations": "#C44E52",
-          "buffers": "#8172B3", "model copy": "#937860"}
+          "buffers": "#8172B3", "model copy": "#937860",
+          "staging": "#DA8BC3"}
 
 
 def _figure(width: float = 7.0, height: float = 4.0) -> "Figure":

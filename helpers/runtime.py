@@ -103,7 +103,34 @@ def teardown(namespace: dict[str, Any], *names: str) -> int:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
+    release_host_memory()
     return gpu_allocated_bytes()
+
+
+def release_host_memory() -> int:
+    """Give freed CPU RAM back to the OS; returns the process RSS after (notebook 02, called by `teardown`).
+
+    Two caches keep RAM after a run's tensors are gone: torch's host allocator keeps freed *pinned* blocks
+    (DeepSpeed's offload and swap buffers) for reuse, and glibc keeps freed heap blocks. With offload on a
+    12.7 GB Colab VM, a second run in the same kernel would otherwise start gigabytes above the first.
+    """
+    import ctypes
+    import ctypes.util
+
+    import psutil
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        empty_host = getattr(getattr(torch, "accelerator", None), "empty_host_cache", None) \
+            or getattr(torch._C, "_host_emptyCache", None)
+        if empty_host is not None:
+            empty_host()
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc
+    return int(psutil.Process().memory_info().rss)
 
 
 def mmap_large_allocations(threshold_bytes: int = 1 << 20) -> bool:

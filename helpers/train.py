@@ -40,6 +40,7 @@ class RunResult:
     peak_reserved_gib: float = 0.0
     estimated_vram_gib: float = 0.0
     peak_rss_gib: float = 0.0  # peak process RSS (GiB)
+    baseline_rss_gib: float = 0.0  # process RSS when the run started (what the kernel already held)
     disk_gib: float = 0.0
     seconds: float = 0.0
     error: str = ""
@@ -148,6 +149,7 @@ def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *,
     result.peak_vram_gib = round((mem.peak_gpu_allocated - mem.baseline_gpu_allocated) / GiB, 3)
     result.peak_reserved_gib = round(mem.peak_gpu_reserved / GiB, 3)
     result.peak_rss_gib = round(mem.peak_rss / GiB, 3)
+    result.baseline_rss_gib = round(mem.baseline_rss / GiB, 3)
     result.disk_gib = round(mem.peak_nvme_bytes / GiB, 3)
     result.estimated_vram_gib = round(estimated_bytes / GiB, 3)
     return result

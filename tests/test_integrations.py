@@ -18,7 +18,7 @@ from helpers.integrations import (AUTO_FIELDS, accelerate_config_yaml, agreement
                                   ordered_blocks, placeholder_tensors, reset_hf_deepspeed_state, run_accelerate,
                                   run_trainer, teardown_hf, trainer_ds_config, training_arguments)
 from helpers.models import load_causal_lm, save_model_from_config
-from helpers.runtime import DIST_ENV_VARS, setup_single_process
+from helpers.runtime import DIST_ENV_VARS, free_port, setup_single_process
 from helpers.train import train_run
 
 VOCAB = 1024
@@ -274,6 +274,9 @@ def test_launch_script_runs_under_the_generated_command(work, tmp_path, launcher
     # on CPU the deepspeed launcher counts accelerators, not GPUs
     argv = cmd.replace("--num_gpus", "--num_accelerators").split()
     argv[0] = str(Path(sys.executable).parent / argv[0])  # the launcher of this environment
+    # a free port, not the launchers' default 29500 that another job on this machine may hold
+    at = 1 if launcher.startswith("deepspeed") else 2  # after "deepspeed" / "accelerate launch"
+    argv[at:at] = ["--master_port" if at == 1 else "--main_process_port", str(free_port())]
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     line = [x for x in proc.stdout.splitlines() if x.startswith("{")][-1]

@@ -32,12 +32,12 @@ def run_ladder(tmp_path, monkeypatch):
     monkeypatch.setattr(ladder.helpers, "train_tokenizer", lambda *a, **k: None)
     monkeypatch.setattr(ladder.helpers, "load_text_dataset", lambda *a, **k: {"train": {"text": []}})
 
-    def run(fitting, configs, verify=()):
+    def run(fitting, configs, verify=(), fresh=True):
         measure, calls = fake_measure(fitting)
         monkeypatch.setattr(ladder, "measure_in_child", measure)
         out = tmp_path / "ladder.json"
         ladder.main(["--sizes", *SIZES, "--configs", *configs, "--verify-refusals", *verify, "--out", str(out),
-                     "--nvme-path", str(tmp_path / "nvme"), "--work-dir", str(tmp_path), "--fresh"])
+                     "--nvme-path", str(tmp_path / "nvme"), "--work-dir", str(tmp_path)] + (["--fresh"] if fresh else []))
         return json.loads(out.read_text()), calls
 
     return run
@@ -58,16 +58,16 @@ def test_plain_climbs_to_its_wall_and_deepspeed_starts_there(run_ladder):
 
 
 def test_a_rung_predicted_over_budget_is_refused_without_running(run_ladder):
-    fitting = {("plain", "gpt2"), ("zero3_nvme_optimizer", "gpt2-medium"), ("zero3_nvme_optimizer", "gpt2-large"),
-               ("zero3_nvme_optimizer", "gpt2-xl")}
-    report, calls = run_ladder(fitting, ["plain", "zero3_nvme_optimizer"], verify=["plain"])
-    # 2.7B with fp16 params and gradients in RAM: ~2 x 5.3 GB + buffers > 12.7 GB, so pre-flight refuses it
-    assert ("zero3_nvme_optimizer", "gpt2-2.7b") not in calls
+    kind = "zero3_nvme_optimizer_gpu_params"
+    fitting = {("plain", "gpt2"), (kind, "gpt2-medium"), (kind, "gpt2-large"), (kind, "gpt2-xl")}
+    report, calls = run_ladder(fitting, ["plain", kind], verify=["plain"])
+    # 2.7B: 5.3 GB of 16-bit gradients in RAM + buffers + staging (3.5 bytes/param) > 12.7 GB: refused unrun
+    assert (kind, "gpt2-2.7b") not in calls
     refused = [r for r in report["rows"] if not r["ran"]]
-    assert [(r["config"], r["model"]) for r in refused] == [("zero3_nvme_optimizer", "gpt2-2.7b")]
+    assert [(r["config"], r["model"]) for r in refused] == [(kind, "gpt2-2.7b")]
     assert refused[0]["reason"].startswith("refused by pre-flight, not run: predicted RAM")
     assert refused[0]["predicted_rss_gb"] > 12.7
-    assert report["summary"]["largest_per_config"]["zero3_nvme_optimizer"]["model"] == "gpt2-xl"
+    assert report["summary"]["largest_per_config"][kind]["model"] == "gpt2-xl"
     assert report["summary"]["target_4x_met"]  # 1.56B / 124M
 
 
@@ -118,3 +118,19 @@ def test_committed_ladder_report_is_consistent():
             assert r["peak_rss_gib"] * 2**30 / 1e9 <= 12.7 and r["disk_gib"] * 2**30 / 1e9 <= 60.0
     assert report["summary"] == ladder.summary(report["rows"])
     assert (ROOT / "reports" / "ladder.md").read_text() == ladder.markdown(report)
+
+
+def test_a_continued_ladder_reuses_measured_rungs_and_recomputes_their_predictions(run_ladder, tmp_path):
+    kind = "zero3_nvme_optimizer_gpu_params"
+    fitting = {("plain", "gpt2"), (kind, "gpt2-medium"), (kind, "gpt2-large"), (kind, "gpt2-xl")}
+    first, calls = run_ladder(fitting, ["plain", kind], verify=["plain"])
+    out = tmp_path / "ladder.json"
+    stale = json.loads(out.read_text())
+    for r in stale["rows"]:
+        r["predicted_rss_gb"] = -1.0  # as if an older estimator had written them
+    out.write_text(json.dumps(stale))
+    again, calls = run_ladder(fitting, ["plain", kind], verify=["plain"], fresh=False)
+    assert calls == []  # every measured rung is reused, the refused one is refused again without running
+    assert [(r["config"], r["model"], r["ran"]) for r in again["rows"]] == \
+        [(r["config"], r["model"], r["ran"]) for r in first["rows"]]
+    assert [r["predicted_rss_gb"] for r in again["rows"]] == [r["predicted_rss_gb"] for r in first["rows"]]

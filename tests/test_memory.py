@@ -1,3 +1,4 @@
+import dataclasses
 import os
 
 import pytest
@@ -50,13 +51,14 @@ def test_param_offload_keeps_only_live_layers_on_gpu():
                               largest_layer_params=50_000, zero_init=True)
     assert e.gpu["params"] == 2 * 2 * 50_000 and e.cpu["params"] == 2 * PSI and e.cpu["model copy"] == 0
     # stage 3 keeps a 16-bit gradient partition and the fp32 gradients the CPU optimizer steps on
-    assert e.cpu["grads"] == 2 * PSI + 4 * PSI and e.cpu_total == 2 * PSI + 6 * PSI + 12 * PSI
+    assert e.cpu["grads"] == 2 * PSI + 4 * PSI and e.cpu["staging"] == 3.5 * PSI
+    assert e.cpu_total == 2 * PSI + 6 * PSI + 12 * PSI + 3.5 * PSI
 
 
 def test_nvme_offload_puts_states_on_disk_and_buffers_in_ram():
     e = estimate_model_states(PSI, 3, precision="fp16", offload_optimizer="nvme", offload_param="nvme",
                               nvme_buffer_count=4, nvme_buffer_size=1000, sub_group_size=100_000)
-    assert e.nvme == {"optimizer": 12 * PSI, "params": 2 * PSI}
+    assert e.nvme == {"optimizer": 12 * PSI, "grads": 4 * PSI, "params": 2 * PSI}
     # param swap buffers (fp16) + 4 optimizer swap buffers of one fp32 sub-group
     assert e.cpu["buffers"] == 4 * 1000 * 2 + 4 * 100_000 * 4
     # gradients: the 16-bit partition, and fp32 for one sub-group at a time
@@ -144,7 +146,38 @@ def test_preflight_refuses_gpt2_xl_zero2_on_a_t4_and_names_a_config_that_fits(t4
     msg = str(err.value)
     assert "GPU: needs ~" in msg and "budget 15.00 GiB" in msg
     # CPU offload would need ~20 bytes/param of RAM (> 12.7 GB): the first course config that fits is ZeRO-Infinity
-    assert "Fix: build_ds_config(stage=3, offload_optimizer='nvme', offload_param='cpu', nvme_path=...)" in msg
+    # with the fp16 params kept on the GPU (3.1 GB of the T4's 15 GiB) and only the optimizer on NVMe
+    assert "Fix: build_ds_config(stage=3, offload_optimizer='nvme', nvme_path=...)" in msg
+
+
+def test_preflight_moves_params_off_the_gpu_when_they_do_not_fit_there(t4):
+    cfg = build_ds_config(2, runtime=t4)
+    act = 4 * 2**30
+    # 2.7B on a T4: 5.3 GB of 16-bit gradients + 9.3 GB of staging do not fit 12.7 GB of RAM in any config
+    with pytest.raises(BudgetError, match="no course config fits"):
+        preflight(cfg, 2_650_000_000, t4, largest_layer_params=130_000_000, ram_in_use=int(1e9),
+                  activation_bytes=act)
+    # a GPU of 8 GiB with 40 GB of RAM: 5.3 GB of fp16 params + 4 GiB of activations overflow the GPU, so the
+    # parameters go to RAM (ZeRO-3, params on CPU, optimizer on NVMe)
+    small_gpu = fake_runtime(gpu_total_bytes=8 * 2**30, vram_budget_bytes=8 * 2**30, ram_total_bytes=int(40e9),
+                             ram_budget_bytes=int(40e9), is_colab=False)
+    report = preflight(cfg, 2_650_000_000, small_gpu, largest_layer_params=130_000_000, ram_in_use=int(1e9),
+                       activation_bytes=act, raise_on_failure=False)
+    assert report.suggestion == {"stage": 3, "offload_optimizer": "nvme", "offload_param": "cpu"}
+    # the same RAM with a GPU of 24 GiB: the params stay on the GPU
+    big_gpu = dataclasses.replace(small_gpu, gpu_total_bytes=24 * 2**30, vram_budget_bytes=24 * 2**30)
+    report = preflight(cfg, 2_650_000_000, big_gpu, largest_layer_params=130_000_000, ram_in_use=int(1e9),
+                       activation_bytes=act, raise_on_failure=False)
+    assert report.suggestion == {"stage": 3, "offload_optimizer": "nvme"}
+
+
+def test_nvme_optimizer_with_params_on_the_gpu():
+    sub = 100_000
+    e = estimate_model_states(PSI, 3, precision="fp16", offload_optimizer="nvme", sub_group_size=sub,
+                              zero_init=True)
+    assert e.gpu == {"params": 2 * PSI}
+    assert e.cpu == {"grads": 2 * PSI + 4 * sub, "buffers": 4 * sub * 4, "staging": 3.5 * PSI, "model copy": 0}
+    assert e.nvme == {"optimizer": 12 * PSI, "grads": 4 * PSI}
 
 
 def test_preflight_catches_the_cpu_ram_wall(t4):

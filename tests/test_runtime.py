@@ -78,3 +78,20 @@ def test_mmap_large_allocations_gives_freed_ram_back():
     assert psutil.Process().memory_info().rss - rss > 200 * 2**20
     del blocks
     assert psutil.Process().memory_info().rss - rss < 32 * 2**20  # unmapped on free, not kept by the heap
+
+
+def test_release_host_memory_gives_freed_heap_back():
+    import psutil
+
+    from helpers.runtime import release_host_memory
+
+    rss = release_host_memory()
+    # 4096 x 64 KiB: heap blocks (below glibc's mmap threshold), keeping a small tensor between each pair so
+    # the freed space is not only at the heap's top (which glibc would trim by itself)
+    blocks = [(torch.ones(16 * 1024), torch.ones(16)) for _ in range(4096)]
+    assert psutil.Process().memory_info().rss - rss > 200 * 2**20
+    keep = [small for _, small in blocks]
+    del blocks
+    after = release_host_memory()
+    assert after - rss < 48 * 2**20, (rss, after)
+    del keep
