@@ -10,8 +10,8 @@ What a rank holds is read off the engine, not estimated: the unique storages beh
 (under ZeRO-3 the partition `param.ds_tensor`), behind the gradients (``param.grad``, and the optimizer's
 gradient buffers: reduction buckets, gradient partitions) and behind the optimizer (Adam's moments, and the fp32
 master copy where it is a tensor of its own). Gradients are sampled in hooks all through backward, because their
-peak is what differs between ZeRO-1 (every rank holds the full gradients until the step reduces them) and ZeRO-2
-(each bucket is reduce-scattered as soon as it fills, each rank keeps only its partition).
+peak is what differs between ZeRO-1 (every rank holds all the gradients until backward ends, then reduces them and
+keeps its partition) and ZeRO-2 (each bucket is reduce-scattered as soon as it fills).
 """
 from __future__ import annotations
 
@@ -97,26 +97,36 @@ def finish_rank(out: Path, rank: int, report: dict[str, Any]) -> None:
     dist.destroy_process_group()
 
 
+def corpus_blocks(work: Path, vocab: int, seq_len: int, texts: int = 2000) -> Path:
+    """Tokenize the local corpus (its first `texts` paragraphs) into `seq_len`-token blocks; the torch.save file's path."""
+    import torch
+
+    path = Path(work) / f"blocks-{vocab}-{seq_len}-{texts}.pt"
+    if not path.exists():
+        from helpers.data import load_text_dataset, pack_blocks, train_tokenizer
+
+        ds = load_text_dataset("local")["train"]
+        ds = ds.select(range(min(texts, len(ds))))
+        tok = train_tokenizer(ds["text"], Path(work) / f"tokenizer-{vocab}-{texts}", vocab_size=vocab)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(pack_blocks(ds, tok, seq_len)[:]["input_ids"], path)
+    return path
+
+
 def load_blocks(path: str | Path | None, seq_len: int, vocab: int, work: Path, rank: int) -> Any:
     """Token blocks (a LongTensor [blocks, seq_len]) from `path` (torch.save), or the local corpus tokenized here.
 
-    Without `path`, rank 0 trains the tokenizer and packs the corpus into `work`, the others wait and load it.
+    Without `path`, rank 0 tokenizes the corpus into `work` (`corpus_blocks`), the others wait, then load it.
     """
     import torch
     import torch.distributed as dist
 
-    if path is not None:
-        return torch.load(path)
-    cache = work / f"blocks-{vocab}-{seq_len}.pt"
-    if rank == 0 and not cache.exists():
-        from helpers.data import load_text_dataset, pack_blocks, train_tokenizer
-
-        texts = load_text_dataset("local")["train"].select(range(2000))
-        tok = train_tokenizer(texts["text"], work / f"tokenizer-{vocab}", vocab_size=vocab)
-        work.mkdir(parents=True, exist_ok=True)
-        torch.save(pack_blocks(texts, tok, seq_len)[:]["input_ids"], cache)
-    dist.barrier()
-    return torch.load(cache)
+    if path is None:
+        if rank == 0:
+            corpus_blocks(work, vocab, seq_len)
+        dist.barrier()
+        path = corpus_blocks(work, vocab, seq_len)
+    return torch.load(path)
 
 
 def add_rank_args(parser: Any) -> Any:
@@ -318,6 +328,32 @@ def shown(argv: Sequence[str]) -> str:
     return shlex.join(w.replace(root, "") for w in words)
 
 
+def single_node_commands(script: str | Path, n: int, device: str = "cuda", args: Sequence[str] = ()) -> dict[str, str]:
+    """The same `n`-rank start of `script` with each launcher, as typed (port 29500).
+
+    `accelerate launch --multi_gpu` starts one process per GPU through torchrun; the script itself calls
+    deepspeed.initialize, so no accelerate config is needed (notebook 04 drives DeepSpeed through Accelerate).
+    Without GPUs, accelerate launch runs its simple launcher: one process, whatever --num_processes says.
+    """
+    cmds = {name: shown(launch_argv(script, n, launcher=name, device=device, port=29500, args=args))
+            for name in ("deepspeed", "torchrun")}
+    rel = str(script).replace(str(ROOT) + os.sep, "")
+    cmds["accelerate launch"] = shlex.join(["accelerate", "launch", "--multi_gpu", "--num_processes", str(n),
+                                            "--main_process_port", "29500", rel, *map(str, args)])
+    return cmds
+
+
+def function_source(path: str | Path, name: str) -> str:
+    """The source text of function `name` in the file `path` (to show a script's core in a notebook)."""
+    import ast
+
+    text = Path(path).read_text()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return "\n".join(text.splitlines()[node.lineno - 1:node.end_lineno])
+    raise ValueError(f"no function {name!r} in {path}")
+
+
 def run_ranks(script: str | Path, n: int, out: Path, *, device: str = "cpu", launcher: str = "deepspeed",
               args: Sequence[str] = (), timeout: int = 600) -> list[dict[str, Any]]:
     """Launch `n` ranks of `script` with --out `out` and return what each wrote (rank<r>.json), rank 0 first.
@@ -383,13 +419,13 @@ def multi_node_commands(script: str, config: str, hosts: dict[str, int], master:
         "deepspeed launcher (hostfile, ssh to each node)":
             f"deepspeed --hostfile hostfile --num_nodes {nodes} --num_gpus {gpus} --master_addr {master} "
             f"--master_port {port} {script} --deepspeed_config {config}",
-        "torchrun (run on every node, node_rank 0 ... {0})".format(nodes - 1):
+        f"torchrun (run on every node, NODE_RANK 0 ... {nodes - 1})":
             f"torchrun --nnodes {nodes} --nproc_per_node {gpus} --node_rank $NODE_RANK --master_addr {master} "
             f"--master_port {port} {script} --deepspeed_config {config}",
         "accelerate launch (run on every node)":
-            f"accelerate launch --use_deepspeed --num_machines {nodes} --num_processes {nodes * gpus} "
+            f"accelerate launch --multi_gpu --num_machines {nodes} --num_processes {nodes * gpus} "
             f"--machine_rank $NODE_RANK --main_process_ip {master} --main_process_port {port} "
-            f"--deepspeed_config_file {config} {script}",
+            f"{script} --deepspeed_config {config}",
     }
 
 
@@ -452,19 +488,21 @@ def plot_zero_scaling(rows: Sequence[dict[str, Any]], title: str = "Model states
     fig = Figure(figsize=(3.2 * len(stages), 3.4), layout="constrained")
     axes = fig.subplots(1, len(stages), sharey=True, squeeze=False)[0]
     colors = {"params": "tab:blue", "grads_peak": "tab:orange", "optimizer": "tab:green"}
+    labels = {"params": "params", "grads_peak": "grads (peak)", "optimizer": "optimizer"}
     for ax, stage in zip(axes, stages):
         mine = sorted((r for r in rows if r["stage"] == stage), key=lambda r: r["world"])
         ns = [r["world"] for r in mine]
         for key, color in colors.items():
-            ax.plot(ns, [r[key] / 1e6 for r in mine], "o-", color=color, label=f"{key} (measured)")
+            ax.plot(ns, [r[key] / 1e6 for r in mine], "o-", color=color, label=f"{labels[key]}, measured")
             part = "grads" if key == "grads_peak" else key
             ax.plot(ns, [estimate_parts(r["n_params"], stage, r["world"], r["precision"])[part] / 1e6 for r in mine],
-                    "--", color=color, alpha=0.6, label=f"{part} (estimate)")
+                    "--", color=color, alpha=0.6, label=f"{part}, estimate")
         ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)  # 1/N: a straight line down; not partitioned: flat
         ax.set_xticks(ns, [str(n) for n in ns])
         ax.set_title(f"ZeRO-{stage}")
         ax.set_xlabel("ranks N")
-    axes[0].set_ylabel("MB per rank")
+    axes[0].set_ylabel("MB per rank (log scale)")
     axes[-1].legend(fontsize=7)
     fig.suptitle(title)
     return fig
