@@ -34,7 +34,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--ranks", type=int, nargs="*", default=None,
                    help="N values (default: 1, 2, 4, 8 up to the GPUs; 1, 2, 4 on CPU)")
-    p.add_argument("--shape", choices=("auto", *scale_out.SHAPES), default="auto")
+    p.add_argument("--shape", choices=("auto", *scale_out.SCALE_OUT_SHAPES), default="auto")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--micro-batch", type=int, default=2)
     p.add_argument("--no-pipeline-tp", action="store_true", help="skip the pipeline and AutoTP runs")
@@ -48,7 +48,7 @@ def runtime_label(device: str, gpus: int) -> str:
 
         rt = detect_runtime(t4_budget=False)
         return f"{rt.gpu_name} x{gpus}, one GPU per rank (NCCL)"
-    return f"CPU gloo ranks on a {os.cpu_count()}-core machine (no GPU): bytes per rank, not GPU memory"
+    return f"CPU gloo ranks, {os.cpu_count()}-core machine, no GPU (bytes per rank, not GPU memory)"
 
 
 def target_check(rows: list[dict]) -> dict:
@@ -108,9 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     device = args.device if args.device != "auto" else ("cuda" if gpus else "cpu")
     ranks = args.ranks or ([n for n in (1, 2, 4, 8) if n <= gpus] if device == "cuda" else [1, 2, 4])
-    shape = scale_out.SHAPES[args.shape if args.shape != "auto" else ("gpu" if device == "cuda" else "cpu")]
+    shape = scale_out.SCALE_OUT_SHAPES[args.shape if args.shape != "auto" else ("gpu" if device == "cuda" else "cpu")]
     blocks = scale_out.corpus_blocks(args.work_dir, shape["vocab"], shape["seq_len"])
-    common = ["--blocks", str(blocks), "--shape", "gpu" if shape is scale_out.SHAPES["gpu"] else "cpu",
+    common = ["--blocks", str(blocks), "--shape", "gpu" if shape is scale_out.SCALE_OUT_SHAPES["gpu"] else "cpu",
               "--micro-batch", str(args.micro_batch)]
     start = time.perf_counter()
     rows, commands = [], []

@@ -106,9 +106,8 @@ def estimate_model_states(
     """Model-state bytes per GPU and per node CPU for a ZeRO `stage` (None: plain PyTorch AMP + AdamW).
 
     Mixed precision (fp16/bf16): params 2Ψ, grads 2Ψ, optimizer 12Ψ (fp32 master 4 + Adam m 4 + v 4).
-    fp32: params 4Ψ, grads 4Ψ, Adam 8Ψ, plus a 4Ψ fp32 master copy that ZeRO stages 1 and 2 keep even in
-    fp32; stage 3 steps on its fp32 parameter partition itself (no copy) unless the optimizer is offloaded
-    (measured per rank in notebook 05). Plain PyTorch AMP keeps fp32 weights: 4Ψ + 4Ψ + 8Ψ = 16Ψ.
+    fp32: params 4Ψ, grads 4Ψ, Adam 8Ψ, plus a 4Ψ fp32 master copy that DeepSpeed's ZeRO optimizers
+    keep even in fp32 (stage >= 1). Plain PyTorch AMP keeps fp32 weights: 4Ψ + 4Ψ + 8Ψ = 16Ψ.
     Unless `zero_init`, the model is first built on CPU in fp32 (4Ψ of CPU RAM, 'model copy').
     Stages 1 and 2 also allocate a gradient reduction bucket of `reduce_bucket_elements` on the GPU
     (DeepSpeed's default 5e8 elements: about 1 GB in 16-bit, whatever the model size; twice that with
@@ -129,7 +128,7 @@ def estimate_model_states(
     if offload_param != "none" and stage != 3:
         raise ValueError("parameter offload needs ZeRO stage 3")
     e = bytes_per_element(precision)
-    master = 4 if (e == 2 or stage in (1, 2) or (stage == 3 and offload_optimizer != "none")) else 0
+    master = 4 if (e == 2 or stage >= 1) else 0
     opt_bytes = (master + 8) * psi
     grad_bytes = e * psi
     param_bytes = e * psi

@@ -37,7 +37,7 @@ SCRIPTS = ROOT / "scripts"
 STATE_PARTS = ("params", "grads", "optimizer")
 
 # Model shapes of the scripts' course GPT (helpers.moe's dense model): tiny on CPU ranks, GPT-2-small-like on GPUs.
-SHAPES: dict[str, dict[str, int]] = {
+SCALE_OUT_SHAPES: dict[str, dict[str, int]] = {
     "cpu": dict(vocab=512, seq_len=32, hidden=128, layers=4, heads=4, ffn=512),
     "gpu": dict(vocab=8192, seq_len=256, hidden=768, layers=12, heads=12, ffn=3072),
 }
@@ -98,7 +98,7 @@ def finish_rank(out: Path, rank: int, report: dict[str, Any]) -> None:
 
 
 def corpus_blocks(work: Path, vocab: int, seq_len: int, texts: int = 2000) -> Path:
-    """Tokenize the local corpus (its first `texts` paragraphs) into `seq_len`-token blocks; the torch.save file's path."""
+    """The local corpus (its first `texts` paragraphs) tokenized into `seq_len`-token blocks: the torch.save file."""
     import torch
 
     path = Path(work) / f"blocks-{vocab}-{seq_len}-{texts}.pt"
@@ -134,8 +134,8 @@ def add_rank_args(parser: Any) -> Any:
     parser.add_argument("--out", type=Path, required=True, help="folder for rank<r>.json")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="auto: one GPU per rank over NCCL where there are enough, else CPU ranks over gloo")
-    parser.add_argument("--shape", choices=("auto", *SHAPES), default="auto",
-                        help="model shape (helpers.scale_out.SHAPES); auto: 'gpu' on GPUs, 'cpu' on CPU ranks")
+    parser.add_argument("--shape", choices=("auto", *SCALE_OUT_SHAPES), default="auto",
+                        help="model shape (SCALE_OUT_SHAPES); auto: 'gpu' on GPUs, 'cpu' on CPU ranks")
     parser.add_argument("--blocks", type=Path, default=None,
                         help="token blocks saved with torch.save (default: the local corpus, tokenized here)")
     parser.add_argument("--vocab", type=int, default=0, help="vocabulary of --blocks (default: the shape's)")
@@ -174,7 +174,7 @@ def setup_rank(args: Any) -> RankSetup:
     precision = args.precision
     if precision == "auto":
         precision = choose_precision(torch.cuda.get_device_capability() if device == "cuda" else None)
-    shape = dict(SHAPES[args.shape if args.shape != "auto" else ("gpu" if device == "cuda" else "cpu")])
+    shape = dict(SCALE_OUT_SHAPES[args.shape if args.shape != "auto" else ("gpu" if device == "cuda" else "cpu")])
     if args.vocab:
         shape["vocab"] = args.vocab
     blocks = load_blocks(args.blocks, shape["seq_len"], shape["vocab"], args.out.parent / "data", rank)
@@ -238,7 +238,7 @@ def rank_state_bytes(engine: Any, extra_grad: Any = None) -> dict[str, int]:
 
     Parameters: the module's tensors (the ZeRO-3 partition `ds_tensor`, not the gathered view). Gradients:
     `param.grad`, the optimizer's attributes named *grad* / *ipg* (buckets, partitions) and the inner optimizer's
-    fp32 gradients. Optimizer: the inner torch optimizer's state and its parameters where they are not the
+    fp32 gradients. Optimizer: the inner torch optimizer's state and the tensors it steps on where they are not the
     module's (the fp32 master partition). `extra_grad`: a gradient about to be stored (sampled in a hook).
     """
     params = [getattr(p, "ds_tensor", p) for p in engine.module.parameters()]
@@ -250,7 +250,9 @@ def rank_state_bytes(engine: Any, extra_grad: Any = None) -> dict[str, int]:
         for name, value in vars(zero).items():
             if "grad" in name.lower() or "ipg" in name.lower():
                 grads.update(_storages(_tensors_in(value)))
-    inner_params = [p for g in inner.param_groups for p in g["params"]]
+    # what the torch optimizer steps on: its groups' parameters and the keys of its state (ZeRO-3 empties the groups
+    # between steps; the state stays keyed by its fp32 partitions)
+    inner_params = [p for g in inner.param_groups for p in g["params"]] + list(inner.state)
     grads.update(_storages(p.grad for p in inner_params))
     master = {k: v for k, v in _storages(inner_params).items() if k not in held}
     moments = _storages(t for s in inner.state.values() for t in s.values())
@@ -599,7 +601,7 @@ class PipelineSchedule:
 
 
 def pipeline_schedule(stages: int, micro_batches: int) -> PipelineSchedule:
-    """The forward/backward slots of DeepSpeed's `TrainSchedule` (what `engine.train_batch` runs), per stage and tick."""
+    """The forward/backward slots of DeepSpeed's `TrainSchedule` (what `engine.train_batch` runs) per stage and tick."""
     from deepspeed.runtime.pipe import schedule
 
     grid = []

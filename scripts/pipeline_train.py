@@ -86,8 +86,9 @@ def main(argv: list[str] | None = None) -> int:
         "pipeline_losses": pipe_losses, "plain_losses": plain_losses,
         "max_loss_gap": max(abs(a - b) for a, b in zip(pipe_losses, plain_losses)),
     }
-    print(f"rank {run.rank} = pipeline stage {engine.stage_id} ({run.device}, {run.backend}): layers {start}-{stop - 1} "
-          f"{layers[start:stop]}, {report['params_local']:,} of {report['params_total']:,} parameters; loss "
+    print(f"rank {run.rank} = pipeline stage {engine.stage_id} ({run.device}, {run.backend}): layers "
+          f"{start}-{stop - 1} {layers[start:stop]}, {report['params_local']:,} of {report['params_total']:,} "
+          "parameters; loss "
           f"{pipe_losses[0]:.6f} -> {pipe_losses[-1]:.6f} (plain {plain_losses[0]:.6f} -> {plain_losses[-1]:.6f})",
           flush=True)
     engine.destroy()
