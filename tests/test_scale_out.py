@@ -10,17 +10,10 @@ import pytest
 
 from conftest import ROOT
 from helpers import scale_out
-from helpers.runtime import DIST_ENV_VARS
 
+pytestmark = pytest.mark.usefixtures("clean_dist_env")
 SHAPE = scale_out.SCALE_OUT_SHAPES["cpu"]
 SPLIT = ("attn.qkv.weight", "attn.qkv.bias", "attn.out.weight", "mlp.up.weight", "mlp.down.weight")
-
-
-@pytest.fixture(autouse=True)
-def _restore_dist_env(monkeypatch):
-    for k in DIST_ENV_VARS:  # restored after each test: notebooks run later must get no stale port
-        monkeypatch.setenv(k, "0")
-        monkeypatch.delenv(k)
 
 
 @pytest.fixture(scope="module")
@@ -180,7 +173,7 @@ def test_estimates_and_ratios_from_rows():
     rows = [{"stage": 3, "world": w, "n_params": 1000, "precision": "fp32", "model_states": m}
             for w, m in ((1, 16_000), (4, 4_400))]
     got = scale_out.with_estimates(rows)
-    assert [r["estimate"] for r in got] == [16_000, 4_000]
+    assert [r["estimate"] for r in got] == [20_000, 5_000]  # fp32: 4 + 4 + (4 master + 8 Adam) bytes, /N
     assert got[1]["ratio_to_1_over_n"] == 1.1 and got[0]["ratio_to_1_over_n"] == 1.0
 
 
