@@ -133,17 +133,18 @@ def _classes() -> dict[str, type]:
     class Attention(nn.Module):
         def __init__(self, cfg: MoEConfig) -> None:
             super().__init__()
-            self.heads = cfg.heads
+            self.head_dim = cfg.hidden // cfg.heads
             self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
             self.out = nn.Linear(cfg.hidden, cfg.hidden)
             self.dropout = cfg.dropout
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            b, s, h = x.shape
-            q, k, v = self.qkv(x).view(b, s, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
+            b, s, _ = x.shape
+            # heads counted from qkv's output: under tensor parallelism (notebook 05) each rank holds some of them
+            q, k, v = self.qkv(x).view(b, s, 3, -1, self.head_dim).permute(2, 0, 3, 1, 4)
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                dropout_p=self.dropout if self.training else 0.0)
-            return self.out(y.transpose(1, 2).reshape(b, s, h))
+            return self.out(y.transpose(1, 2).reshape(b, s, -1))
 
     class Block(nn.Module):
         def __init__(self, cfg: MoEConfig, moe: bool) -> None:

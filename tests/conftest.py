@@ -38,3 +38,13 @@ def cpu() -> Runtime:
     return fake_runtime(device="cpu", gpu_name=None, compute_capability=None, gpu_total_bytes=0,
                         vram_budget_bytes=0, ram_total_bytes=int(24e9), ram_budget_bytes=int(24e9),
                         gpu_count=0, is_colab=False, precision="fp32")
+
+
+@pytest.fixture
+def clean_dist_env(monkeypatch):
+    """No MASTER_PORT & co. during a test, restored after it: notebooks run later must get no stale port."""
+    from helpers.runtime import DIST_ENV_VARS
+
+    for k in DIST_ENV_VARS:
+        monkeypatch.setenv(k, "0")
+        monkeypatch.delenv(k)

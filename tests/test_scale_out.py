@@ -1,0 +1,193 @@
+"""helpers.scale_out and the scale-out scripts (notebook 05): what each of 2 CPU ranks holds under ZeRO 0-3, a
+2-stage pipeline that matches the unsplit model, AutoTP ranks holding half of each split layer, launch commands,
+hostfiles, the pipeline schedule, the committed report."""
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from helpers import scale_out
+
+pytestmark = pytest.mark.usefixtures("clean_dist_env")
+SHAPE = scale_out.SCALE_OUT_SHAPES["cpu"]
+SPLIT = ("attn.qkv.weight", "attn.qkv.bias", "attn.out.weight", "mlp.up.weight", "mlp.down.weight")
+
+
+@pytest.fixture(scope="module")
+def blocks(tmp_path_factory):
+    return scale_out.corpus_blocks(tmp_path_factory.mktemp("scale_out"), SHAPE["vocab"], SHAPE["seq_len"], texts=300)
+
+
+def psi() -> int:
+    from helpers.moe import build_gpt_moe
+
+    return sum(p.numel() for p in build_gpt_moe(scale_out.gpt_config(**SHAPE)).parameters())
+
+
+def test_benchmark_on_two_cpu_ranks_each_rank_holds_its_share(tmp_path):
+    """One deepspeed-launcher run of scripts/scale_out_train.py at N=2 through the benchmark: bytes per stage."""
+    out = tmp_path / "scale_out.json"
+    proc = subprocess.run([sys.executable, "benchmarks/scale_out.py", "--out", str(out), "--device", "cpu",
+                           "--ranks", "2", "--steps", "2", "--no-pipeline-tp", "--work-dir", str(tmp_path / "w")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert "CPU gloo ranks" in report["runtime"] and report["backend"] == "gloo" and report["ranks"] == [2]
+    assert report["commands"][0].startswith("deepspeed --num_accelerators 2 ")
+    rows = {r["stage"]: r for r in report["rows"]}
+    n = psi()
+    assert set(rows) == {0, 1, 2, 3} and all(r["n_params"] == n and r["ranks"] == 2 for r in rows.values())
+    full, half = 4 * n, 4 * n / 2  # fp32 bytes of the model, and of one rank's share
+    bucket = 4 * rows[2]["bucket_elements"]
+
+    def near(value, expected, slack=0.0):  # partitions are padded and cut at parameter boundaries
+        return expected <= value <= expected * 1.02 + slack
+
+    # ZeRO-0: every rank holds everything
+    assert rows[0]["params"] == full and rows[0]["grads_peak"] == full and near(rows[0]["optimizer"], 2 * full)
+    # ZeRO-1: optimizer states (fp32 master + 2 moments) halved, all gradients still at the peak, params whole
+    assert rows[1]["params"] == full and near(rows[1]["optimizer"], 3 * half, 64)
+    assert rows[1]["optimizer_master"] == pytest.approx(half, rel=0.01)
+    assert rows[1]["grads_peak"] >= full
+    # ZeRO-2: the gradient peak drops to about the partition + one bucket + what arrives before it is reduced
+    assert rows[2]["grads_peak"] < 0.8 * rows[1]["grads_peak"]
+    assert rows[2]["grads_peak"] >= half + bucket and near(rows[2]["optimizer"], 3 * half, 64)
+    # ZeRO-3: parameters halved too; its fp32 master partition is a copy even in fp32 (as the estimator counts):
+    # DeepSpeed 0.19.8 would share it only where a torch.device equals a device name string, which never holds
+    assert near(rows[3]["params"], half, 64) and rows[3]["optimizer_master"] == pytest.approx(half, rel=0.01)
+    assert near(rows[3]["optimizer"], 3 * half, 64) and near(rows[3]["grads_held"], half + bucket, 64)
+    for r in rows.values():
+        assert r["model_states"] == r["params"] + r["grads_peak"] + r["optimizer"]
+        assert r["estimate"] == sum(scale_out.estimate_parts(n, r["stage"], 2, "fp32").values())
+        assert r["losses"] == pytest.approx(rows[0]["losses"], abs=1e-4)  # same math at every stage
+    assert out.with_suffix(".md").read_text().startswith("# Scaling out: model states per rank (CPU gloo ranks")
+
+
+def test_pipeline_loss_matches_the_unsplit_model(tmp_path, blocks):
+    ranks = scale_out.run_ranks(ROOT / "scripts" / "pipeline_train.py", 2, tmp_path / "pipe", launcher="torchrun",
+                                args=["--blocks", str(blocks), "--steps", "3", "--micro-batches", "4"])
+    r0, r1 = ranks
+    assert (r0["stage_id"], r1["stage_id"]) == (0, 1) and r0["pipeline_losses"] == r1["pipeline_losses"]
+    assert r0["max_loss_gap"] < 1e-5, (r0["pipeline_losses"], r0["plain_losses"])
+    assert r0["plain_losses"][-1] < r0["plain_losses"][0]
+    assert r0["layer_names"].count("BlockLayer") == r1["layer_names"].count("BlockLayer") == SHAPE["layers"] // 2
+    assert r0["layer_names"][0] == r1["layer_names"][-1] == "TokenEmbedding"  # tied: one copy on each end
+    assert r0["params_local"] + r1["params_local"] == r0["params_total"] + SHAPE["vocab"] * SHAPE["hidden"]
+    assert r0["params"] == 4 * r0["params_local"]
+
+
+def test_autotp_ranks_hold_half_of_each_split_layer(tmp_path, blocks):
+    ranks = scale_out.run_ranks(ROOT / "scripts" / "tp_train.py", 2, tmp_path / "tp", launcher="torchrun",
+                                args=["--blocks", str(blocks), "--steps", "3"])
+    for r in ranks:
+        assert r["mode"] == "training" and "training_error" not in r
+        assert sorted(r["split"]) == sorted(f"blocks.{i}.{name}" for i in range(SHAPE["layers"]) for name in SPLIT)
+        for s in r["split"].values():
+            assert [2 * a == b for a, b in zip(s["local"], s["full"]) if a != b] == [True]
+        halved = sum(_numel(s["full"]) // 2 for s in r["split"].values())
+        assert r["params_local"] == r["params_total"] - halved
+        assert r["params"] == 4 * r["params_local"] and r["max_loss_gap"] < 1e-5
+    assert ranks[0]["tp_losses"] == ranks[1]["tp_losses"]
+
+
+def test_autotp_inference_fallback_splits_too(tmp_path, blocks):
+    r = scale_out.run_ranks(ROOT / "scripts" / "tp_train.py", 2, tmp_path / "tpi", launcher="torchrun",
+                            args=["--blocks", str(blocks), "--steps", "1", "--mode", "inference"])[0]
+    assert r["mode"] == "inference" and len(r["split"]) == len(SPLIT) * SHAPE["layers"]
+    assert r["params_local"] < r["params_total"] and len(r["tp_losses"]) == 1
+
+
+def _numel(shape):
+    out = 1
+    for d in shape:
+        out *= d
+    return out
+
+
+def test_launch_commands_for_each_launcher():
+    script = ROOT / "scripts" / "scale_out_train.py"
+    argv = scale_out.launch_argv(script, 4, launcher="deepspeed", device="cuda", port=29501, args=["--out", "x"])
+    assert argv[:3] == [sys.executable, "-m", "deepspeed.launcher.runner"]
+    assert scale_out.shown(argv) == "deepspeed --num_gpus 4 --master_port 29501 scripts/scale_out_train.py --out x"
+    cpu = scale_out.shown(scale_out.launch_argv(script, 2, device="cpu", port=1234))
+    assert cpu == "deepspeed --num_accelerators 2 --master_port 1234 scripts/scale_out_train.py"
+    tr = scale_out.shown(scale_out.launch_argv(script, 2, launcher="torchrun", port=1234))
+    assert tr == "torchrun --nproc_per_node 2 --master_port 1234 scripts/scale_out_train.py"
+    with pytest.raises(ValueError, match="launcher"):
+        scale_out.launch_argv(script, 2, launcher="mpirun")
+    cmds = scale_out.single_node_commands(script, 2)
+    assert cmds["accelerate launch"].startswith("accelerate launch --multi_gpu --num_processes 2 ")
+    assert set(cmds) == {"deepspeed", "torchrun", "accelerate launch"}
+
+
+def test_hostfile_round_trip_agrees_with_deepspeeds_parser():
+    from deepspeed.launcher.runner import _parse_hostfile
+
+    hosts = {"worker-1": 4, "worker-2": 8}
+    text = scale_out.hostfile_text(hosts)
+    assert text == "worker-1 slots=4\nworker-2 slots=8\n"
+    assert scale_out.parse_hostfile("# two nodes\n\n" + text) == hosts == dict(_parse_hostfile(text.splitlines()))
+    for bad in ("worker-1 4\n", "worker-1 slots=four\n", "worker-1 slots=4\nworker-1 slots=2\n"):
+        with pytest.raises(ValueError, match="hostfile line"):
+            scale_out.parse_hostfile(bad)
+    with pytest.raises(ValueError, match="slot"):
+        scale_out.hostfile_text({"worker-1": 0})
+    cmds = scale_out.multi_node_commands("train.py", "ds.json", hosts)
+    ds = cmds["deepspeed launcher (hostfile, ssh to each node)"]
+    assert ds.startswith("deepspeed --hostfile hostfile --num_nodes 2 --num_gpus 4 ") and ds.endswith(
+        "train.py --deepspeed_config ds.json")
+    assert any("--num_processes 8" in c for c in cmds.values())
+
+
+@pytest.mark.parametrize("stages, micro_batches", [(2, 1), (2, 4), (4, 8)])
+def test_pipeline_schedule_bubble_is_deepspeeds(stages, micro_batches):
+    sched = scale_out.pipeline_schedule(stages, micro_batches)
+    assert sched.ticks == 2 * (micro_batches + stages - 1)
+    for row in sched.grid:  # every stage runs each micro-batch forward once and backward once, forward first
+        assert sorted(c for c in row if c) == sorted([f"F{m}" for m in range(micro_batches)]
+                                                     + [f"B{m}" for m in range(micro_batches)])
+        assert all(row.index(f"F{m}") < row.index(f"B{m}") for m in range(micro_batches))
+    assert sched.idle_fraction == pytest.approx(sched.bubble_formula)
+    assert sched.table().splitlines()[1].startswith("stage 0  F0")
+
+
+def test_topology_puts_tensor_slices_on_neighbouring_ranks():
+    lines = scale_out.topology_table(pp=2, tp=2, dp=2).splitlines()[1:]
+    coords = [tuple(map(int, line.split()[1:])) for line in lines]
+    assert len(coords) == 8 and coords[1] == (0, 0, 1) and coords[4] == (1, 0, 0)
+
+
+def test_autotp_patterns_name_the_course_gpts_layers():
+    from helpers.moe import build_gpt_moe
+
+    names = [n for n, _ in build_gpt_moe(scale_out.gpt_config(**SHAPE)).named_parameters()]
+    specs = scale_out.autotp_config(2)["partition_config"]["layer_specs"]
+    matched = {n for spec in specs for pat in spec["patterns"] for n in names if re.match(pat, n)}
+    assert matched == {n for n in names if n.endswith(("qkv.weight", "up.weight", "out.weight", "down.weight"))}
+
+
+def test_estimates_and_ratios_from_rows():
+    rows = [{"stage": 3, "world": w, "n_params": 1000, "precision": "fp32", "model_states": m}
+            for w, m in ((1, 16_000), (4, 4_400))]
+    got = scale_out.with_estimates(rows)
+    assert [r["estimate"] for r in got] == [20_000, 5_000]  # fp32: 4 + 4 + (4 master + 8 Adam) bytes, /N
+    assert got[1]["ratio_to_1_over_n"] == 1.1 and got[0]["ratio_to_1_over_n"] == 1.0
+
+
+def test_committed_report_is_consistent():
+    path = ROOT / "reports" / "scale_out.json"
+    if not path.exists():
+        pytest.skip("reports/scale_out.json not committed yet")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_scale_out", ROOT / "benchmarks" / "scale_out.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    report = json.loads(path.read_text())
+    assert ("CPU gloo ranks" in report["runtime"]) == (report["device"] == "cpu")
+    assert {(r["stage"], r["world"]) for r in report["rows"]} == {(s, n) for s in range(4) for n in report["ranks"]}
+    assert report["target"] == bench.target_check(report["rows"])
+    assert path.with_suffix(".md").read_text() == bench.markdown(report)
