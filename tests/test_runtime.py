@@ -27,7 +27,7 @@ def test_setup_single_process_sets_the_five_variables(monkeypatch):
     assert setup_single_process(port=12345)["MASTER_PORT"] == "12345"
 
 
-def _train_one_engine(monkeypatch, hidden=64, steps=2):
+def _train_one_engine(monkeypatch, hidden=64, steps=2, stage=2):
     import deepspeed
 
     from helpers.config import build_ds_config
@@ -38,7 +38,7 @@ def _train_one_engine(monkeypatch, hidden=64, steps=2):
     setup_single_process()
     model = torch.nn.Sequential(torch.nn.Linear(hidden, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden))
     dtype = torch.float16 if torch.cuda.is_available() else torch.float32
-    cfg = build_ds_config(2, precision="fp16" if torch.cuda.is_available() else "fp32", micro_batch_size=4,
+    cfg = build_ds_config(stage, precision="fp16" if torch.cuda.is_available() else "fp32", micro_batch_size=4,
                           scheduler=None)
     engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     for _ in range(steps):
@@ -48,8 +48,11 @@ def _train_one_engine(monkeypatch, hidden=64, steps=2):
     return engine, optimizer, model
 
 
-def test_teardown_releases_the_engine_cpu_analogue(monkeypatch):
-    ns = dict(zip(("engine", "optimizer", "model"), _train_one_engine(monkeypatch)))
+@pytest.mark.parametrize("stage", [2, 3])
+def test_teardown_releases_the_engine_cpu_analogue(monkeypatch, stage):
+    # 3 steps: from the second step on, ZeRO-3's parameter coordinator caches per sub-module in a class-wide
+    # lru_cache, one of the two DeepSpeed globals that kept every ZeRO-3 engine alive before teardown cleared them
+    ns = dict(zip(("engine", "optimizer", "model"), _train_one_engine(monkeypatch, steps=3, stage=stage)))
     ns["keep"] = 1
     refs = [weakref.ref(ns["engine"]), weakref.ref(ns["optimizer"].optimizer), weakref.ref(ns["model"])]
     teardown(ns, "engine", "optimizer", "model", "never_defined")
