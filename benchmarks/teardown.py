@@ -1,0 +1,103 @@
+"""Benchmark: what a torn-down ZeRO-3 engine leaves behind, with and without helpers.release_zero3_globals.
+
+    DS_COURSE_T4_BUDGET=1 python benchmarks/teardown.py                    # GPU: GPT-2 medium, ZeRO-3
+    python benchmarks/teardown.py --size gpt2-tiny --seq-len 32 --out /tmp/teardown.json   # CPU smoke
+
+DeepSpeed 0.19.8 keeps every ZeRO-3 model in a module-level list and every parameter coordinator in a class-wide
+lru_cache, so `engine.destroy()` plus `del` frees nothing: the next run in the same kernel starts with the last
+one's parameters, gradients and optimizer states still allocated. `helpers.teardown` clears both. Each variant runs
+`--runs` trainings in one fresh process and records GPU memory allocated and process RSS before and after each.
+Writes reports/teardown.json and .md.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+GiB = 2**30
+
+
+def child(args: argparse.Namespace) -> int:
+    """Train `--runs` times in this process; print one JSON line of before/after memory per run."""
+    import psutil
+    import torch
+
+    import helpers
+    import helpers.runtime
+
+    if args.child == "without":  # what DeepSpeed alone does: destroy() and the collection
+        helpers.runtime.release_zero3_globals = lambda module=None: None
+    runtime = helpers.detect_runtime()
+    ds = helpers.load_text_dataset("local")
+    tok = helpers.train_tokenizer(ds["train"]["text"], Path(args.work_dir) / "tokenizer")
+    blocks = helpers.pack_blocks(ds["train"], tok, args.seq_len, max_blocks=64)
+    config = helpers.gpt2_config(args.size, vocab_size=len(tok))
+    cfg = helpers.course_config(args.config, runtime, micro_batch_size=2)
+    rows = []
+    for i in range(args.runs):
+        helpers.reset_peak_stats()
+        gpu0, rss0 = helpers.gpu_allocated_bytes(), helpers.release_host_memory()
+        r = helpers.train_run(f"run {i}", lambda: helpers.build_zero3_model(cfg, config=config, seed=0), blocks,
+                              runtime=runtime, ds_config=cfg, steps=3, micro_batch=2, warmup_steps=1,
+                              progress=False)
+        gpu1, rss1 = helpers.gpu_allocated_bytes(), helpers.release_host_memory()
+        rows.append({"run": i, "params": r.params, "losses": r.losses, "error": r.error,
+                     "gpu_before_gib": round(gpu0 / GiB, 3), "gpu_after_gib": round(gpu1 / GiB, 3),
+                     "rss_before_gb": round(rss0 / 1e9, 2), "rss_after_gb": round(rss1 / 1e9, 2),
+                     "engines_alive": sum(type(o).__name__ == "DeepSpeedEngine" for o in __import__("gc").get_objects())})
+    print(json.dumps({"runtime": runtime.label, "torch": torch.__version__, "rows": rows,
+                      "psutil": psutil.__version__}))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size", default="gpt2-medium")
+    p.add_argument("--config", default="zero3")
+    p.add_argument("--runs", type=int, default=2)
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--out", type=Path, default=ROOT / "reports" / "teardown.json")
+    p.add_argument("--work-dir", type=Path, default=ROOT / "build" / "bench_teardown")
+    p.add_argument("--child", choices=("with", "without"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        return child(args)
+    import deepspeed
+
+    report = {"date": dt.date.today().isoformat(), "deepspeed": deepspeed.__version__, "size": args.size,
+              "config": args.config, "variants": {}}
+    for variant in ("without", "with"):
+        cmd = [sys.executable, __file__, "--child", variant, "--size", args.size, "--config", args.config,
+               "--runs", str(args.runs), "--seq-len", str(args.seq_len), "--work-dir", str(args.work_dir)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
+        if proc.returncode != 0 or not lines:
+            raise RuntimeError(f"{variant}: exit {proc.returncode}\n{proc.stderr[-2000:]}")
+        out = json.loads(lines[-1])
+        report["runtime"] = out["runtime"]
+        report["variants"][f"{variant} release_zero3_globals"] = out["rows"]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    lines = [f"# What a torn-down ZeRO-3 engine leaves behind ({report['runtime']}, {report['date']})", "",
+             f"{args.size}, {args.config}, {args.runs} trainings of 3 steps in one process, deepspeed "
+             f"{report['deepspeed']}; memory before and after each training (teardown included).", "",
+             "| teardown | run | GPU allocated before -> after (GiB) | RSS before -> after (GB) | engines alive after |",
+             "|---|---|---|---|---|"]
+    for variant, rows in report["variants"].items():
+        for r in rows:
+            lines.append(f"| {variant} | {r['run']} | {r['gpu_before_gib']:.2f} -> {r['gpu_after_gib']:.2f} | "
+                         f"{r['rss_before_gb']:.2f} -> {r['rss_after_gb']:.2f} | {r['engines_alive']} |")
+    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
