@@ -26,7 +26,8 @@ GiB = 2**30
 
 def child(args: argparse.Namespace) -> int:
     """Train `--runs` times in this process; print one JSON line of before/after memory per run."""
-    import psutil
+    import gc
+
     import torch
 
     import helpers
@@ -51,9 +52,8 @@ def child(args: argparse.Namespace) -> int:
         rows.append({"run": i, "params": r.params, "losses": r.losses, "error": r.error,
                      "gpu_before_gib": round(gpu0 / GiB, 3), "gpu_after_gib": round(gpu1 / GiB, 3),
                      "rss_before_gb": round(rss0 / 1e9, 2), "rss_after_gb": round(rss1 / 1e9, 2),
-                     "engines_alive": sum(type(o).__name__ == "DeepSpeedEngine" for o in __import__("gc").get_objects())})
-    print(json.dumps({"runtime": runtime.label, "torch": torch.__version__, "rows": rows,
-                      "psutil": psutil.__version__}))
+                     "engines_alive": sum(type(o).__name__ == "DeepSpeedEngine" for o in gc.get_objects())})
+    print(json.dumps({"runtime": runtime.label, "torch": torch.__version__, "rows": rows}))
     return 0
 
 

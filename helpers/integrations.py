@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from helpers.config import ConfigError, course_config
 from helpers.memory import GiB, measure_peak
-from helpers.runtime import release_zero3_globals, reset_peak_stats, setup_single_process, teardown
+from helpers.runtime import destroy_engine, reset_peak_stats, setup_single_process, teardown
 from helpers.train import RunResult
 
 if TYPE_CHECKING:
@@ -499,10 +499,7 @@ def teardown_hf(namespace: dict[str, Any], *names: str) -> int:
         for engine in engines:
             if isinstance(engine, deepspeed.DeepSpeedEngine) and id(engine) not in destroyed:
                 destroyed.add(id(engine))
-                module = getattr(engine, "module", None)
-                engine.destroy()
-                release_zero3_globals(module)
-                del module
+                destroy_engine(engine)
         if accelerator is not None:
             accelerator.free_memory()
         state = getattr(obj, "state", None)

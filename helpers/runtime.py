@@ -94,20 +94,23 @@ def teardown(namespace: dict[str, Any], *names: str) -> int:
         if obj is None:
             continue
         if callable(getattr(obj, "destroy", None)) and type(obj).__name__.endswith("Engine"):
-            module = getattr(obj, "module", None)
-            obj.destroy()
-            release_zero3_globals(module)
-            del module  # or this frame keeps the model (and through its hooks the engine) through the collection
+            destroy_engine(obj)
         state = getattr(obj, "state", None)
         if isinstance(state, dict):
             state.clear()
         del obj
-    gc.collect()
+    release_host_memory()  # collects first
     if torch.cuda.is_available():
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
-    release_host_memory()
     return gpu_allocated_bytes()
+
+
+def destroy_engine(engine: Any) -> None:
+    """`engine.destroy()`, then drop what ZeRO-3 keeps of it in process-wide state (`release_zero3_globals`)."""
+    module = getattr(engine, "module", None)
+    engine.destroy()
+    release_zero3_globals(module)
 
 
 def release_zero3_globals(module: Any = None) -> None:
@@ -140,9 +143,6 @@ def release_host_memory() -> int:
     (DeepSpeed's offload and swap buffers) for reuse, and glibc keeps freed heap blocks. With offload on a
     12.7 GB Colab VM, a second run in the same kernel would otherwise start gigabytes above the first.
     """
-    import ctypes
-    import ctypes.util
-
     import psutil
     import torch
 
@@ -152,11 +152,22 @@ def release_host_memory() -> int:
             or getattr(torch._C, "_host_emptyCache", None)
         if empty_host is not None:
             empty_host()
-    try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass  # not glibc
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
     return int(psutil.Process().memory_info().rss)
+
+
+def _glibc() -> Any:
+    """The C library if it is glibc (has mallopt / malloc_trim), else None."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+    return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
 
 
 def mmap_large_allocations(threshold_bytes: int = 1 << 20) -> bool:
@@ -166,12 +177,8 @@ def mmap_large_allocations(threshold_bytes: int = 1 << 20) -> bool:
     from the heap and, once freed (e.g. the copies of the parameters DeepSpeed's ZeRO-3 offload replaces with
     its own flat buffer), stay in the process's RSS. Returns False where there is no glibc.
     """
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        m_mmap_threshold = -3  # <malloc.h> M_MMAP_THRESHOLD
-        return bool(libc.mallopt(m_mmap_threshold, int(threshold_bytes)))
-    except (OSError, AttributeError):
+    libc = _glibc()
+    if libc is None:
         return False
+    m_mmap_threshold = -3  # <malloc.h> M_MMAP_THRESHOLD
+    return bool(libc.mallopt(m_mmap_threshold, int(threshold_bytes)))
