@@ -33,14 +33,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
 
 import helpers  # noqa: E402
-from helpers.hardware import COLAB_RAM_GB  # noqa: E402
+from helpers.hardware import COLAB_NVME_BUDGET_BYTES, COLAB_RAM_GB  # noqa: E402
 from helpers.models import GPT2_LADDER  # noqa: E402
 
 GB = 1e9
 GiB = 2**30
-DISK_BUDGET_GB = 60.0
+DISK_BUDGET_GB = COLAB_NVME_BUDGET_BYTES / GB
 CONFIGS = ("plain", "zero2_offload_cpu", "zero3_offload_cpu", "zero3_nvme_optimizer_gpu_params", "zero3_nvme_optimizer",
            "zero3_nvme_all")
 CHEAP = ("plain", "zero2_offload_cpu", "zero3_offload_cpu")
@@ -107,56 +108,43 @@ def predict(name: str, size: str, runtime, nvme: str | None, micro_batch: int, s
 
 # ------------------------------------------------------------------------------------------ one rung (child)
 
-def run_rung(args: argparse.Namespace) -> int:
-    """Train one rung in this (fresh) process and write its measurements as JSON."""
-    import psutil
-
-    if args.mmap_threshold_mib:
-        helpers.mmap_large_allocations(int(args.mmap_threshold_mib * 2**20))
-    baseline_rss = psutil.Process().memory_info().rss
-    runtime = helpers.detect_runtime()
-    tok = helpers.load_tokenizer(str(args.work_dir / "tokenizer"))
-    ds = helpers.load_text_dataset("local")
-    blocks = helpers.pack_blocks(ds["train"], tok, args.seq_len, max_blocks=256)
-    name, size = args.rung
-    shape = helpers.model_shape(helpers.gpt2_config(size))
-    nvme = args.nvme_dir
-    cfg = ladder_config(name, runtime, str(nvme) if nvme else None, shape.largest_layer_params)
-    r = helpers.train_run(f"{name} {size}", factory(size, cfg, shape.vocab), blocks, runtime=runtime,
-                          ds_config=cfg, steps=args.steps, micro_batch=args.micro_batch, lr=3e-4,
-                          checkpointing=True, warmup_steps=1, model_name=size, nvme_path=nvme, progress=False)
-    out = {k: getattr(r, k) for k in ("peak_vram_gib", "peak_rss_gib", "disk_gib", "tokens_per_s", "losses",
-                                      "error", "seconds", "params", "rss_by_phase")}
-    out["baseline_rss_gib"] = round(baseline_rss / GiB, 3)
-    args.result.write_text(json.dumps(out))
-    return 0
-
-
 def measure_in_child(args: argparse.Namespace, name: str, size: str, nvme: Path | None, gpu: str | None,
                      cpus: set[int] | None = None, timeout_s: float | None = None) -> dict:
-    """Run one rung in a fresh process (on GPU `gpu`, CPU cores `cpus`); a crash becomes the rung's error."""
-    result = args.work_dir / f"rung-{name}-{size}.json"
-    result.unlink(missing_ok=True)
-    cmd = [sys.executable, __file__, "--rung", name, size, "--result", str(result), "--work-dir", str(args.work_dir),
-           "--steps", str(args.steps), "--micro-batch", str(args.micro_batch), "--seq-len", str(args.seq_len),
-           "--mmap-threshold-mib", str(args.mmap_threshold_mib)]
-    if nvme:
-        cmd += ["--nvme-dir", str(nvme)]
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
-    if gpu is not None:
-        env["CUDA_VISIBLE_DEVICES"] = gpu
-    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, preexec_fn=pin, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return {"peak_vram_gib": 0.0, "peak_rss_gib": 0.0, "disk_gib": 0.0, "tokens_per_s": 0.0, "losses": [],
-                "seconds": timeout_s, "params": 0, "timed_out": True,
-                "error": f"not finished within this run's time budget ({timeout_s:.0f} s left when it started)"}
-    if result.exists():
-        return json.loads(result.read_text())
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-    return {"peak_vram_gib": 0.0, "peak_rss_gib": 0.0, "disk_gib": 0.0, "tokens_per_s": 0.0, "losses": [],
-            "seconds": 0.0, "params": 0, "error": f"process ended with code {proc.returncode}: " + " | ".join(tail)}
+    """Run one rung in a fresh process (helpers.train_in_fresh_process) on GPU `gpu`, CPU cores `cpus`.
+
+    With --emulate the child runs inside its own Colab enclosure (scripts/colab_emulation.py: the RAM limit, two
+    CPUs, the Colab profile), alone, as a learner would run it from a fresh runtime; the row records the enclosure's
+    peak memory and out-of-memory kills. A crash or a kill becomes the rung's error.
+    """
+    runtime = helpers.detect_runtime()
+    shape = helpers.model_shape(helpers.gpt2_config(size))
+    cfg = ladder_config(name, runtime, str(nvme) if nvme else None, shape.largest_layer_params)
+    kwargs = dict(tokenizer_dir=args.work_dir / "tokenizer", steps=args.steps, micro_batch=args.micro_batch,
+                  seq_len=args.seq_len, lr=3e-4, nvme_path=nvme, max_blocks=256,
+                  mmap_threshold_mib=args.mmap_threshold_mib, timeout_s=timeout_s, gpu=gpu, progress=False)
+    if not args.emulate:
+        r = helpers.train_in_fresh_process(f"{name} {size}", cfg, size, cpus=cpus, **kwargs)
+        enclosure = None
+    else:
+        from colab_emulation import ColabLimits, Enclosure
+
+        limits = ColabLimits()
+        pair = sorted(cpus or os.sched_getaffinity(0))[:limits.cpus]
+        with Enclosure(f"rung-{size}", limits, cpus=pair, nvme_dir=str(nvme) if nvme else None,
+                       gpu_index=int(gpu) if gpu else None) as enc:
+            r = helpers.train_in_fresh_process(f"{name} {size}", cfg, size, wrap=enc.join_argv(),
+                                               env=enc.environment(), **kwargs)
+        enclosure = enc.stats.as_report()
+    out = {k: getattr(r, k) for k in ("peak_vram_gib", "peak_rss_gib", "disk_gib", "tokens_per_s", "losses",
+                                      "error", "seconds", "params", "rss_by_phase", "baseline_rss_gib")}
+    if r.error.startswith("stopped after the time limit"):
+        out["timed_out"] = True
+        out["error"] = f"not finished within this run's time budget ({timeout_s:.0f} s left when it started)"
+    if enclosure is not None:
+        out["enclosure"] = enclosure
+        if enclosure["oom_kills"] and not out["error"]:
+            out["error"] = f"{enclosure['oom_kills']} process(es) killed at the RAM limit"
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- the search
@@ -226,19 +214,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rerun", nargs="*", default=[], metavar="CONFIG:SIZE", help="measure these rungs again")
     p.add_argument("--mmap-threshold-mib", type=float, default=0.0,
                    help="in each rung, helpers.mmap_large_allocations(this) first (0: glibc's default)")
+    p.add_argument("--emulate", action="store_true",
+                   help="run each rung inside its own Colab T4 enclosure (scripts/colab_emulation.py): RAM limit, "
+                        "2 CPUs, the Colab profile")
     p.add_argument("--lanes", nargs="*", default=[], metavar="GPU:CONFIG,CONFIG",
                    help="after plain, run these groups of configs in parallel, one GPU and an equal share of the "
                         "CPU cores each (e.g. 0:zero3_nvme_optimizer,zero2_offload_cpu 1:zero3_nvme_all)")
-    # one rung, in a child process
-    p.add_argument("--rung", nargs=2, metavar=("CONFIG", "SIZE"), help=argparse.SUPPRESS)
-    p.add_argument("--result", type=Path, help=argparse.SUPPRESS)
-    p.add_argument("--nvme-dir", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.rung:
-        return run_rung(args)
 
     started = time.perf_counter()
     runtime = helpers.detect_runtime()
+    if args.emulate:
+        import dataclasses
+
+        from colab_emulation import ColabLimits, probe
+
+        limits = ColabLimits()
+        runtime = dataclasses.replace(runtime, emulation=probe()[0], ram_total_bytes=limits.ram_bytes,
+                                      ram_budget_bytes=limits.ram_bytes, cpu_cores=limits.cpus, is_colab=True)
     ram_budget_gb = COLAB_RAM_GB if (runtime.t4_budget or runtime.is_colab) else runtime.ram_budget_bytes / GB
     ds = helpers.load_text_dataset("local")
     helpers.train_tokenizer(ds["train"]["text"], args.work_dir / "tokenizer")
@@ -246,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = {"micro_batch": args.micro_batch, "seq_len": args.seq_len, "steps": args.steps}
     if args.mmap_threshold_mib:
         settings["mmap_threshold_mib"] = args.mmap_threshold_mib
+    if args.emulate:
+        settings["emulation"] = ColabLimits().as_report(runtime.emulation)
     same = old.get("runtime") == runtime.label and old.get("settings") == settings
     rerun = {tuple(x.split(":")) for x in args.rerun}
     # measured rungs are kept (their predictions are recomputed: they follow the current estimator); refused
@@ -317,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
             row.update(ran=True, fits=fits, reason=reason, **{k: m[k] for k in (
                 "peak_vram_gib", "peak_rss_gib", "disk_gib", "tokens_per_s", "losses", "seconds")},
                        rss_by_phase_gb={k: round(v * GiB / GB, 2) for k, v in m.get("rss_by_phase", {}).items()})
+            if "enclosure" in m:
+                row["enclosure"] = m["enclosure"]
         if nvme:
             shutil.rmtree(nvme, ignore_errors=True)
         with lock:

@@ -17,8 +17,11 @@ _EXPORTS: dict[str, str] = {
     "t4_budget_requested": "hardware",
     "apply_t4_budget": "hardware",
     "sized": "hardware",
+    "smoke_size": "hardware",
     "T4_VRAM_GIB": "hardware",
     "COLAB_RAM_GB": "hardware",
+    "in_colab": "hardware",
+    "default_nvme_path": "hardware",
     # DeepSpeed in a notebook
     "setup_single_process": "runtime",
     "free_port": "runtime",
@@ -89,6 +92,9 @@ _EXPORTS: dict[str, str] = {
     "train_run": "train",
     "evaluate": "train",
     "results_table": "train",
+    # a run in a fresh child process (notebook 02, the ladder)
+    "train_in_fresh_process": "fresh_process",
+    "child_baseline_rss": "fresh_process",
     # records
     "record_figure": "records",
     "recorded_figures": "records",

@@ -1,9 +1,14 @@
 """What this runtime has: GPU, VRAM, RAM, disk, Colab or not, and the precision to train in.
 
-Used from notebook 00 onwards. A *T4 budget mode* emulates a free Colab T4 on a larger GPU:
-VRAM capped at 15 GiB, fp16 forced (a T4 has no native bf16), CPU RAM reported against 12.7 GB.
-Switch it on with ``detect_runtime(t4_budget=True)`` or the environment variable
-``DS_COURSE_T4_BUDGET=1``.
+Used from notebook 00 onwards. RAM and CPUs are the ones this process may really use: a cgroup memory limit
+or CPU quota (Kaggle, Docker, `scripts/colab_emulation.py`) counts, not only what the machine has.
+
+Two ways to stand in for a free Colab T4 on a bigger GPU:
+- *T4 budget mode* (``DS_COURSE_T4_BUDGET=1`` or ``detect_runtime(t4_budget=True)``): VRAM capped at 15 GiB,
+  fp16 forced (a T4 has no native bf16), CPU RAM judged against Colab's budget but not enforced.
+- *the Colab profile* (``DS_COURSE_COLAB=1``, set by ``scripts/colab_emulation.py``): T4 budget mode, and the
+  notebooks take their Colab branches (Colab sizes, big runs in child processes, nothing over budget). The runner
+  also enforces the RAM and the CPUs with a cgroup, which this module reads back.
 """
 from __future__ import annotations
 
@@ -16,8 +21,19 @@ from typing import Any, TypeVar
 GiB = 1024**3
 GB = 1000**3
 T4_VRAM_GIB = 15.0  # what a Colab T4 lets PyTorch allocate
-COLAB_RAM_GB = 12.7  # free Colab's system RAM
+# Colab's RAM meter says "12.7 GB" and means GiB: psutil reports 13.6e9 bytes on a free VM (googlecolab/colabtools#2290).
+COLAB_VM_RAM_BYTES = int(12.7 * GiB)
+# Colab's own processes: a fresh VM shows 0.9-1.4 of those GB in use before a cell runs
+# (linux-blog.anracom.com, "Google Colab, RAM, VRAM and GPU usage limits"); the upper end is reserved.
+COLAB_RESERVED_BYTES = int(1.4 * GiB)
+COLAB_RAM_BUDGET_BYTES = COLAB_VM_RAM_BYTES - COLAB_RESERVED_BYTES  # what a notebook and its children may use
+COLAB_RAM_GB = round(COLAB_RAM_BUDGET_BYTES / GB, 2)  # 12.13
+COLAB_CPUS = 2  # free Colab's vCPUs
+COLAB_NVME_BUDGET_BYTES = 60 * GB  # what the course lets an NVMe folder take on Colab's disk (~78 GB free on a fresh VM)
+NVME_DIR_ENV = "DS_COURSE_NVME_DIR"  # where the notebooks put their NVMe folders (scripts/colab_emulation.py sets it)
 T4_BUDGET_ENV = "DS_COURSE_T4_BUDGET"
+COLAB_PROFILE_ENV = "DS_COURSE_COLAB"
+EMULATION_ENV = "DS_COURSE_EMULATION"  # set by scripts/colab_emulation.py: how the limits are enforced
 BF16_MIN_CAPABILITY = (8, 0)  # Ampere and newer have native bf16
 
 T = TypeVar("T")
@@ -36,15 +52,17 @@ class Runtime:
     compute_capability: tuple[int, int] | None
     gpu_total_bytes: int  # physical VRAM of GPU 0 (0 on CPU)
     vram_budget_bytes: int  # what this course lets itself use (15 GiB in T4 budget mode)
-    ram_total_bytes: int
-    ram_budget_bytes: int  # 12.7 GB in T4 budget mode or on Colab
+    ram_total_bytes: int  # what this process may use: the machine's RAM, or its cgroup limit if smaller
+    ram_budget_bytes: int  # what the course lets itself use (Colab's 12.1 GB on Colab and in T4 budget mode)
     disk_free_bytes: int
-    cpu_cores: int
+    cpu_cores: int  # CPUs this process may use (affinity and cgroup quota)
     gpu_count: int
-    is_colab: bool
+    is_colab: bool  # on Colab, or in the Colab profile: the notebooks take their Colab branches
     t4_budget: bool
     precision: str  # "fp16", "bf16" or "fp32"
     notes: tuple[str, ...] = field(default_factory=tuple)
+    ram_limit: str = "physical"  # where ram_total_bytes comes from: "physical", "cgroup v2", "cgroup v1"
+    emulation: str = ""  # Colab profile on a bigger machine: how it is enforced ("cgroup v2", "watchdog", "none")
 
     @property
     def has_gpu(self) -> bool:
@@ -60,6 +78,12 @@ class Runtime:
         if not self.has_gpu:
             return f"CPU only ({self.cpu_cores} cores)"
         short = (self.gpu_name or "GPU").replace("NVIDIA ", "").replace("Tesla ", "")
+        if self.emulation:
+            if self.emulation == "none":
+                return f"{short} in Colab T4 profile (RAM and CPUs not enforced)"
+            how = "enforced" if self.emulation.startswith("cgroup") else f"held by a {self.emulation}"
+            return (f"{short} in Colab T4 emulation ({self.vram_budget_bytes / GiB:g} GiB VRAM, "
+                    f"{self.ram_total_bytes / GB:.1f} GB RAM {how}, {self.cpu_cores} CPUs)")
         if self.t4_budget:
             return f"{short} capped to T4 budget"
         return f"Colab {short}" if self.is_colab else short
@@ -78,7 +102,9 @@ class Runtime:
             ("GPU", f"{self.gpu_name} x{self.gpu_count} (compute capability {cc})" if self.has_gpu else "none"),
             ("VRAM budget", f"{self.vram_budget_bytes / GiB:.1f} GiB" + (
                 f" of {self.gpu_total_bytes / GiB:.1f} GiB physical" if self.has_gpu else "")),
-            ("CPU RAM budget", f"{self.ram_budget_bytes / GB:.1f} GB of {self.ram_total_bytes / GB:.1f} GB"),
+            ("CPU RAM budget", f"{self.ram_budget_bytes / GB:.1f} GB of {self.ram_total_bytes / GB:.1f} GB"
+             + ("" if self.ram_limit == "physical" else f" ({self.ram_limit} limit)")),
+            ("CPUs", str(self.cpu_cores)),
             ("free disk", f"{self.disk_free_bytes / GB:.1f} GB"),
             ("precision", self.precision + ("" if not self.has_gpu else
                                             f" (native bf16: {'yes' if self.native_bf16 else 'no'})")),
@@ -100,8 +126,134 @@ def t4_budget_requested(t4_budget: bool | None = None) -> bool:
 
 
 def in_colab() -> bool:
-    """True inside a Google Colab kernel."""
+    """True inside a real Google Colab kernel (the Hub and pip are there); the Colab profile does not count."""
     return "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ
+
+
+def colab_profile_requested() -> bool:
+    """DS_COURSE_COLAB=1: behave as on a free Colab T4 (scripts/colab_emulation.py sets it)."""
+    return os.environ.get(COLAB_PROFILE_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+# ------------------------------------------------------------------ limits this process really has
+
+def _cgroup_mounts() -> dict[str, str]:
+    """{"v2": mount point} and/or {controller: mount point} for cgroup v1 hierarchies, from /proc/self/mountinfo."""
+    mounts: dict[str, str] = {}
+    try:
+        lines = open("/proc/self/mountinfo").read().splitlines()
+    except OSError:
+        return mounts
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        fields, rest = left.split(), right.split()
+        if len(fields) < 5 or len(rest) < 3:
+            continue
+        fstype, point = rest[0], fields[4]
+        if fstype == "cgroup2":
+            mounts.setdefault("v2", point)
+        elif fstype == "cgroup":
+            for opt in rest[2].split(","):
+                mounts.setdefault(opt, point)
+    return mounts
+
+
+def _own_cgroups() -> dict[str, str]:
+    """{"v2": path} and {controller: path} of this process, from /proc/self/cgroup."""
+    out: dict[str, str] = {}
+    try:
+        lines = open("/proc/self/cgroup").read().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":
+            out["v2"] = path
+        for c in controllers.split(","):
+            if c:
+                out[c] = path
+    return out
+
+
+def _read_up(mount: str, path: str, filename: str) -> list[str]:
+    """The contents of `filename` in the cgroup `path` and each of its ancestors (tightest limit wins)."""
+    values = []
+    parts = [p for p in path.split("/") if p]
+    for depth in range(len(parts), -1, -1):
+        f = os.path.join(mount, *parts[:depth], filename)
+        try:
+            values.append(open(f).read().strip())
+        except OSError:
+            continue
+    return values
+
+
+def cgroup_memory_limit() -> tuple[int | None, str]:
+    """(bytes, "cgroup v2" / "cgroup v1") of the tightest memory limit on this process; (None, "") without one."""
+    mounts, own = _cgroup_mounts(), _own_cgroups()
+    limits: list[tuple[int, str]] = []
+    if "v2" in mounts and "v2" in own:
+        for v in _read_up(mounts["v2"], own["v2"], "memory.max"):
+            if v.isdigit():
+                limits.append((int(v), "cgroup v2"))
+    if "memory" in mounts and "memory" in own:
+        for v in _read_up(mounts["memory"], own["memory"], "memory.limit_in_bytes"):
+            if v.isdigit() and int(v) < 1 << 60:  # "no limit" is a huge page-aligned number
+                limits.append((int(v), "cgroup v1"))
+    if not limits:
+        return None, ""
+    return min(limits)
+
+
+def cgroup_cpu_limit() -> float | None:
+    """CPUs' worth of time this process's cgroup may use (quota / period), or None without a quota."""
+    mounts, own = _cgroup_mounts(), _own_cgroups()
+    quotas: list[float] = []
+    if "v2" in mounts and "v2" in own:
+        for v in _read_up(mounts["v2"], own["v2"], "cpu.max"):
+            quota, _, period = v.partition(" ")
+            if quota.isdigit() and period.isdigit() and int(period):
+                quotas.append(int(quota) / int(period))
+    if "cpu" in mounts and "cpu" in own:
+        q = _read_up(mounts["cpu"], own["cpu"], "cpu.cfs_quota_us")
+        p = _read_up(mounts["cpu"], own["cpu"], "cpu.cfs_period_us")
+        for quota, period in zip(q, p):
+            if quota.lstrip("-").isdigit() and int(quota) > 0 and period.isdigit() and int(period):
+                quotas.append(int(quota) / int(period))
+    return min(quotas) if quotas else None
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on: its affinity mask, cut to its cgroup's CPU quota."""
+    import math
+
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cpus = os.cpu_count() or 1
+    quota = cgroup_cpu_limit()
+    if quota is not None:
+        cpus = min(cpus, max(1, math.ceil(quota - 1e-9)))
+    return max(1, cpus)
+
+
+def ram_limit() -> tuple[int, str]:
+    """(bytes, source) of the RAM this process may use: the machine's, or its cgroup limit if smaller."""
+    physical = _ram_total_bytes()
+    limit, source = cgroup_memory_limit()
+    if limit is not None and limit < physical:
+        return limit, source
+    return physical, "physical"
+
+
+def emulation_mechanism() -> str:
+    """How the Colab profile is enforced here ("cgroup v2", "cgroup v1", "watchdog"), "none", or "" off the profile."""
+    if not colab_profile_requested():
+        return ""
+    return os.environ.get(EMULATION_ENV, "").strip() or "none"
 
 
 def choose_precision(compute_capability: tuple[int, int] | None, t4_budget: bool = False) -> str:
@@ -134,50 +286,77 @@ def _ram_total_bytes() -> int:
         return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
+def default_nvme_path(course_root: str | os.PathLike[str] | None = None) -> str:
+    """The NVMe offload folder a notebook uses: $DS_COURSE_NVME_DIR, else /content/nvme on Colab, else build/nvme."""
+    if os.environ.get(NVME_DIR_ENV):
+        return os.environ[NVME_DIR_ENV]
+    if in_colab():
+        return "/content/nvme"
+    root = course_root or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return os.path.join(str(root), "build", "nvme")
+
+
+def colab_ram_budget(ram_total: int, colab: bool, t4_budget: bool) -> int:
+    """The RAM the course lets a notebook use: on Colab (or standing in for it) Colab's VM less what Colab itself
+    uses (COLAB_RAM_BUDGET_BYTES), never more than this process may have; elsewhere all of it."""
+    return min(ram_total, COLAB_RAM_BUDGET_BYTES) if (colab or t4_budget) else ram_total
+
+
 def detect_runtime(t4_budget: bool | None = None, disk_path: str = ".") -> Runtime:
-    """Look at this machine (notebook 00); in T4 budget mode also cap VRAM at 15 GiB."""
+    """Look at this machine (notebook 00); in T4 budget mode (or the Colab profile) also cap VRAM at 15 GiB."""
     import torch
 
-    budget = t4_budget_requested(t4_budget)
+    emulation = emulation_mechanism()
+    budget = t4_budget_requested(t4_budget) or (bool(emulation) and t4_budget is None)
     notes: list[str] = []
-    ram_total = _ram_total_bytes()
-    colab = in_colab()
+    ram_total, ram_source = ram_limit()
+    colab = in_colab() or bool(emulation)
     disk_free = shutil.disk_usage(disk_path).free
-    cores = os.cpu_count() or 1
+    if emulation:
+        disk_free = min(disk_free, COLAB_NVME_BUDGET_BYTES)
+    cores = usable_cpus()
+    if emulation:
+        notes.append("Colab profile: the notebooks take their Colab branches"
+                     + ("" if emulation == "none" else f"; RAM and CPUs held to Colab's by a {emulation}")
+                     + f" (Colab's {COLAB_VM_RAM_BYTES / GiB:.1f} GiB VM less {COLAB_RESERVED_BYTES / GiB:.1f} GiB "
+                       "for its own processes)")
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         cc = (props.major, props.minor)
         total = int(props.total_memory)
         vram_budget = apply_t4_budget(0) if budget else total
         if budget:
-            notes.append(f"T4 budget mode: VRAM capped at {T4_VRAM_GIB:g} GiB, fp16 forced, "
-                         f"RAM reported against {COLAB_RAM_GB} GB")
+            notes.append(f"T4 budget mode: VRAM capped at {T4_VRAM_GIB:g} GiB, fp16 forced, RAM budget "
+                         f"{colab_ram_budget(ram_total, colab, budget) / GB:.1f} GB"
+                         + ("" if ram_source != "physical" else " (judged against, not enforced)"))
         if cc < BF16_MIN_CAPABILITY:
             notes.append(f"compute capability {cc[0]}.{cc[1]} < 8.0: no native bf16, training uses fp16 "
                          "(torch.cuda.is_bf16_supported() may still say True through emulation)")
         return Runtime(
             device="cuda", gpu_name=props.name, compute_capability=cc, gpu_total_bytes=total,
             vram_budget_bytes=vram_budget, ram_total_bytes=ram_total,
-            ram_budget_bytes=int(COLAB_RAM_GB * GB) if (budget or colab) else ram_total,
+            ram_budget_bytes=colab_ram_budget(ram_total, colab, budget),
             disk_free_bytes=disk_free, cpu_cores=cores, gpu_count=torch.cuda.device_count(),
-            is_colab=colab, t4_budget=budget, precision=choose_precision(cc, budget), notes=tuple(notes))
+            is_colab=colab, t4_budget=budget, precision=choose_precision(cc, budget), notes=tuple(notes),
+            ram_limit=ram_source, emulation=emulation)
     if budget:
         notes.append("T4 budget mode asked for, but there is no GPU: running CPU-sized instead")
     notes.append("no GPU: DeepSpeed runs on CPU over gloo in fp32 (smoke-sized); "
                  "in Colab pick Runtime > Change runtime type > T4 GPU")
     return Runtime(
         device="cpu", gpu_name=None, compute_capability=None, gpu_total_bytes=0, vram_budget_bytes=0,
-        ram_total_bytes=ram_total, ram_budget_bytes=int(COLAB_RAM_GB * GB) if colab else ram_total,
-        disk_free_bytes=disk_free, cpu_cores=cores, gpu_count=0, is_colab=colab, t4_budget=False,
-        precision="fp32", notes=tuple(notes))
+        ram_total_bytes=ram_total, ram_budget_bytes=colab_ram_budget(ram_total, in_colab(), False),
+        disk_free_bytes=disk_free, cpu_cores=cores, gpu_count=0, is_colab=False, t4_budget=False,
+        precision="fp32", notes=tuple(notes), ram_limit=ram_source)
 
 
 def colab_t4_profile(disk_free_gb: float = 70.0) -> Runtime:
     """The free Colab T4 runtime as numbers, for what-if checks on any machine (notebook 02)."""
     return Runtime(device="cuda", gpu_name="Tesla T4", compute_capability=(7, 5),
                    gpu_total_bytes=int(T4_VRAM_GIB * GiB), vram_budget_bytes=int(T4_VRAM_GIB * GiB),
-                   ram_total_bytes=int(COLAB_RAM_GB * GB), ram_budget_bytes=int(COLAB_RAM_GB * GB),
-                   disk_free_bytes=int(disk_free_gb * GB), cpu_cores=2, gpu_count=1, is_colab=True, t4_budget=False,
+                   ram_total_bytes=COLAB_VM_RAM_BYTES, ram_budget_bytes=COLAB_RAM_BUDGET_BYTES,
+                   disk_free_bytes=int(disk_free_gb * GB), cpu_cores=COLAB_CPUS, gpu_count=1, is_colab=True,
+                   t4_budget=False,
                    precision="fp16", notes=("what-if profile of a free Colab T4, not this machine",))
 
 
@@ -199,3 +378,29 @@ def sized(gpu: T, cpu: T, runtime: Runtime | None = None) -> T:
     else:
         has_gpu = runtime.has_gpu
     return gpu if has_gpu else cpu
+
+
+def smoke_size(namespace: dict[str, Any], runtime: Runtime, **values: tuple[Any, Any]) -> dict[str, Any]:
+    """Shrink a notebook's parameters for a CPU smoke run, saying so; keep any value the learner changed.
+
+    ``helpers.smoke_size(globals(), runtime, MICRO_BATCH=(4, 2))``: on a CPU runtime, MICRO_BATCH becomes 2 if it
+    still holds the parameters cell's Colab value 4, and a value you set yourself is kept. Prints one line of what
+    changed and returns {name: value now}. On a GPU nothing changes.
+    """
+    now: dict[str, Any] = {}
+    shrunk, kept = [], []
+    for name, (colab_value, cpu_value) in values.items():
+        if name not in namespace:
+            raise NameError(f"{name} is not defined. Fix: run the parameters cell first.")
+        current = namespace[name]
+        if not runtime.has_gpu and current == colab_value and cpu_value != colab_value:
+            namespace[name] = cpu_value
+            shrunk.append(f"{name} {cpu_value!r} (Colab value {colab_value!r})")
+        elif not runtime.has_gpu and current != colab_value:
+            kept.append(f"{name} {current!r} (yours; the smoke size would be {cpu_value!r})")
+        now[name] = namespace[name]
+    if shrunk:
+        print("CPU smoke size: " + ", ".join(shrunk))
+    if kept:
+        print("kept as you set them: " + ", ".join(kept))
+    return now

@@ -33,6 +33,16 @@ COMPONENTS = ("params", "grads", "optimizer", "activations", "buffers", "staging
 # heap during initialisation. Measured in fresh processes (reports/ladder.json, H200 capped to T4 budget,
 # fp16, 355M-1.5B, four stage-3 offload configs): 2.9-3.9 bytes/param above the named components.
 STAGE3_OFFLOAD_STAGING_BYTES_PER_PARAM = 3.5
+# Pre-flight keeps this share of the RAM budget free: the RAM estimates of reports/ladder.json are within about 5 %
+# of the measured peaks (both ways), and a Colab kernel that runs out of RAM is killed without a Python error.
+RAM_ESTIMATE_MARGIN = 0.05
+
+
+def pinned_bytes(nbytes: int) -> int:
+    """What a pinned (page-locked) host buffer of `nbytes` really takes: torch's caching host allocator rounds each
+    block up to the next power of two (1.55 GB of GPT-2 large's fp16 parameters take 2 GiB)."""
+    nbytes = int(nbytes)
+    return 1 << (nbytes - 1).bit_length() if nbytes > 1 else nbytes
 
 
 def bytes_per_element(precision: str) -> int:
@@ -174,7 +184,9 @@ def estimate_model_states(
         live = max(largest_layer_params, 1)
         gpu["params"] = 2 * e * live  # the layer being computed and the one being fetched
         if offload_param == "cpu":
-            cpu["params"] = param_share * n
+            # one flat 16-bit buffer per parameter group, always pinned (stage3.py
+            # _create_param_groups_fp16_flat_cpu_memory); torch's CUDA host allocator rounds it up to a power of two
+            cpu["params"] = pinned_bytes(param_share * n)
         else:
             nvme["params"] = param_share * n
             cpu["buffers"] = nvme_buffer_count * nvme_buffer_size * e
@@ -394,7 +406,13 @@ class BudgetError(RuntimeError):
 
 @dataclass
 class PreflightReport:
-    """Estimated need against this runtime's budget (notebooks 00-02)."""
+    """Estimated need against this runtime's budget (notebooks 00-02).
+
+    `gpu_needed` is the predicted peak: model states + the larger of the activations and the optimizer step's
+    temporaries (`estimate_step_transient`). `ram_needed` includes `ram_in_use` (the process, or the kernel plus a
+    fresh child process). When it does not fit, `suggestion_kind` names the first course config that does
+    (helpers.config.OFFLOAD_KINDS, or "zero2"), checked by the same rules, and `suggestion_report` is its check.
+    """
 
     estimate: ModelStateEstimate
     gpu_needed: int
@@ -405,14 +423,20 @@ class PreflightReport:
     disk_budget: int
     suggestion: dict[str, Any] | None = None
     suggestion_zero_init: bool = False
+    suggestion_kind: str | None = None
+    suggestion_report: "PreflightReport | None" = None
+    smaller_model: str | None = None  # when no course config fits: the largest ladder model that does
+    smaller_model_kind: str | None = None
+    ram_margin: float = RAM_ESTIMATE_MARGIN  # share of the RAM budget kept free for the estimate's error
 
     @property
     def problems(self) -> list[str]:
         out = []
         if self.gpu_budget and self.gpu_needed > self.gpu_budget:
             out.append(f"GPU: needs ~{self.gpu_needed / GiB:.2f} GiB, budget {self.gpu_budget / GiB:.2f} GiB")
-        if self.ram_needed > self.ram_budget:
-            out.append(f"CPU RAM: needs ~{self.ram_needed / GB:.2f} GB, budget {self.ram_budget / GB:.2f} GB")
+        if self.ram_needed > self.ram_budget * (1 - self.ram_margin):
+            margin = f" ({self.ram_margin:.0%} of it kept free for the estimate's error)" if self.ram_margin else ""
+            out.append(f"CPU RAM: needs ~{self.ram_needed / GB:.2f} GB, budget {self.ram_budget / GB:.2f} GB{margin}")
         if self.disk_needed > self.disk_budget:
             out.append(f"disk: needs ~{self.disk_needed / GB:.2f} GB, {self.disk_budget / GB:.2f} GB free")
         return out
@@ -420,6 +444,29 @@ class PreflightReport:
     @property
     def fits(self) -> bool:
         return not self.problems
+
+    def needs(self) -> str:
+        """'GPU 3.9 GiB, RAM 11.7 GB, disk 24.9 GB' (what this check predicts)."""
+        gpu = f"GPU {self.gpu_needed / GiB:.2f} GiB, " if self.gpu_budget else ""
+        return f"{gpu}RAM {self.ram_needed / GB:.2f} GB" + (f", disk {self.disk_needed / GB:.1f} GB"
+                                                            if self.disk_needed else "")
+
+    def fix(self) -> str:
+        """The fix to print with a refusal: a course config that passes this check, or what would."""
+        if self.suggestion_kind is not None:
+            call = ("helpers.build_ds_config(2, runtime=runtime)" if self.suggestion_kind == "zero2" else
+                    f"helpers.offload_config({self.suggestion_kind!r}, runtime"
+                    + (", nvme_path=..." if "nvme" in self.suggestion_kind else "")
+                    + (", largest_param=..." if self.suggestion_kind == "zero3_nvme_all" else "") + ")")
+            built = (" with the model built under deepspeed.zero.Init (HfDeepSpeedConfig, helpers.build_zero3_model)"
+                     if self.suggestion_zero_init else "")
+            need = f" (predicted: {self.suggestion_report.needs()})" if self.suggestion_report else ""
+            return f"Fix: the course's {self.suggestion_kind!r} config, {call}{built}{need}"
+        if self.smaller_model:
+            return (f"Fix: none of the course's configs fits this model here; a smaller one does: {self.smaller_model} "
+                    f"with {self.smaller_model_kind!r}. Or a machine with more memory")
+        return ("Fix: none of the course's configs fits this model here, nor a smaller GPT-2: train a smaller model, "
+                "shorten sequences or micro-batch, or move to a machine with more memory")
 
     def __str__(self) -> str:
         verdict = "fits" if self.fits else "does NOT fit: " + "; ".join(self.problems)
@@ -437,16 +484,43 @@ FALLBACK_LADDER: tuple[tuple[str | None, dict[str, Any]], ...] = (
 
 
 def _report(est: ModelStateEstimate, runtime: "Runtime", activation_bytes: int, nvme_path: Any,
-            ram_in_use: int) -> PreflightReport:
+            ram_in_use: int, transient: int = 0) -> PreflightReport:
     if runtime.has_gpu:
-        gpu_needed, ram_needed = est.gpu_total + activation_bytes, est.cpu_total + ram_in_use
+        gpu_needed, ram_needed = est.gpu_total + max(activation_bytes, transient), est.cpu_total + ram_in_use
     else:  # on CPU what would sit on the GPU sits in RAM, and the model built on CPU is not copied
         cpu_total = est.cpu_total - est.cpu.get("model copy", 0)
-        gpu_needed, ram_needed = 0, est.gpu_total + cpu_total + activation_bytes + ram_in_use
+        gpu_needed, ram_needed = 0, est.gpu_total + cpu_total + max(activation_bytes, transient) + ram_in_use
     disk_budget = int(shutil.disk_usage(nvme_path).free) if (nvme_path and os.path.isdir(nvme_path)) \
         else runtime.disk_free_bytes
     return PreflightReport(est, gpu_needed, runtime.vram_budget_bytes, ram_needed, runtime.ram_budget_bytes,
                            est.nvme_total, disk_budget)
+
+
+def _check(config: dict[str, Any], n_params: int, runtime: "Runtime", largest_layer_params: int,
+           activation_bytes: int, nvme_path: Any, zero_init: bool, ram_in_use: int) -> PreflightReport:
+    """Pre-flight of one config, without suggestions."""
+    est = estimate_for_config(config, n_params, largest_layer_params=largest_layer_params, zero_init=zero_init)
+    zero = config.get("zero_optimization", {})
+    transient = estimate_step_transient(n_params, int(zero.get("stage", 0)), precision=est.label.rsplit(" + ", 1)[-1],
+                                        offload_optimizer=zero.get("offload_optimizer", {}).get("device", "none"))
+    return _report(est, runtime, activation_bytes, nvme_path, ram_in_use, transient)
+
+
+def _candidates(runtime: "Runtime", precision: str, largest_layer_params: int, nvme_path: Any
+                ) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(kind name, build_ds_config arguments, config) for each course config, in FALLBACK_LADDER's order."""
+    from helpers.config import build_ds_config, offload_config
+
+    out = []
+    common = dict(check_paths=False, nvme_path=nvme_path or "/nvme")
+    for kind, candidate in FALLBACK_LADDER:
+        if kind is None:
+            cfg = build_ds_config(**candidate, precision=precision, **common)
+        else:
+            cfg = offload_config(kind, runtime, largest_param=max(largest_layer_params, 1), precision=precision,
+                                 **common)
+        out.append((kind or "zero2", dict(candidate), cfg))
+    return out
 
 
 def preflight(config: dict[str, Any], n_params: int, runtime: "Runtime", *, largest_layer_params: int = 0,
@@ -454,50 +528,56 @@ def preflight(config: dict[str, Any], n_params: int, runtime: "Runtime", *, larg
               ram_in_use: int | None = None, raise_on_failure: bool = True) -> PreflightReport:
     """Compare the estimate for `config` with this runtime's VRAM/RAM/disk before allocating anything.
 
-    Raises BudgetError (when `raise_on_failure`) naming each overflow and the first config of
-    FALLBACK_LADDER that is predicted to fit, as `build_ds_config` arguments.
+    `ram_in_use` is the RAM already taken beside the run (default: this process's RSS; notebook 02 passes the
+    kernel's RSS plus a fresh child process's). Raises BudgetError (when `raise_on_failure`) naming each overflow
+    and the first course config that passes this same check (`PreflightReport.fix`), or, when none does, the
+    largest GPT-2 that one of them fits.
     """
     if ram_in_use is None:
         ram_in_use = _rss_bytes()
     nvme_path = nvme_path or config.get("zero_optimization", {}).get("offload_optimizer", {}).get("nvme_path") \
         or config.get("zero_optimization", {}).get("offload_param", {}).get("nvme_path")
-    est = estimate_for_config(config, n_params, largest_layer_params=largest_layer_params, zero_init=zero_init)
-    report = _report(est, runtime, activation_bytes, nvme_path, ram_in_use)
+    report = _check(config, n_params, runtime, largest_layer_params, activation_bytes, nvme_path, zero_init,
+                    ram_in_use)
     if report.fits:
         return report
-    from helpers.config import build_ds_config, offload_config
-
+    est = report.estimate
     precision = est.label.rsplit(" + ", 1)[-1]
-    for kind, candidate in FALLBACK_LADDER:
-        # the course's own config for the candidate (buffers sized as the notebooks size them); the suggestion
-        # assumes the model is built the ZeRO-3 way (deepspeed.zero.Init) where it can be
-        common = dict(check_paths=False, nvme_path=nvme_path or "/nvme")
-        if kind is None:
-            cand_cfg = build_ds_config(**candidate, precision=precision, **common)
-        else:
-            cand_cfg = offload_config(kind, runtime, largest_param=max(largest_layer_params, 1),
-                                      precision=precision, **common)
-        cand_init = zero_init or candidate["stage"] == 3
-        cand_est = estimate_for_config(cand_cfg, n_params, largest_layer_params=largest_layer_params,
-                                       zero_init=cand_init)
-        if _report(cand_est, runtime, activation_bytes, nvme_path, ram_in_use).fits:
-            report.suggestion = dict(candidate)
-            report.suggestion_zero_init = cand_init
+    for kind, args, cand_cfg in _candidates(runtime, precision, largest_layer_params, nvme_path):
+        cand_init = zero_init or args["stage"] == 3
+        cand = _check(cand_cfg, n_params, runtime, largest_layer_params, activation_bytes, nvme_path, cand_init,
+                      ram_in_use)
+        if cand.fits:
+            report.suggestion, report.suggestion_zero_init = args, cand_init
+            report.suggestion_kind, report.suggestion_report = kind, cand
             break
+    if report.suggestion is None:
+        report.smaller_model, report.smaller_model_kind = _smaller_model_that_fits(
+            n_params, runtime, precision, activation_bytes, nvme_path, ram_in_use)
     if raise_on_failure:
-        fix = (f"Fix: build_ds_config({', '.join(f'{k}={v!r}' for k, v in report.suggestion.items())}"
-               + (", nvme_path=...)" if "nvme" in report.suggestion.values() else ")")
-               + (" with the model built under deepspeed.zero.Init (HfDeepSpeedConfig)"
-                  if report.suggestion_zero_init and not zero_init else "")
-               if report.suggestion else
-               "Fix: no course config fits this model here: train a smaller model, shorten sequences or "
-               "micro-batch, or move to a machine with more memory")
-        hint = "" if zero_init or not runtime.has_gpu else (
-            " (it counts the fp32 model built on CPU before deepspeed.initialize: build it under "
-            "deepspeed.zero.Init / HfDeepSpeedConfig to avoid that)")
+        hint = ""
+        if (any(p.startswith("CPU RAM") for p in report.problems) and est.cpu.get("model copy") and runtime.has_gpu):
+            hint = (" (it counts the fp32 model built on CPU before deepspeed.initialize: build it under "
+                    "deepspeed.zero.Init / HfDeepSpeedConfig to avoid that)")
         raise BudgetError(f"{est.label} is predicted not to fit this runtime ({runtime.label}): "
-                          + "; ".join(report.problems) + hint + ". " + fix + ".")
+                          + "; ".join(report.problems) + hint + ". " + report.fix() + ".")
     return report
+
+
+def _smaller_model_that_fits(n_params: int, runtime: "Runtime", precision: str, activation_bytes: int,
+                             nvme_path: Any, ram_in_use: int) -> tuple[str | None, str | None]:
+    """The largest GPT-2 of the course's ladder, smaller than `n_params`, that a course config fits (and which)."""
+    from helpers.models import GPT2_LADDER, model_shape
+
+    for name in reversed(list(GPT2_LADDER)):
+        shape = model_shape(name)
+        if shape.n_params >= n_params:
+            continue
+        for kind, args, cfg in _candidates(runtime, precision, shape.largest_layer_params, nvme_path):
+            if _check(cfg, shape.n_params, runtime, shape.largest_layer_params, activation_bytes, nvme_path,
+                      args["stage"] == 3, ram_in_use).fits:
+                return name, kind
+    return None, None
 
 
 def estimate_step_transient(n_params: int, stage: int | None, *, precision: str = "fp16", n_gpus: int = 1,

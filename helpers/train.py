@@ -58,6 +58,16 @@ class RunResult:
         d["ratio"] = None if math.isnan(self.ratio) else round(self.ratio, 3)
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RunResult":
+        """The record `as_dict` wrote (a child process's run, a report row)."""
+        import dataclasses
+
+        names = {f.name for f in dataclasses.fields(cls)}
+        kept = {k: v for k, v in d.items() if k in names}
+        kept["val_losses"] = [tuple(v) for v in kept.get("val_losses", [])]
+        return cls(**kept)
+
     def row(self, width: int = 22) -> str:
         """One line of a fixed-width table (see `results_table`)."""
         return (f"{self.name:<{width}}{self.peak_vram_gib:>9.2f}{self.estimated_vram_gib:>9.2f}{self.ratio:>7.2f}"
@@ -111,13 +121,15 @@ def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *,
               micro_batch: int = 4, grad_accum: int = 1, lr: float = 3e-4, checkpointing: bool = False,
               eval_every: int = 0, eval_batches: int = 4, warmup_steps: int = 2, seed: int = 0,
               estimated_bytes: int = 0, model_name: str = "", nvme_path: str | None = None,
-              progress: bool = True) -> RunResult:
+              progress: bool = True, on_step: Callable[[int, float], None] | None = None,
+              on_phase: Callable[[str], None] | None = None) -> RunResult:
     """Train a fresh model for `steps` optimizer steps and measure it (ds_config None: plain PyTorch AMP).
 
     `model_factory()` returns the model, or (model, keep_alive) for a model built under ZeRO-3
     (`helpers.build_zero3_model`). Peak GPU memory is measured above the idle baseline, tokens/s after
     `warmup_steps`, bytes in `nvme_path` while it runs. CUDA out-of-memory is caught and reported in
     `RunResult.error`. Everything is torn down before returning, so runs can follow one another.
+    `on_phase(name)` and `on_step(step, loss)` report progress (a child process sends them to the notebook).
     """
     import torch
 
@@ -132,7 +144,8 @@ def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *,
     with measure_peak(nvme_path=nvme_path) as mem:
         try:
             _train(ns, result, model_factory, train_blocks, runtime, ds_config, val_blocks, steps, micro_batch,
-                   grad_accum, lr, checkpointing, eval_every, eval_batches, warmup_steps, seed, progress)
+                   grad_accum, lr, checkpointing, eval_every, eval_batches, warmup_steps, seed, progress,
+                   on_step or (lambda step, loss: None), on_phase or (lambda phase: None))
         except torch.OutOfMemoryError as exc:
             result.error = "CUDA out of memory: " + str(exc).split("\n")[0][:300]
     zero3 = ns.get("keep_alive") is not None
@@ -158,7 +171,8 @@ def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *,
 def _train(ns: dict[str, Any], result: RunResult, model_factory: Callable[[], Any], train_blocks: Any,
            runtime: "Runtime", ds_config: dict[str, Any] | None, val_blocks: Any, steps: int, micro_batch: int,
            grad_accum: int, lr: float, checkpointing: bool, eval_every: int, eval_batches: int,
-           warmup_steps: int, seed: int, progress: bool) -> None:
+           warmup_steps: int, seed: int, progress: bool, on_step: Callable[[int, float], None],
+           on_phase: Callable[[str], None]) -> None:
     """The loop of `train_run`; every object it makes is kept in `ns`, for the teardown."""
     import torch
     from tqdm.auto import tqdm
@@ -195,9 +209,11 @@ def _train(ns: dict[str, Any], result: RunResult, model_factory: Callable[[], An
             cfg["optimizer"]["params"]["lr"] = lr
         if "scheduler" in cfg:
             cfg["scheduler"]["params"].update(warmup_max_lr=lr, warmup_num_steps=lr_warmup, warmup_type="linear")
+        on_phase("deepspeed.initialize")
         ns["engine"], ns["optimizer"], _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                                                    config=cfg)
     del model
+    on_phase("training")
     ns["t_ready"] = time.perf_counter()
     net = ns.get("engine") or ns["model"]
     net.train()
@@ -231,6 +247,7 @@ def _train(ns: dict[str, Any], result: RunResult, model_factory: Callable[[], An
             ns["optimizer"].zero_grad(set_to_none=True)
         del loss, ids
         result.losses.append(step_loss)
+        on_step(step, step_loss)
         if timed_from is not None and step > warmup_steps:
             rate = (step - warmup_steps) * tokens_per_step / (time.perf_counter() - timed_from)
             bar.set_postfix(loss=f"{step_loss:.3f}", tok_s=f"{rate:,.0f}")

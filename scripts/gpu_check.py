@@ -1,9 +1,13 @@
-"""Run notebooks full-sized on a GPU in T4 budget mode and write reports/gpu_check.json.
+"""Run notebooks full-sized on a GPU in Colab T4 emulation and write reports/gpu_check.json.
 
-    DS_COURSE_T4_BUDGET=1 python scripts/gpu_check.py notebooks/00_setup_and_ds_report.ipynb
+    python scripts/gpu_check.py notebooks/00_setup_and_ds_report.ipynb --out-dir reports/executed
+    python scripts/gpu_check.py --no-emulation ...          # the older T4 budget mode: VRAM capped, RAM not enforced
+    python scripts/gpu_check.py --merge part1.json part2.json --report reports/gpu_check.json
 
-Per notebook: passed, wall seconds and the figures it recorded with helpers.record_figure.
-Entries for notebooks not run this time are kept from the existing report.
+By default every notebook's kernel, and each process it starts, runs inside scripts/colab_emulation.py's limits:
+VRAM 15 GiB and fp16, Colab's RAM less what Colab itself uses (a cgroup), 2 CPUs, the NVMe folder held to 60 GB.
+Per notebook: passed, wall seconds, peak memory of the whole group, out-of-memory kills, GPU-busy seconds, a T4 time
+estimate, and the figures it recorded with helpers.record_figure. Entries for notebooks not run are kept.
 """
 from __future__ import annotations
 
@@ -11,12 +15,53 @@ import argparse
 import datetime as dt
 import json
 import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from colab_emulation import ColabLimits, probe, run_notebook  # noqa: E402
 from run_notebooks import ROOT, execute  # noqa: E402
+
+# A T4 computes fp16 at ~65 TFLOP/s and reads memory at 320 GB/s; an H200 ~990 TFLOP/s (dense) and 4.8 TB/s: both ~15x.
+H200_OVER_T4 = 15.0
+# Colab's 2 vCPUs are two hyper-threads of one ~2.2 GHz Xeon core: CPU-bound work there is up to ~2x slower than on
+# two cores of the GPU machine.
+COLAB_CPU_SLOWDOWN = 2.0
+
+
+def machine_facts() -> dict:
+    """GPU, torch, CUDA and deepspeed versions, read in a child process (this one stays free of CUDA)."""
+    code = ("import json, torch, deepspeed; p = torch.cuda.get_device_properties(0); "
+            "print(json.dumps({'gpu': p.name, 'torch': torch.__version__, 'torch_cuda': torch.version.cuda, "
+            "'deepspeed': deepspeed.__version__, 'cuda': torch.cuda.is_available()}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    lines = out.stdout.strip().splitlines()
+    return json.loads(lines[-1]) if out.returncode == 0 and lines else {"cuda": False, "error": out.stderr[-500:]}
+
+
+def t4_estimate(wall_s: float, gpu_busy_s: float | None) -> dict | None:
+    """Seconds a T4 might take: GPU-busy time x H200_OVER_T4, the rest x 1-COLAB_CPU_SLOWDOWN."""
+    if gpu_busy_s is None:
+        return None
+    rest = max(wall_s - gpu_busy_s, 0.0)
+    return {"low_s": round(gpu_busy_s * H200_OVER_T4 + rest), "high_s": round(gpu_busy_s * H200_OVER_T4
+                                                                          + rest * COLAB_CPU_SLOWDOWN),
+            "how": f"GPU-busy seconds (nvidia-smi utilisation) x {H200_OVER_T4:g} (H200/T4 fp16 throughput and memory "
+                   f"bandwidth) + the other seconds x 1-{COLAB_CPU_SLOWDOWN:g} (Colab's 2 vCPUs are one core's two "
+                   "hyper-threads); disk and PCIe speed not modelled"}
+
+
+def merge(report: dict, parts: list[dict]) -> dict:
+    """Fold partial reports (one per notebook run in parallel) into `report`."""
+    for part in parts:
+        report.setdefault("notebooks", {}).update(part.get("notebooks", {}))
+        for k, v in part.items():
+            if k != "notebooks":
+                report[k] = v
+    report["notebooks"] = dict(sorted(report["notebooks"].items()))
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,45 +69,67 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("notebooks", nargs="*", type=Path)
     parser.add_argument("--report", type=Path, default=ROOT / "reports" / "gpu_check.json")
     parser.add_argument("--out-dir", type=Path, default=ROOT / "build" / "gpu_check")
-    parser.add_argument("--full-gpu", action="store_true", help="do not cap to the T4 budget")
+    parser.add_argument("--no-emulation", action="store_true", help="VRAM cap only (T4 budget mode), RAM not enforced")
+    parser.add_argument("--full-gpu", action="store_true", help="neither emulation nor T4 budget: the whole GPU")
+    parser.add_argument("--cpus", default="", help="the two cores for the emulated runtime, e.g. 2,3")
+    parser.add_argument("--concurrent", type=int, default=0,
+                        help="how many notebooks ran at the same time on this GPU (recorded in each entry)")
+    parser.add_argument("--merge", nargs="+", type=Path, help="merge these partial reports into --report and stop")
     args = parser.parse_args(argv)
-    os.environ["DS_COURSE_T4_BUDGET"] = "0" if args.full_gpu else "1"
-
-    import deepspeed
-    import torch
-
-    if not torch.cuda.is_available():
-        print("gpu_check needs a CUDA GPU; this machine has none.", file=sys.stderr)
-        return 2
-    sys.path.insert(0, str(ROOT))
-    from helpers.hardware import detect_runtime
-
-    label = detect_runtime().label  # e.g. "H200 capped to T4 budget"
-    paths = args.notebooks or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
     report = json.loads(args.report.read_text()) if args.report.exists() else {"notebooks": {}}
+    if args.merge:
+        merge(report, [json.loads(p.read_text()) for p in args.merge])
+        args.report.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"merged {len(args.merge)} reports into {args.report}")
+        return 0 if all(e.get("passed") for e in report["notebooks"].values()) else 1
+
+    emulate = not (args.no_emulation or args.full_gpu)
+    os.environ["DS_COURSE_T4_BUDGET"] = "0" if args.full_gpu else "1"
+    facts = machine_facts()
+    if not facts.get("cuda"):
+        print(f"gpu_check needs a CUDA GPU; this machine has none. {facts.get('error', '')}", file=sys.stderr)
+        return 2
+    mechanism = probe()[0] if emulate else None
+    paths = args.notebooks or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    cpus = [int(c) for c in args.cpus.split(",")] if args.cpus else None
     for path in paths:
         with tempfile.TemporaryDirectory() as tmp:
             figures_file = Path(tmp) / "figures.json"
-            result = execute(path, out_dir=args.out_dir, figures_file=figures_file)
+            if emulate:
+                result = run_notebook(path, out_dir=args.out_dir, figures_file=figures_file, cpus=cpus,
+                                      mechanism=mechanism)
+            else:
+                result = execute(path, out_dir=args.out_dir, figures_file=figures_file)
             figures = json.loads(figures_file.read_text()) if figures_file.exists() else {}
-        entry = {"passed": result["passed"], "wall_seconds": result["seconds"], "runtime": label,
-                 "figures": figures}
+        entry = {"passed": result["passed"], "wall_seconds": result["seconds"],
+                 "runtime": figures.get("runtime", "not recorded"), "figures": figures}
+        if emulate:
+            enc = result["enclosure"]
+            entry.update(peak_ram_gb=enc["peak_ram_gb"], peak_anon_gb=enc["peak_anon_gb"], oom_kills=enc["oom_kills"],
+                         mechanism=enc["mechanism"], peak_nvme_folder_gb=enc["peak_nvme_folder_gb"])
+            if enc.get("gpu_busy_seconds") is not None:
+                entry["gpu_busy_seconds"] = enc["gpu_busy_seconds"]
+                entry["t4_estimate"] = t4_estimate(result["seconds"], enc["gpu_busy_seconds"])
+            if enc.get("notes"):
+                entry["notes"] = enc["notes"]
+        if args.concurrent:
+            entry["ran_beside"] = f"{args.concurrent - 1} other notebook(s) on the same GPU and disk"
         if result["error"]:
             entry["error"] = result["error"][-1500:]
-        report["notebooks"][path.name] = entry
-        print(f"{path.name}: {'passed' if result['passed'] else 'FAILED'} in {result['seconds']} s", flush=True)
+        report.setdefault("notebooks", {})[path.name] = entry
+        print(f"{path.name}: {'passed' if result['passed'] else 'FAILED'} in {result['seconds']} s"
+              + (f", peak RAM {entry['peak_ram_gb']} GB, OOM kills {entry['oom_kills']}" if emulate else ""), flush=True)
         if result["error"]:
             print(result["error"], file=sys.stderr)
-    props = torch.cuda.get_device_properties(0)
     report.update({
-        "runtime": label,
-        "gpu": props.name,
-        "t4_budget": not args.full_gpu,
-        "torch": torch.__version__,
-        "torch_cuda": torch.version.cuda,
-        "deepspeed": deepspeed.__version__,
-        "date": dt.date.today().isoformat(),
+        "runtime": next((e["runtime"] for e in report["notebooks"].values() if e.get("runtime")), ""),
+        "gpu": facts["gpu"], "t4_budget": not args.full_gpu, "torch": facts["torch"],
+        "torch_cuda": facts["torch_cuda"], "deepspeed": facts["deepspeed"], "date": dt.date.today().isoformat(),
     })
+    if emulate:
+        report["emulation"] = ColabLimits().as_report(mechanism)
+    else:
+        report.pop("emulation", None)
     report["notebooks"] = dict(sorted(report["notebooks"].items()))
     args.report.parent.mkdir(parents=True, exist_ok=True)
     args.report.write_text(json.dumps(report, indent=2) + "\n")

@@ -14,6 +14,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import nbformat
 from nbclient import NotebookClient
@@ -22,19 +23,26 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def execute(path: Path, *, twice: bool = False, timeout_s: int = 1800, out_dir: Path | None = None,
-            figures_file: Path | None = None) -> dict:
-    """Run one notebook (twice in the same kernel if asked); returns {'passed', 'seconds', 'error'}."""
+            figures_file: Path | None = None, kernel_name: str = "python3",
+            on_kernel_start: Callable[[int], None] | None = None) -> dict:
+    """Run one notebook (twice in the same kernel if asked); returns {'passed', 'seconds', 'error'}.
+
+    `kernel_name` picks the kernelspec (scripts/colab_emulation.py passes one whose kernel starts inside its
+    limits); `on_kernel_start(pid)` is called with the kernel's process id once it runs.
+    """
     nb = nbformat.read(path, as_version=4)
     env_before = os.environ.get("DS_COURSE_FIGURES")
     if figures_file is not None:
         figures_file.unlink(missing_ok=True)
         os.environ["DS_COURSE_FIGURES"] = str(figures_file)
-    client = NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
+    client = NotebookClient(nb, timeout=timeout_s, kernel_name=kernel_name,
                             resources={"metadata": {"path": str(path.parent)}})
     start = time.perf_counter()
     error = ""
     try:
         with client.setup_kernel():
+            if on_kernel_start is not None:
+                on_kernel_start(_kernel_pid(client))
             for round_ in range(2 if twice else 1):
                 for index, cell in enumerate(nb.cells):
                     if cell.cell_type == "code":
@@ -52,6 +60,13 @@ def execute(path: Path, *, twice: bool = False, timeout_s: int = 1800, out_dir: 
         out_dir.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, out_dir / path.name)
     return {"passed": not error, "seconds": round(seconds, 1), "error": error}
+
+
+def _kernel_pid(client: NotebookClient) -> int:
+    """Process id of the client's kernel (jupyter_client's local provisioner)."""
+    provisioner = getattr(client.km, "provisioner", None)
+    process = getattr(provisioner, "process", None)
+    return int(getattr(process, "pid", 0) or getattr(provisioner, "pid", 0) or 0)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,12 +10,13 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from helpers.hardware import GiB, Runtime  # noqa: E402
+from helpers.hardware import COLAB_RAM_BUDGET_BYTES, COLAB_VM_RAM_BYTES, GiB, Runtime  # noqa: E402
 
 
 def fake_runtime(**overrides) -> Runtime:
     base = Runtime(device="cuda", gpu_name="Tesla T4", compute_capability=(7, 5), gpu_total_bytes=int(15 * GiB),
-                   vram_budget_bytes=int(15 * GiB), ram_total_bytes=int(12.7e9), ram_budget_bytes=int(12.7e9),
+                   vram_budget_bytes=int(15 * GiB), ram_total_bytes=COLAB_VM_RAM_BYTES,
+                   ram_budget_bytes=COLAB_RAM_BUDGET_BYTES,
                    disk_free_bytes=int(100e9), cpu_cores=2, gpu_count=1, is_colab=True, t4_budget=False,
                    precision="fp16")
     return dataclasses.replace(base, **overrides)

@@ -60,7 +60,7 @@ def test_sized_picks_by_runtime(t4, cpu):
 
 def test_summary_mentions_budgets(t4):
     text = str(t4)
-    assert "15.0 GiB" in text and "12.7 GB" in text and "fp16" in text
+    assert "15.0 GiB" in text and "12.1 GB of 13.6 GB" in text and "fp16" in text and "CPUs            2" in text
 
 
 def test_colab_t4_profile_is_the_free_colab_budget():
@@ -68,4 +68,82 @@ def test_colab_t4_profile_is_the_free_colab_budget():
 
     t4 = colab_t4_profile()
     assert t4.label == "Colab T4" and t4.precision == "fp16" and not t4.native_bf16
-    assert t4.vram_budget_bytes == 15 * 2**30 and t4.ram_budget_bytes == int(12.7e9)
+    assert t4.vram_budget_bytes == 15 * 2**30 and t4.cpu_cores == 2
+    # Colab's meter says 12.7 GB and means GiB (13.6e9 bytes); 1.4 GiB of it is Colab's own
+    assert t4.ram_total_bytes == int(12.7 * 2**30) and t4.ram_budget_bytes == int(12.7 * 2**30) - int(1.4 * 2**30)
+
+
+def _fake_cgroups(monkeypatch, tmp_path, files: dict[str, str], mounts: dict[str, str], own: dict[str, str]):
+    for rel, text in files.items():
+        f = tmp_path / rel
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text)
+    monkeypatch.setattr(hardware, "_cgroup_mounts", lambda: {k: str(tmp_path / v) for k, v in mounts.items()})
+    monkeypatch.setattr(hardware, "_own_cgroups", lambda: own)
+
+
+def test_cgroup_v2_limits_are_read_and_the_tightest_ancestor_wins(monkeypatch, tmp_path):
+    _fake_cgroups(monkeypatch, tmp_path, {
+        "v2/memory.max": "max", "v2/cpu.max": "max 100000",
+        "v2/outer/memory.max": "8000000000", "v2/outer/cpu.max": "300000 100000",
+        "v2/outer/nb/memory.max": "12000000000", "v2/outer/nb/cpu.max": "150000 100000"},
+        {"v2": "v2"}, {"v2": "/outer/nb"})
+    assert hardware.cgroup_memory_limit() == (8_000_000_000, "cgroup v2")
+    assert hardware.cgroup_cpu_limit() == 1.5
+    assert hardware.ram_limit() == (8_000_000_000, "cgroup v2")
+    assert hardware.usable_cpus() == min(2, len(__import__("os").sched_getaffinity(0)))
+
+
+def test_cgroup_v1_limits_are_read(monkeypatch, tmp_path):
+    _fake_cgroups(monkeypatch, tmp_path, {
+        "mem/memory.limit_in_bytes": "9223372036854771712",
+        "mem/kaggle/memory.limit_in_bytes": "17179869184",
+        "cpu/kaggle/cpu.cfs_quota_us": "400000", "cpu/kaggle/cpu.cfs_period_us": "100000",
+        "cpu/cpu.cfs_quota_us": "-1", "cpu/cpu.cfs_period_us": "100000"},
+        {"memory": "mem", "cpu": "cpu"}, {"memory": "/kaggle", "cpu": "/kaggle"})
+    assert hardware.cgroup_memory_limit() == (17179869184, "cgroup v1")
+    assert hardware.cgroup_cpu_limit() == 4.0
+
+
+def test_no_cgroup_limit_means_the_machine(monkeypatch, tmp_path):
+    _fake_cgroups(monkeypatch, tmp_path, {"v2/memory.max": "max"}, {"v2": "v2"}, {"v2": "/"})
+    assert hardware.cgroup_memory_limit() == (None, "")
+    assert hardware.ram_limit()[1] == "physical"
+
+
+def test_detect_runtime_uses_the_cgroup_limit(monkeypatch, tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CPU-only expectations")
+    _fake_cgroups(monkeypatch, tmp_path, {"v2/nb/memory.max": str(3 * 10**9)}, {"v2": "v2"}, {"v2": "/nb"})
+    rt = detect_runtime()
+    assert rt.ram_total_bytes == 3 * 10**9 and rt.ram_budget_bytes == 3 * 10**9 and rt.ram_limit == "cgroup v2"
+    assert "(cgroup v2 limit)" in str(rt)
+
+
+def test_colab_profile_switches_on_t4_budget_and_colab_branches(monkeypatch):
+    monkeypatch.setenv(hardware.COLAB_PROFILE_ENV, "1")
+    monkeypatch.setenv(hardware.EMULATION_ENV, "cgroup v2")
+    assert hardware.colab_profile_requested() and hardware.emulation_mechanism() == "cgroup v2"
+    assert not hardware.in_colab()  # the Hub and pip are not there: the profile is not real Colab
+    monkeypatch.delenv(hardware.EMULATION_ENV)
+    assert hardware.emulation_mechanism() == "none"
+    monkeypatch.setenv(hardware.COLAB_PROFILE_ENV, "0")
+    assert hardware.emulation_mechanism() == ""
+
+
+def test_emulation_labels_say_what_was_enforced():
+    h200 = fake_runtime(gpu_name="NVIDIA H200", compute_capability=(9, 0), t4_budget=True, is_colab=True,
+                        ram_total_bytes=12_133_282_611, emulation="cgroup v2")
+    assert h200.label == "H200 in Colab T4 emulation (15 GiB VRAM, 12.1 GB RAM enforced, 2 CPUs)"
+    watched = fake_runtime(gpu_name="NVIDIA H200", t4_budget=True, emulation="watchdog")
+    assert "held by a watchdog" in watched.label and "T4)" not in watched.label
+    assert "not enforced" in fake_runtime(gpu_name="NVIDIA H200", t4_budget=True, emulation="none").label
+
+
+def test_nvme_folder_follows_the_emulation(monkeypatch, tmp_path):
+    monkeypatch.setenv(hardware.NVME_DIR_ENV, str(tmp_path))
+    assert hardware.default_nvme_path() == str(tmp_path)
+    monkeypatch.delenv(hardware.NVME_DIR_ENV)
+    assert hardware.default_nvme_path("/x").endswith("/x/build/nvme")

@@ -1,0 +1,250 @@
+"""One training run in a fresh child process, measured from outside: how notebook 02 runs its big models.
+
+A notebook kernel keeps what earlier runs used (pinned buffers cached by torch, glibc's heap, imported libraries),
+so on a 12.7 GB Colab VM the third offload config in one kernel can be killed although each fits on its own. A child
+process starts clean, and its peak RAM belongs to that config alone, as `benchmarks/ladder.py` measures it. The child
+asks the kernel's out-of-memory killer to pick it first (`oom_score_adj` 1000), so a config that does not fit kills
+the child, not your notebook: the kernel reports it and goes on.
+
+    r = train_in_fresh_process("ZeRO-3, optimizer on NVMe", ds_config, "gpt2-large", tokenizer_dir=...)
+
+The child runs `helpers.train_run` (the same loop as in the kernel) and sends its progress back line by line;
+the kernel shows it in a progress bar from the first second (building the model, `deepspeed.initialize`, steps).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from helpers.memory import GB, GiB
+
+ROOT = Path(__file__).resolve().parent.parent
+_PROGRESS = "DS_COURSE_PROGRESS "  # prefix of the child's progress lines on stdout
+
+
+def child_baseline_rss(timeout_s: float = 300.0) -> int:
+    """RSS in bytes of a fresh Python process that has imported torch, deepspeed and transformers and touched the GPU.
+
+    What every child run of notebook 02 holds before it builds a model; pre-flight adds it to the kernel's own RSS.
+    """
+    code = ("import psutil, torch, deepspeed, transformers\n"
+            "if torch.cuda.is_available():\n    torch.ones(1, device='cuda')\n"
+            "print(psutil.Process().memory_info().rss)")
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout_s,
+                         cwd=str(ROOT))
+    if out.returncode != 0:
+        raise RuntimeError(f"a fresh Python process could not import torch and deepspeed: {out.stderr[-800:]}")
+    return int(out.stdout.strip().splitlines()[-1])
+
+
+def _tree_rss(proc: Any) -> int:
+    """RSS of a psutil process and its children (0 once it is gone)."""
+    import psutil
+
+    total = 0
+    try:
+        for p in [proc, *proc.children(recursive=True)]:
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:
+                pass
+    except psutil.Error:
+        return 0
+    return total
+
+
+def train_in_fresh_process(name: str, ds_config: dict[str, Any] | None, model: str, *, tokenizer_dir: str | Path,
+                           steps: int = 4, micro_batch: int = 2, seq_len: int = 512, lr: float = 3e-4,
+                           nvme_path: str | Path | None = None, dataset: str = "local", max_blocks: int = 256,
+                           checkpointing: bool = True, warmup_steps: int = 1, seed: int = 0,
+                           mmap_threshold_mib: float = 0.0, cpus: set[int] | None = None,
+                           timeout_s: float | None = None, gpu: str | None = None, progress: bool = True,
+                           estimated_vram_bytes: int = 0, wrap: list[str] | None = None,
+                           env: dict[str, str] | None = None) -> "RunResult":
+    """Train `model` (a helpers.GPT2_LADDER name) with `ds_config` (None: plain PyTorch) in a child process.
+
+    Returns the child's RunResult. If the child dies (out-of-memory killer, a crash inside DeepSpeed's C++ code,
+    the time limit), `error` says how, and `peak_rss_gib` is the peak seen from outside. Interrupting the cell kills
+    the child and its NVMe files stay for the caller to remove. `wrap` is put before the child's command line and
+    `env` added to its environment (benchmarks/ladder.py --emulate starts it inside a Colab enclosure that way).
+    """
+    import psutil
+    from tqdm.auto import tqdm
+
+    from helpers.train import RunResult
+
+    with tempfile.TemporaryDirectory(prefix="ds-course-child-") as tmp:
+        spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
+        spec = {"name": name, "ds_config": ds_config, "model": model, "tokenizer_dir": str(tokenizer_dir),
+                "steps": steps, "micro_batch": micro_batch, "seq_len": seq_len, "lr": lr,
+                "nvme_path": str(nvme_path) if nvme_path else None, "dataset": dataset, "max_blocks": max_blocks,
+                "checkpointing": checkpointing, "warmup_steps": warmup_steps, "seed": seed,
+                "mmap_threshold_mib": mmap_threshold_mib, "result": str(result_path),
+                "estimated_vram_bytes": int(estimated_vram_bytes)}
+        spec_path.write_text(json.dumps(spec))
+        child_env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
+                         **(env or {}))
+        if gpu is not None:
+            child_env["CUDA_VISIBLE_DEVICES"] = gpu
+
+        def prepare() -> None:  # in the child, before Python starts
+            if cpus:
+                os.sched_setaffinity(0, cpus)
+
+        cmd = [*(wrap or []), sys.executable, "-m", "helpers.fresh_process", str(spec_path)]
+        started = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=str(ROOT), env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, preexec_fn=prepare if cpus else None)
+        watched = psutil.Process(proc.pid)
+        state: dict[str, Any] = {"phase": "starting Python", "step": 0, "loss": None, "peak_rss": 0}
+        stderr_tail: list[str] = []
+
+        def read_stdout() -> None:
+            for line in proc.stdout:  # type: ignore[union-attr]
+                if line.startswith(_PROGRESS):
+                    with_msg = json.loads(line[len(_PROGRESS):])
+                    state.update(with_msg)
+
+        def read_stderr() -> None:
+            for line in proc.stderr:  # type: ignore[union-attr]
+                stderr_tail.append(line.rstrip())
+                del stderr_tail[:-40]
+
+        readers = [threading.Thread(target=read_stdout, daemon=True), threading.Thread(target=read_stderr, daemon=True)]
+        for t in readers:
+            t.start()
+        bar = tqdm(total=steps, desc=name, disable=not progress, leave=True)
+        timed_out = False
+        shown: dict[str, str] = {}
+        try:
+            while proc.poll() is None:
+                state["peak_rss"] = max(state["peak_rss"], _tree_rss(watched))
+                if bar.n != state["step"]:
+                    bar.update(state["step"] - bar.n)
+                post = {"phase": state["phase"], "peak RAM": f"{state['peak_rss'] / GB:.1f} GB"}
+                if state["loss"] is not None:
+                    post["loss"] = f"{state['loss']:.3f}"
+                if post != shown:  # redraw only when something changed
+                    bar.set_postfix(post)
+                    shown = post
+                if timeout_s is not None and time.perf_counter() - started > timeout_s:
+                    timed_out = True
+                    _kill(proc)
+                    break
+                time.sleep(0.1)
+        except BaseException:  # KeyboardInterrupt included: never leave the child running
+            _kill(proc)
+            raise
+        finally:
+            proc.wait()
+            for t in readers:
+                t.join(timeout=5)
+            if bar.n != state["step"]:
+                bar.update(state["step"] - bar.n)
+            bar.close()
+        seconds = time.perf_counter() - started
+        if result_path.exists() and proc.returncode == 0:
+            result = RunResult.from_dict(json.loads(result_path.read_text()))
+            result.peak_rss_gib = round(max(result.peak_rss_gib, state["peak_rss"] / GiB), 3)
+            return result
+        result = RunResult(name=name, model=model, params=0, config=name, precision="", micro_batch=micro_batch,
+                           grad_accum=1, seq_len=seq_len, steps=steps, checkpointing=checkpointing, runtime="",
+                           seconds=round(seconds, 1), peak_rss_gib=round(state["peak_rss"] / GiB, 3),
+                           estimated_vram_gib=round(estimated_vram_bytes / GiB, 3))
+        result.error = _death(proc.returncode, timed_out, timeout_s, state, stderr_tail)
+        return result
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """SIGKILL the child and whatever it started."""
+    import psutil
+
+    try:
+        for p in psutil.Process(proc.pid).children(recursive=True):
+            p.kill()
+    except psutil.Error:
+        pass
+    proc.kill()
+
+
+def _death(code: int | None, timed_out: bool, timeout_s: float | None, state: dict[str, Any],
+           stderr_tail: list[str]) -> str:
+    """One sentence on how the child ended, for RunResult.error."""
+    where = f"while {state['phase']}" + (f" (step {state['step']})" if state["step"] else "")
+    if timed_out:
+        return f"stopped after the time limit of {timeout_s:.0f} s {where}"
+    if code == -signal.SIGKILL:
+        return (f"killed (SIGKILL) {where} at {state['peak_rss'] / GB:.1f} GB of RAM: the out-of-memory killer "
+                "(on Colab the same happens to the whole kernel)")
+    if code is not None and code < 0:
+        return f"died of signal {-code} ({signal.Signals(-code).name}) {where}: " + " | ".join(stderr_tail[-3:])
+    errors = [line for line in stderr_tail if "Error" in line or "error" in line] or stderr_tail
+    return f"the child process failed (exit code {code}) {where}: " + " | ".join(errors[-3:])
+
+
+# ------------------------------------------------------------------------------ the child
+
+def _say(**fields: Any) -> None:
+    print(_PROGRESS + json.dumps(fields), flush=True)
+
+
+def _child(spec_path: str) -> int:
+    """Train one config as the spec says and write the RunResult (as JSON) where it says."""
+    spec = json.loads(Path(spec_path).read_text())
+    try:  # be the first to go if RAM runs out: the notebook kernel stays alive
+        Path("/proc/self/oom_score_adj").write_text("1000")
+    except OSError:
+        pass
+    _say(phase="importing torch and deepspeed")
+    import helpers
+    from helpers.checkpoints import build_zero3_model
+
+    if spec["mmap_threshold_mib"]:
+        helpers.mmap_large_allocations(int(spec["mmap_threshold_mib"] * 2**20))
+    runtime = helpers.detect_runtime()
+    _say(phase="loading data")
+    tokenizer = helpers.load_tokenizer(spec["tokenizer_dir"])
+    ds = helpers.load_text_dataset(spec["dataset"])
+    blocks = helpers.pack_blocks(ds["train"], tokenizer, spec["seq_len"], max_blocks=spec["max_blocks"])
+    cfg = spec["ds_config"]
+    config = helpers.gpt2_config(spec["model"], vocab_size=len(tokenizer))
+
+    def build() -> Any:
+        _say(phase="building the model")
+        if cfg is not None and cfg.get("zero_optimization", {}).get("stage") == 3:
+            return build_zero3_model(cfg, config=config, seed=spec["seed"])
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(spec["seed"])
+        return AutoModelForCausalLM.from_config(config)
+
+    def on_phase(phase: str) -> None:
+        _say(phase=phase)
+
+    def on_step(step: int, loss: float) -> None:
+        _say(phase="training", step=step + 1, loss=loss)
+
+    r = helpers.train_run(spec["name"], build, blocks, runtime=runtime, ds_config=cfg, steps=spec["steps"],
+                          micro_batch=spec["micro_batch"], lr=spec["lr"], checkpointing=spec["checkpointing"],
+                          warmup_steps=spec["warmup_steps"], seed=spec["seed"], model_name=spec["model"],
+                          nvme_path=spec["nvme_path"], progress=False, on_step=on_step, on_phase=on_phase,
+                          estimated_bytes=spec["estimated_vram_bytes"])
+    tmp = Path(spec["result"]).with_suffix(".part")
+    tmp.write_text(json.dumps(r.as_dict()))
+    os.replace(tmp, spec["result"])
+    _say(phase="done", step=spec["steps"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child(sys.argv[1]))
