@@ -30,6 +30,10 @@ _EXPORTS: dict[str, str] = {
     "gpu_allocated_bytes": "runtime",
     "mmap_large_allocations": "runtime",
     "release_host_memory": "runtime",
+    "clean_slate": "runtime",
+    "require": "runtime",
+    "live_engines": "runtime",
+    "warm_up_deepspeed": "runtime",
     # config builder
     "build_ds_config": "config",
     "validate_ds_config": "config",
@@ -95,6 +99,7 @@ _EXPORTS: dict[str, str] = {
     # a run in a fresh child process (notebook 02, the ladder)
     "train_in_fresh_process": "fresh_process",
     "child_baseline_rss": "fresh_process",
+    "run_process_group": "fresh_process",
     # records
     "record_figure": "records",
     "recorded_figures": "records",

@@ -142,7 +142,7 @@ def train_in_fresh_process(name: str, ds_config: dict[str, Any] | None, model: s
                     break
                 time.sleep(0.1)
         except BaseException:  # KeyboardInterrupt included: never leave the child running
-            _kill(proc)
+            _kill(proc, grace_s=5.0)
             raise
         finally:
             proc.wait()
@@ -164,10 +164,17 @@ def train_in_fresh_process(name: str, ds_config: dict[str, Any] | None, model: s
         return result
 
 
-def _kill(proc: subprocess.Popen) -> None:
-    """SIGKILL the child and whatever it started."""
+def _kill(proc: subprocess.Popen, grace_s: float = 0.0) -> None:
+    """Stop the child and whatever it started: SIGINT first when `grace_s` (a child compiling one of DeepSpeed's
+    ops then releases the build lock, or the next run would wait on it forever), SIGKILL after."""
     import psutil
 
+    if grace_s:
+        try:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=grace_s)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
     try:
         for p in psutil.Process(proc.pid).children(recursive=True):
             p.kill()
@@ -189,6 +196,36 @@ def _death(code: int | None, timed_out: bool, timeout_s: float | None, state: di
         return f"died of signal {-code} ({signal.Signals(-code).name}) {where}: " + " | ".join(stderr_tail[-3:])
     errors = [line for line in stderr_tail if "Error" in line or "error" in line] or stderr_tail
     return f"the child process failed (exit code {code}) {where}: " + " | ".join(errors[-3:])
+
+
+def run_process_group(argv: list[str], *, cwd: str | Path | None = None, env: dict[str, str] | None = None,
+                      timeout: float | None = None) -> subprocess.CompletedProcess:
+    """`subprocess.run(argv, capture_output=True, text=True)` in a process group of its own (notebooks 03, 05).
+
+    A launcher (torchrun, deepspeed) starts one process per rank; interrupting the cell or the time limit stops
+    all of them (SIGINT, then SIGKILL after 5 s), where killing the launcher alone would leave its ranks running.
+    """
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException:  # KeyboardInterrupt and TimeoutExpired included
+        _stop_group(proc)
+        raise
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    for sig, wait in ((signal.SIGINT, 5.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except OSError:
+            return
+        try:
+            proc.communicate(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 # ------------------------------------------------------------------------------ the child

@@ -679,12 +679,16 @@ def train_moe(name: str, cfg: MoEConfig, train_blocks: Any, *, runtime: "Runtime
                  flops_per_token=0.0, precision=runtime.precision, micro_batch=micro_batch, seq_len=seq_len,
                  steps=steps, runtime=runtime.label)
     ns: dict[str, Any] = {}
-    with measure_peak() as mem:
-        _train_moe(ns, run, cfg, train_blocks, runtime, ds_config, val_blocks, steps, eval_every, eval_batches,
-                   warmup_steps, seed, progress)
-    if probe is not None:
-        run.probe = probe(ns["engine"].module)
-    teardown(ns, "recorder", "engine", "optimizer", "model")
+    try:
+        with measure_peak() as mem:
+            _train_moe(ns, run, cfg, train_blocks, runtime, ds_config, val_blocks, steps, eval_every, eval_batches,
+                       warmup_steps, seed, progress)
+        if probe is not None:
+            run.probe = probe(ns["engine"].module)
+    finally:  # an interrupted run is torn down too
+        if ns.get("recorder") is not None:
+            ns["recorder"].remove()
+        teardown(ns, "recorder", "engine", "optimizer", "model")
     if torch.cuda.is_available():
         run.peak_vram_gib = round((mem.peak_gpu_allocated - mem.baseline_gpu_allocated) / GiB, 4)
     run.peak_rss_gib = round(mem.peak_rss / GiB, 3)

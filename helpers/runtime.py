@@ -118,7 +118,8 @@ def release_zero3_globals(module: Any = None) -> None:
 
     Two globals keep the model, its hooks, the engine, the optimizer and every offloaded buffer alive for the life
     of the process (2 GB per run of GPT-2 124M with CPU offload, 10 GB for 774M): the model is pushed onto
-    `parameter_offload.FWD_MODULE_STACK` when the engine is built and never taken off, and
+    `parameter_offload.FWD_MODULE_STACK` when the engine is built and never taken off (and each sub-module whose
+    forward pass was interrupted stays on it too: an interrupted cell), and
     `PartitionedParameterCoordinator.__params_to_release` is an `lru_cache` on a method, whose class-wide cache
     keys hold the coordinator and the sub-modules. Clearing that cache only costs other live engines a recount.
     """
@@ -127,7 +128,9 @@ def release_zero3_globals(module: Any = None) -> None:
     offload = sys.modules.get("deepspeed.runtime.zero.parameter_offload")
     stack = getattr(offload, "FWD_MODULE_STACK", None)
     if module is not None and isinstance(stack, list):
-        stack[:] = [m for m in stack if m is not module]
+        # the model itself, and the sub-modules a forward pass pushed and an interrupt kept from popping
+        mine = {id(m) for m in module.modules()} if callable(getattr(module, "modules", None)) else {id(module)}
+        stack[:] = [m for m in stack if id(m) not in mine]
     coordinator = sys.modules.get("deepspeed.runtime.zero.partitioned_param_coordinator")
     cls = getattr(coordinator, "PartitionedParameterCoordinator", None)
     method = getattr(cls, "_PartitionedParameterCoordinator__params_to_release", None)
@@ -182,3 +185,127 @@ def mmap_large_allocations(threshold_bytes: int = 1 << 20) -> bool:
         return False
     m_mmap_threshold = -3  # <malloc.h> M_MMAP_THRESHOLD
     return bool(libc.mallopt(m_mmap_threshold, int(threshold_bytes)))
+
+
+def warm_up_deepspeed() -> float:
+    """Import now what the first `deepspeed.initialize` imports, with a throwaway engine; returns the seconds it took.
+
+    The first engine of a process pulls in torch.compile's machinery (torch._dynamo, torch._inductor, sympy, networkx:
+    ~1500 modules, seconds on a small CPU). Interrupting a training cell during that import leaves modules half
+    imported (``module 'torch._dynamo.convert_frame' has no attribute 'convert_frame'`` until the kernel restarts);
+    done in the imports cell, a later interrupt cannot. Every notebook's imports cell calls it.
+    """
+    import contextlib
+    import io
+    import time
+
+    import deepspeed
+    import torch
+
+    start = time.perf_counter()
+    setup_single_process()
+    model = torch.nn.Linear(8, 8)
+    config = {"train_batch_size": 1, "steps_per_print": 10**9, "zero_optimization": {"stage": 2},
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}}
+    with contextlib.redirect_stdout(io.StringIO()):
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+        loss = engine(torch.ones(1, 8, device=engine.device)).sum()
+        engine.backward(loss)
+        engine.step()
+    destroy_engine(engine)
+    del engine, model, loss, _
+    release_host_memory()
+    return time.perf_counter() - start
+
+
+def live_engines() -> list[Any]:
+    """Every DeepSpeed engine object still alive in this process (after a garbage collection)."""
+    import sys
+
+    if "deepspeed" not in sys.modules:
+        return []
+    gc.collect()
+    return [o for o in gc.get_objects() if type(o).__name__.endswith("Engine")
+            and type(o).__module__.startswith("deepspeed.") and callable(getattr(o, "destroy", None))]
+
+
+def clean_slate(namespace: dict[str, Any], *names: str, hf: bool = False) -> list[str]:
+    """Start a training cell from nothing, whatever ran (or was interrupted) before it; returns what it cleaned.
+
+    From a notebook: ``helpers.clean_slate(globals(), "engine", "optimizer", "model", "losses")`` as the first line of
+    a cell that trains. It forgets `names` (the cell's own results from an earlier run: a re-run never continues a
+    half-trained model, and a later cell cannot read a stale result), drops the traceback of the last error (an
+    interrupted cell's frames keep its engine and model alive, and their GPU memory with them), destroys every
+    DeepSpeed engine that nothing in `namespace` uses any more, clears transformers' global ZeRO-3 config, and gives
+    the memory back; `hf=True` also resets transformers' and Accelerate's global state (notebook 04). Prints one
+    line when it found something to clean.
+    """
+    import sys
+
+    cleaned: list[str] = []
+    if _drop_last_traceback():
+        cleaned.append("the last error's traceback")
+    forgotten = [n for n in names if n in namespace]
+    teardown(namespace, *forgotten)
+    if forgotten:
+        cleaned.append("the names " + ", ".join(forgotten))
+    in_use = {id(v) for v in namespace.values()}
+    orphans = [e for e in live_engines() if id(e) not in in_use]
+    n_orphans = len(orphans)
+    while orphans:
+        destroy_engine(orphans.pop())
+    if n_orphans:
+        cleaned.append(f"{n_orphans} DeepSpeed engine(s) left by an earlier or interrupted run")
+    hf = sys.modules.get("transformers.integrations.deepspeed")
+    ref = getattr(hf, "_hf_deepspeed_config_weak_ref", None)
+    if ref is not None and ref() is not None and id(ref()) not in in_use:
+        hf.unset_hf_deepspeed_config()
+        cleaned.append("transformers' ZeRO-3 config")
+    if hf:
+        from helpers.integrations import reset_hf_deepspeed_state
+
+        before = reset_hf_deepspeed_state()
+        if any(v not in ("none", "unset") for v in before.values()):
+            cleaned.append("Accelerate's and transformers' global state")
+    rss = release_host_memory()
+    reset_peak_stats()
+    if cleaned:
+        print(f"clean slate: dropped {'; '.join(cleaned)} (this kernel now holds {rss / 1e9:.2f} GB of RAM)")
+    return cleaned
+
+
+def _drop_last_traceback() -> bool:
+    """Forget the last error's traceback wherever Python and IPython keep it; True if there was one.
+
+    Its frames hold the locals of every function the error passed through: after an interrupted training cell,
+    the engine, the model and the optimizer. Python keeps it in sys.last_*, IPython's traceback printer in its `tb`,
+    and the last execution result in `error_in_exec`.
+    """
+    import sys
+
+    found = False
+    for attr in ("last_type", "last_value", "last_traceback", "last_exc"):
+        if getattr(sys, attr, None) is not None:
+            setattr(sys, attr, None)
+            found = True
+    shell = None
+    if "IPython" in sys.modules:
+        shell = sys.modules["IPython"].get_ipython()
+    if shell is not None:
+        for printer in (getattr(shell, "InteractiveTB", None), getattr(shell, "SyntaxTB", None)):
+            if getattr(printer, "tb", None) is not None:
+                printer.tb = None
+                found = True
+        last = getattr(shell, "last_execution_result", None)
+        if getattr(last, "error_in_exec", None) is not None:
+            last.error_in_exec = None
+            found = True
+    return found
+
+
+def require(namespace: dict[str, Any], *names: str, where: str) -> None:
+    """Raise NameError naming the cell to run first when one of `names` is missing (notebooks 00-05)."""
+    missing = [n for n in names if n not in namespace]
+    if missing:
+        raise NameError(f"{', '.join(missing)} not defined: this cell reads what {where} made. Fix: run {where} "
+                        "first (it builds everything it needs).")

@@ -373,7 +373,9 @@ def run_ranks(script: str | Path, n: int, out: Path, *, device: str = "cpu", lau
         env.update(CUDA_VISIBLE_DEVICES="", DS_ACCELERATOR="cpu")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     start = time.perf_counter()
-    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    from helpers.fresh_process import run_process_group
+
+    proc = run_process_group(argv, cwd=ROOT, env=env, timeout=timeout)  # an interrupt stops every rank
     if proc.returncode != 0:
         raise RuntimeError(f"{shown(argv)} failed (exit code {proc.returncode}):\n{proc.stderr[-3000:]}")
     reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(n)]

@@ -141,19 +141,21 @@ def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *,
                        precision=runtime.precision, micro_batch=micro_batch, grad_accum=grad_accum, seq_len=seq_len,
                        steps=steps, checkpointing=checkpointing, runtime=runtime.label)
     ns: dict[str, Any] = {}
-    with measure_peak(nvme_path=nvme_path) as mem:
-        try:
-            _train(ns, result, model_factory, train_blocks, runtime, ds_config, val_blocks, steps, micro_batch,
-                   grad_accum, lr, checkpointing, eval_every, eval_batches, warmup_steps, seed, progress,
-                   on_step or (lambda step, loss: None), on_phase or (lambda phase: None))
-        except torch.OutOfMemoryError as exc:
-            result.error = "CUDA out of memory: " + str(exc).split("\n")[0][:300]
-    zero3 = ns.get("keep_alive") is not None
-    teardown(ns, "engine", "optimizer", "model", "keep_alive")
-    if zero3:
-        from helpers.checkpoints import release_zero3
+    try:
+        with measure_peak(nvme_path=nvme_path) as mem:
+            try:
+                _train(ns, result, model_factory, train_blocks, runtime, ds_config, val_blocks, steps, micro_batch,
+                       grad_accum, lr, checkpointing, eval_every, eval_batches, warmup_steps, seed, progress,
+                       on_step or (lambda step, loss: None), on_phase or (lambda phase: None))
+            except torch.OutOfMemoryError as exc:
+                result.error = "CUDA out of memory: " + str(exc).split("\n")[0][:300]
+    finally:  # an interrupted run (KeyboardInterrupt) is torn down too: its engine must not outlive the cell
+        zero3 = ns.get("keep_alive") is not None
+        teardown(ns, "engine", "optimizer", "model", "keep_alive")
+        if zero3:
+            from helpers.checkpoints import release_zero3
 
-        release_zero3()
+            release_zero3()
     marks = [("build model", ns.get("t_start")), ("initialize", ns.get("t_built")), ("train", ns.get("t_ready")),
              ("end", time.perf_counter())]
     for (phase, t0), (_, t1) in zip(marks, marks[1:]):

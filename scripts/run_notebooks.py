@@ -62,6 +62,73 @@ def execute(path: Path, *, twice: bool = False, timeout_s: int = 1800, out_dir: 
     return {"passed": not error, "seconds": round(seconds, 1), "error": error}
 
 
+HABITS_CHECK = """
+import helpers
+_engines = helpers.live_engines()
+print(f"live DeepSpeed engines: {len(_engines)}")
+assert not _engines, f"{len(_engines)} DeepSpeed engine(s) still alive at the end of the notebook"
+del _engines
+"""
+
+
+def execute_with_habits(path: Path, *, interrupt_after_s: float = 3.0, timeout_s: int = 1800,
+                        out_dir: Path | None = None) -> dict:
+    """Run a notebook as a learner does (tests/test_notebooks_twice.py); returns execute()'s dict + 'log'.
+
+    1. Top to bottom, but each cell tagged `heavy` (training, launching) is interrupted after `interrupt_after_s`
+       (SIGINT to the kernel, as the stop button does) and then run again.
+    2. Then each heavy cell is run again on its own, followed by the cells after it up to the next heavy cell
+       (those read its results): a second run of the notebook, segment by segment.
+    3. Finally no DeepSpeed engine may be alive in the kernel.
+    """
+    import signal
+    import threading
+
+    from nbclient.exceptions import CellExecutionError
+
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
+                            resources={"metadata": {"path": str(path.parent)}})
+    code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    heavy = [i for i in code if "heavy" in nb.cells[i].metadata.get("tags", [])]
+    log: list[str] = []
+    start = time.perf_counter()
+    error = ""
+    try:
+        with client.setup_kernel():
+            pid = _kernel_pid(client)
+            for i in code:
+                if i in heavy:
+                    timer = threading.Timer(interrupt_after_s, os.kill, (pid, signal.SIGINT))
+                    timer.start()
+                    try:
+                        client.execute_cell(nb.cells[i], i)
+                        log.append(f"cell {i}: finished within {interrupt_after_s} s, not interrupted")
+                    except CellExecutionError as exc:
+                        if "KeyboardInterrupt" not in str(exc):
+                            raise
+                        log.append(f"cell {i}: interrupted after {interrupt_after_s} s, run again")
+                    finally:
+                        timer.cancel()
+                client.execute_cell(nb.cells[i], i)
+            for n, h in enumerate(heavy):
+                end = heavy[n + 1] if n + 1 < len(heavy) else len(nb.cells)
+                segment = [i for i in code if h <= i < end]
+                log.append(f"cells {segment}: run again")
+                for i in segment:
+                    client.execute_cell(nb.cells[i], i)
+            check = nbformat.v4.new_code_cell(HABITS_CHECK)
+            nb.cells.append(check)
+            client.execute_cell(check, len(nb.cells) - 1)
+            log.append("".join(o.get("text", "") for o in check.outputs).strip())
+    except Exception as exc:  # CellExecutionError carries the traceback text
+        error = f"{type(exc).__name__}: {exc}"[-4000:]
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, out_dir / path.name)
+    return {"passed": not error, "seconds": round(time.perf_counter() - start, 1), "error": error, "log": log}
+
+
 def _kernel_pid(client: NotebookClient) -> int:
     """Process id of the client's kernel (jupyter_client's local provisioner)."""
     provisioner = getattr(client.km, "provisioner", None)

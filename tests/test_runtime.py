@@ -98,3 +98,22 @@ def test_release_host_memory_gives_freed_heap_back():
     after = release_host_memory()
     assert after - rss < 48 * 2**20, (rss, after)
     del keep
+
+
+def test_release_zero3_globals_drops_sub_modules_an_interrupted_forward_left():
+    """ZeRO-3 pushes each sub-module on FWD_MODULE_STACK before its forward and pops it after: an interrupt in between
+    (a learner's stop button) leaves it there, holding the model, its engine and optimizer (notebook 01, issue 13)."""
+    import torch
+    from deepspeed.runtime.zero import parameter_offload
+
+    from helpers.runtime import release_zero3_globals
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Sequential(torch.nn.Linear(2, 2)))
+    other = torch.nn.Linear(2, 2)
+    saved = list(parameter_offload.FWD_MODULE_STACK)
+    try:
+        parameter_offload.FWD_MODULE_STACK[:] = [other, model, model[1], model[1][0]]
+        release_zero3_globals(model)
+        assert parameter_offload.FWD_MODULE_STACK == [other]
+    finally:
+        parameter_offload.FWD_MODULE_STACK[:] = saved
