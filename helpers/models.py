@@ -6,11 +6,15 @@ rungs of the same shape, so "how big a model fits" can be asked offline.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
+import json
 import math
 import re
 from pathlib import Path
 from typing import Any
+
+from helpers.atomic import needs_writing, write_atomically
 
 # name -> (hidden size, layers, heads); vocab 50257, context 1024 as in GPT-2
 GPT2_LADDER: dict[str, tuple[int, int, int]] = {
@@ -105,19 +109,66 @@ def model_shape(model: str | int | float | Any) -> ModelShape:
                       n_heads=first("num_attention_heads", "n_head"), vocab=first("vocab_size"))
 
 
+# what save_pretrained writes for a causal LM (safetensors, sharded or not)
+MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "model-*-of-*.safetensors",
+               "model.safetensors.index.json")
+
+
+def model_folder_problem(path: str | Path) -> str | None:
+    """What is missing or broken in a saved Hugging Face model folder; None when it is complete.
+
+    Complete: config.json (and generation_config.json, if there) parse, and every weights file (model.safetensors,
+    or each shard the index names) opens with its full length.
+    """
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        return "no config.json"
+    for name in ("config.json", "generation_config.json"):  # the second only for generative models
+        if not (path / name).is_file():
+            continue
+        try:
+            json.loads((path / name).read_text())
+        except ValueError:
+            return f"{name} is cut short"
+    index = path / "model.safetensors.index.json"
+    if (path / "model.safetensors").is_file():
+        weights = [path / "model.safetensors"]
+    elif index.is_file():
+        try:
+            weights = [path / f for f in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+        except (ValueError, KeyError):
+            return f"{index.name} is cut short"
+    else:
+        return "config.json without model.safetensors"
+    for f in weights:
+        if not f.is_file():
+            return f"no {f.name}"
+        try:
+            with safe_open(str(f), "pt"):
+                pass
+        except Exception:  # SafetensorError: header or data shorter than declared
+            return f"{f.name} is cut short or unreadable"
+    return None
+
+
 def save_model_from_config(directory: str | Any, size: str = "gpt2", seed: int = 0, **overrides: Any) -> str:
     """Build a ladder model from its config (random weights, seeded), save it in Hugging Face format.
 
-    Offline stand-in for a Hub checkpoint: it loads through the same ``from_pretrained`` call.
+    Offline stand-in for a Hub checkpoint: it loads through the same ``from_pretrained`` call (notebooks 01,
+    02, 04). A complete folder is reused; the folder is written atomically, and a half-written one (from an
+    interrupted save of an older version) is rebuilt.
     """
     import torch
     from transformers import AutoModelForCausalLM
 
     path = Path(directory)
-    if not (path / "config.json").exists():
+    config = gpt2_config(size, **overrides)  # an unknown size is refused before anything is built
+    if needs_writing(path, model_folder_problem, MODEL_FILES, "model"):
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(gpt2_config(size, **overrides))
-        model.save_pretrained(str(path))
+        model = AutoModelForCausalLM.from_config(config)
+        write_atomically(path, lambda tmp: model.save_pretrained(str(tmp)))
     return str(path)
 
 
