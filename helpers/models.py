@@ -43,12 +43,19 @@ class ModelShape:
     vocab: int
 
 
+def _unknown_size(name: Any) -> ValueError:
+    """The error for a model name that is not a ladder rung, with the nearest rung as the fix."""
+    guess = difflib.get_close_matches(str(name).strip().lower(), list(GPT2_LADDER), n=1, cutoff=0.0)
+    return ValueError(f"unknown model size {name!r}: did you mean {guess[0]!r}? Fix: model={guess[0]!r}, another "
+                      f"ladder name ({', '.join(GPT2_LADDER)}), a size such as '350M' or '1.3B', or a local folder.")
+
+
 def gpt2_config(name: str, **overrides: Any) -> Any:
-    """A transformers GPT2Config for a ladder rung (no download)."""
+    """A transformers GPT2Config for a ladder rung (no download; notebooks 01-05)."""
     from transformers import GPT2Config
 
     if name not in GPT2_LADDER:
-        raise ValueError(f"unknown ladder size {name!r}; choose one of {list(GPT2_LADDER)}")
+        raise _unknown_size(name)
     hidden, layers, heads = GPT2_LADDER[name]
     kwargs: dict[str, Any] = dict(n_embd=hidden, n_layer=layers, n_head=heads, vocab_size=GPT2_VOCAB,
                                   n_positions=GPT2_CONTEXT)
@@ -71,13 +78,24 @@ def model_shape(model: str | int | float | Any) -> ModelShape:
 
     The model is built on the meta device, so nothing is allocated or downloaded beyond its config. A bare
     size gets the layer shapes of the GPT-2 ladder rung nearest in parameters (for the activation estimate).
+    A name that starts like a ladder name ("gpt2-xxl") but is not one, or an empty one, is refused with the
+    nearest rung before the Hub is asked (notebooks 00-02, planner).
     """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from helpers.memory import count_params
 
+    if isinstance(model, bool):
+        raise ValueError(f"model must be a size, a ladder name, a folder or a config (got {model!r}). "
+                         "Fix: model='gpt2'.")
     count = parse_param_count(model) if isinstance(model, (str, int, float)) else None
+    if count is not None and not count > 0:
+        raise ValueError(f"a model size must be a positive parameter count (got {model!r}). Fix: model='124M' "
+                         "(or '1.3B', 7e9, or a ladder name such as 'gpt2').")
+    if isinstance(model, str) and model not in GPT2_LADDER and (not model.strip() or (
+            model.strip().lower().startswith("gpt2") and not Path(model).is_dir())):
+        raise _unknown_size(model)  # empty, or looks like a course name: never ask the Hub (23 s of retries offline)
     if count is not None:
         rung = min((r for r in GPT2_LADDER if r != "gpt2-tiny"),
                    key=lambda r: abs(math.log(model_shape(r).n_params / count)))
