@@ -44,6 +44,8 @@ _EXPORTS: dict[str, str] = {
     "offload_config": "config",
     "OFFLOAD_KINDS": "config",
     "check_nvme_path": "config",
+    "check_nvme_buffers": "config",
+    "nvme_buffer_size_for": "config",
     # memory
     "ModelStateEstimate": "memory",
     "estimate_model_states": "memory",

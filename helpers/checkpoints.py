@@ -9,8 +9,12 @@
 """
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 from typing import Any
+
+from helpers.atomic import check_replaceable, write_atomically
 
 
 def build_zero3_model(ds_config: dict[str, Any], name_or_path: str | None = None, config: Any = None,
@@ -48,10 +52,32 @@ def release_zero3() -> None:
     unset_hf_deepspeed_config()
 
 
+def _barrier() -> None:
+    """Wait for every rank (nothing to wait for in one process)."""
+    from deepspeed import comm as dist
+
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
 def save_checkpoint(engine: Any, directory: str | Path, tag: str | None = None) -> Path:
-    """engine.save_checkpoint: model, optimizer, scheduler and step, partitioned as trained."""
+    """engine.save_checkpoint: model, optimizer, scheduler and step, partitioned as trained (notebook 02).
+
+    Written atomically: every rank saves into `<tag>.partial`, then rank 0 renames it to `<tag>` and points
+    'latest' at it. An interrupted save leaves the previous checkpoint and 'latest' as they were; its partial
+    folder is removed by the next save. The tag defaults to DeepSpeed's `global_step<N>`.
+    """
     directory = Path(directory)
-    engine.save_checkpoint(str(directory), tag=tag)
+    tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
+    partial = directory / f"{tag}.partial"  # the same name on every rank
+    if engine.global_rank == 0 and partial.exists():
+        shutil.rmtree(partial)
+    _barrier()
+    engine.save_checkpoint(str(directory), tag=partial.name, save_latest=False)
+    if engine.global_rank == 0:
+        write_atomically(directory / tag, lambda tmp: os.replace(partial, tmp))
+        write_atomically(directory / "latest", lambda tmp: tmp.write_text(tag))
+    _barrier()
     return directory
 
 
@@ -59,17 +85,27 @@ def resume_checkpoint(engine: Any, directory: str | Path, tag: str | None = None
     """engine.load_checkpoint into a freshly initialised engine of the same config; returns client state."""
     path, client_state = engine.load_checkpoint(str(directory), tag=tag)
     if path is None:
-        raise FileNotFoundError(f"no DeepSpeed checkpoint found in {directory} (tag {tag!r}): "
-                                "check the folder and its 'latest' file")
+        interrupted = tag is not None and (Path(directory) / f"{tag}.partial").exists()
+        raise FileNotFoundError(f"no DeepSpeed checkpoint found in {directory} (tag {tag!r})"
+                                + (": its save was interrupted (only a .partial folder is there). Fix: save it "
+                                   "again, or resume from 'latest' (tag=None)" if interrupted else
+                                   ": check the folder and its 'latest' file"))
     return client_state or {}
 
 
 def consolidate_to_hf(checkpoint_dir: str | Path, model_config: Any, out_dir: str | Path,
                       tag: str | None = None) -> Path:
-    """zero_to_fp32: merge a ZeRO-2/3 checkpoint into one fp32 state dict, save it as a Hugging Face model."""
+    """zero_to_fp32: merge a ZeRO-2/3 checkpoint into one fp32 state dict, save it as a Hugging Face model.
+
+    `out_dir` is written atomically (a previous model there is replaced once the new one is complete); a folder
+    holding anything but a saved model is refused before the checkpoint is read (notebook 02).
+    """
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     from transformers import AutoModelForCausalLM
 
+    from helpers.models import MODEL_FILES
+
+    check_replaceable(out_dir, MODEL_FILES, "model")
     state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir), tag=tag)
     release_zero3()  # the consolidated model must be built whole
     model = AutoModelForCausalLM.from_config(model_config)
@@ -79,6 +115,4 @@ def consolidate_to_hf(checkpoint_dir: str | Path, model_config: Any, out_dir: st
         raise RuntimeError(f"checkpoint does not match the model: missing {sorted(set(missing) - tied)}, "
                            f"unexpected {sorted(unexpected)}")
     model.tie_weights()
-    out_dir = Path(out_dir)
-    model.save_pretrained(str(out_dir))
-    return out_dir
+    return write_atomically(out_dir, lambda tmp: model.save_pretrained(str(tmp)))

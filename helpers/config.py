@@ -8,13 +8,17 @@ a test regenerates them and checks they are equal.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import math
 import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from helpers.atomic import write_atomically
 
 if TYPE_CHECKING:
     from helpers.hardware import Runtime
@@ -35,12 +39,91 @@ def _check_int(name: str, value: Any) -> None:
                           "to fit less memory per step, lower micro_batch_size and raise grad_accum_steps.")
 
 
+def _as_number(value: Any) -> float | None:
+    """`value` as a float when it is a real number (not a bool, not a string), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def check_number(name: str, value: Any, *, positive: bool, integer: bool, example: Any, hint: str = "") -> None:
+    """Refuse anything but a positive (or non-negative) number, an int where `integer`, with ConfigError whose fix
+    (`example`, or the value itself when it was a number in a string) passes this check; `hint` is appended."""
+    def passes(v: Any) -> bool:
+        number = _as_number(v)
+        return (number is not None and (isinstance(v, int) or not integer)
+                and (number > 0 if positive else number >= 0))
+
+    if passes(value):
+        return
+    fix = f"{name}={example!r}"
+    candidate: Any = None
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            candidate = float(value)
+    elif isinstance(value, float):
+        candidate = value
+    if isinstance(candidate, float) and integer and candidate.is_integer():
+        candidate = int(candidate)
+    if candidate is not None and passes(candidate):
+        fix = f"{name}={candidate!r}" + (" (a number, not a string)" if isinstance(value, str) else " (an int)")
+    kind = ("a positive " if positive else "a non-negative ") + ("integer" if integer else "number")
+    got = repr(value) if _as_number(value) is not None else f"{value!r}, a {type(value).__name__}"
+    raise ConfigError(f"{name} must be {kind} (got {got}). Fix: {fix}{hint}.")
+
+
+def _check_stage(stage: Any) -> None:
+    if isinstance(stage, int) and not isinstance(stage, bool) and stage in (0, 1, 2, 3):
+        return
+    fix = "pass stage=0..3"
+    if isinstance(stage, float) and stage in (0, 1, 2, 3):
+        fix = f"stage={int(stage)} (an int)"
+    raise ConfigError(f"ZeRO stage must be 0, 1, 2 or 3 (got {stage!r}). Stage 1 partitions optimizer "
+                      f"states, 2 also gradients, 3 also parameters. Fix: {fix}.")
+
+
+def check_offload_device(name: str, device: Any) -> None:
+    """`device` must be one of OFFLOAD_DEVICES (also for the estimators in helpers.memory)."""
+    if device in OFFLOAD_DEVICES:
+        return
+    fix = f"{name}={device.lower()!r}" if isinstance(device, str) and device.lower() in OFFLOAD_DEVICES else \
+        f"{name}='none' (keeps it on the GPU), 'cpu' or 'nvme'"
+    raise ConfigError(f"{name} must be one of {OFFLOAD_DEVICES} (got {device!r}). Fix: {fix}.")
+
+
+# NVMe offload writes optimizer states (16 bytes/param) and, with parameters, the 16-bit weights: GPT-2 124M
+# writes ~2.2 GB. A folder with less free space than this is refused unless the need is known to be smaller.
+NVME_MIN_FREE_BYTES = 1_000_000_000
+# DeepSpeed swaps a parameter to NVMe only when its 16-bit partition has at least MIN_AIO_BYTES (1 MiB,
+# deepspeed/runtime/swap_tensor/utils.py); smaller ones stay in RAM. A swap buffer smaller than that holds nothing.
+NVME_MIN_SWAPPED_BYTES = 1024**2
+
+
+def _folder_beside(p: Path) -> Path:
+    """A folder name next to the file `p` that is not a file itself (nvme, nvme-2, ...)."""
+    candidate, n = p.parent / "nvme", 1
+    while candidate.exists() and not candidate.is_dir():
+        n += 1
+        candidate = p.parent / f"nvme-{n}"
+    return candidate
+
+
 def check_nvme_path(path: str | os.PathLike[str] | None, bytes_needed: int = 0) -> Path:
-    """The NVMe offload folder must exist, be writable and have `bytes_needed` free (notebook 02)."""
+    """The NVMe offload folder must exist, be writable and have free space for what will be written (notebook 02).
+
+    `bytes_needed`: the estimate (`estimate_for_config(config, n_params).nvme_total`); without it (0) the folder
+    must have NVME_MIN_FREE_BYTES free: a full disk makes DeepSpeed write short swap files and later abort the
+    process in C++ (a dead kernel) when it reads them back.
+    """
     if path is None or str(path) == "":
         raise ConfigError("NVMe offload needs a folder on a fast local disk. Fix: nvme_path='/content/nvme' "
                           "on Colab (create it first: os.makedirs(nvme_path, exist_ok=True)).")
     p = Path(path)
+    if p.exists() and not p.is_dir():
+        other = _folder_beside(p)
+        raise ConfigError(f"NVMe offload folder {str(p)!r} is a file, not a folder: DeepSpeed writes its swap files "
+                          f"into a folder. Fix: pick a folder, e.g. nvme_path={str(other)!r} (create it first: "
+                          f"os.makedirs({str(other)!r}, exist_ok=True)).")
     if not p.is_dir():
         raise ConfigError(f"NVMe offload folder {str(p)!r} does not exist. Fix: create it first "
                           f"(os.makedirs({str(p)!r}, exist_ok=True)) or pass another nvme_path.")
@@ -53,12 +136,51 @@ def check_nvme_path(path: str | os.PathLike[str] | None, bytes_needed: int = 0) 
     except OSError as exc:
         raise ConfigError(f"NVMe offload folder {str(p)!r} is not writable ({exc}). "
                           "Fix: pick a folder you own on a local disk.") from exc
+    if isinstance(bytes_needed, bool) or not isinstance(bytes_needed, int) or bytes_needed < 0:
+        raise ConfigError(f"bytes_needed must be a byte count >= 0 (got {bytes_needed!r}). Fix: bytes_needed="
+                          "helpers.estimate_for_config(config, n_params).nvme_total, or 0 when it is not known.")
     free = shutil.disk_usage(p).free
     if bytes_needed and free < bytes_needed:
         raise ConfigError(f"NVMe offload folder {str(p)!r} has {free / 1e9:.1f} GB free but this config needs "
                           f"about {bytes_needed / 1e9:.1f} GB. Fix: free disk space, point nvme_path at a "
                           "larger disk, offload only the optimizer, or train a smaller model.")
+    if not bytes_needed and free < NVME_MIN_FREE_BYTES:
+        raise ConfigError(f"NVMe offload folder {str(p)!r} has only {free / 1e6:.0f} MB free; NVMe offload writes "
+                          f"the optimizer states there (16 bytes per parameter, ~2.2 GB for GPT-2 124M), and a full "
+                          f"disk aborts the process in DeepSpeed's C++ reader. Fix: point nvme_path at a disk with "
+                          f"at least {NVME_MIN_FREE_BYTES / 1e9:.0f} GB free, or pass the estimate for a smaller "
+                          "model (n_params=... to build_ds_config, or bytes_needed="
+                          "helpers.estimate_for_config(config, n_params).nvme_total).")
     return p
+
+
+def nvme_buffer_size_for(largest_param: int) -> int:
+    """An NVMe parameter swap buffer (elements) for a model whose largest tensor has `largest_param` elements."""
+    return max(10_000_000, int(largest_param * 1.05))
+
+
+def check_nvme_buffers(buffer_count: Any, buffer_size: Any, *, element_bytes: int, largest_param: int = 0) -> None:
+    """NVMe parameter swap buffers DeepSpeed 0.19.8 can work with (notebook 02; preflight; build_ds_config).
+
+    Each parameter whose partition is on NVMe takes one whole buffer while it is in memory
+    (partitioned_param_swapper.py): initialisation swaps every parameter out through a buffer ("No swap buffers
+    to allocate" with none), and a buffer must hold the largest tensor ("More elements ... than buffer size").
+    Measured on CPU (bf16, 10 swapped tensors): prefetch and max_live_parameters need no buffers of their own,
+    the NVMe prefetch only takes free ones; 1 buffer trains with stage3_max_reuse_distance 0, while a reuse
+    distance covering the whole model keeps every swapped tensor in memory (10 buffers needed).
+    """
+    if isinstance(buffer_count, bool) or not isinstance(buffer_count, int) or buffer_count < 1:
+        raise ConfigError(f"nvme_buffer_count must be an integer >= 1 (got {buffer_count!r}): DeepSpeed swaps each "
+                          "parameter through one of these buffers, and with none it fails in initialize ('No swap "
+                          "buffers to allocate'). Fix: nvme_buffer_count=8 (the course's value).")
+    smallest = NVME_MIN_SWAPPED_BYTES // element_bytes
+    needed = max(int(largest_param), smallest)
+    if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < needed:
+        what = (f"the model's largest tensor ({largest_param:,} elements)" if largest_param > smallest else
+                f"the smallest tensor DeepSpeed swaps to NVMe ({smallest:,} elements of {element_bytes} bytes = 1 MiB)")
+        raise ConfigError(f"nvme_buffer_size must hold {what} (got {buffer_size!r}); DeepSpeed fails in initialize "
+                          f"with 'More elements ... than buffer size'. Fix: nvme_buffer_size="
+                          f"{nvme_buffer_size_for(needed)} (helpers.nvme_buffer_size_for(largest_param)).")
 
 
 def _resolve_precision(precision: str, runtime: "Runtime | None") -> str:
@@ -109,6 +231,8 @@ def build_ds_config(
     offload_param: str = "none",
     nvme_path: str | None = None,
     nvme_bytes_needed: int = 0,
+    n_params: int = 0,
+    largest_param: int = 0,
     check_paths: bool = True,
     nvme_buffer_count: int = 8,
     nvme_buffer_size: int = 100_000_000,
@@ -133,16 +257,29 @@ def build_ds_config(
     Offload buffers are not pinned by default (`pin_memory`): page-locked host memory is faster to copy but
     comes out of the same small RAM that offload already fills. `sub_group_size` (stage 3) is how many
     elements the optimizer steps at a time: with NVMe it sizes the swap buffers held in RAM.
+    With NVMe, the folder's free space is checked against `nvme_bytes_needed`, else against the estimate for
+    `n_params` parameters, else against NVME_MIN_FREE_BYTES; parameter swap buffers must hold `largest_param`
+    elements (the model's largest tensor) when it is given (`check_nvme_buffers`).
     """
-    if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
-        raise ConfigError(f"ZeRO stage must be 0, 1, 2 or 3 (got {stage!r}). Stage 1 partitions optimizer "
-                          "states, 2 also gradients, 3 also parameters. Fix: pass stage=0..3.")
+    _check_stage(stage)
     for name, value in (("micro_batch_size", micro_batch_size), ("grad_accum_steps", grad_accum_steps),
                         ("world_size", world_size)):
         _check_int(name, value)
+    check_number("lr", lr, positive=True, integer=False, example=1e-4)
+    check_number("weight_decay", weight_decay, positive=False, integer=False, example=0.01)
+    check_number("warmup_steps", warmup_steps, positive=False, integer=True, example=10)
+    check_number("initial_scale_power", initial_scale_power, positive=False, integer=True, example=16)
+    if gradient_clipping is not None:
+        check_number("gradient_clipping", gradient_clipping, positive=False, integer=False, example=1.0)
+    if total_steps is not None:
+        check_number("total_steps", total_steps, positive=True, integer=True, example=100)
+    for name, value in (("prefetch_bucket_size", prefetch_bucket_size), ("max_live_parameters", max_live_parameters)):
+        check_number(name, value, positive=False, integer=True, example=50_000_000)
+    for name, value in (("n_params", n_params), ("largest_param", largest_param), ("nvme_bytes_needed",
+                                                                                    nvme_bytes_needed)):
+        check_number(name, value, positive=False, integer=True, example=0)
     for name, device in (("offload_optimizer", offload_optimizer), ("offload_param", offload_param)):
-        if device not in OFFLOAD_DEVICES:
-            raise ConfigError(f"{name} must be one of {OFFLOAD_DEVICES} (got {device!r}).")
+        check_offload_device(name, device)
     if offload_param != "none" and stage != 3:
         raise ConfigError(f"Parameter offload needs ZeRO stage 3 (got stage {stage}): only stage 3 partitions "
                           "parameters. Fix: stage=3, or keep stage and use offload_optimizer='cpu' with "
@@ -160,14 +297,13 @@ def build_ds_config(
     if scheduler == "WarmupDecayLR" and not total_steps:
         raise ConfigError("scheduler='WarmupDecayLR' needs total_steps. Fix: pass total_steps=N "
                           "or use scheduler='WarmupLR'.")
-    if not lr > 0:
-        raise ConfigError(f"lr must be > 0 (got {lr!r}).")
     resolved = _resolve_precision(precision, runtime)
     uses_nvme = "nvme" in (offload_optimizer, offload_param)
-    if uses_nvme and check_paths:
-        check_nvme_path(nvme_path, nvme_bytes_needed)
-    elif uses_nvme and not nvme_path:
+    if uses_nvme and not check_paths and not nvme_path:
         raise ConfigError("NVMe offload needs nvme_path. Fix: nvme_path='/content/nvme' on Colab.")
+    if offload_param == "nvme":
+        check_nvme_buffers(nvme_buffer_count, nvme_buffer_size, largest_param=largest_param,
+                           element_bytes=4 if resolved == "fp32" else 2)
 
     config: dict[str, Any] = {
         "train_batch_size": micro_batch_size * grad_accum_steps * world_size,
@@ -228,6 +364,12 @@ def build_ds_config(
         config["activation_checkpointing"] = {"partition_activations": False, "cpu_checkpointing": False,
                                               "contiguous_memory_optimization": False,
                                               "synchronize_checkpoint_boundary": False}
+    if uses_nvme and check_paths:
+        if not nvme_bytes_needed and n_params:
+            from helpers.memory import estimate_for_config
+
+            nvme_bytes_needed = estimate_for_config(config, n_params, largest_layer_params=largest_param).nvme_total
+        check_nvme_path(nvme_path, nvme_bytes_needed)
     return config
 
 
@@ -242,23 +384,24 @@ OFFLOAD_KINDS: dict[str, dict[str, Any]] = {
 
 
 def offload_config(kind: str, runtime: "Runtime", *, largest_param: int = 0, nvme_path: str | None = None,
-                   **overrides: Any) -> dict[str, Any]:
+                   n_params: int = 0, **overrides: Any) -> dict[str, Any]:
     """The offload config `kind` (OFFLOAD_KINDS) sized for a model whose largest tensor has `largest_param` elements.
 
-    With parameters on NVMe every parameter in flight holds one swap buffer: buffers hold the largest tensor
-    (the embedding), and a short prefetch keeps the number in flight below the 8 buffers. On CPU, NVMe
+    With parameters on NVMe every parameter in memory holds one swap buffer: buffers hold the largest tensor
+    (the embedding); 8 buffers (`check_nvme_buffers` says what sets the number needed). On CPU, NVMe
     parameter offload runs in bf16 (DeepSpeed 0.19.8 fails in fp32 there: a dtype bug). Notebook 02, ladder.
     """
     if kind not in OFFLOAD_KINDS:
         raise ConfigError(f"unknown offload config {kind!r}. Fix: one of {sorted(OFFLOAD_KINDS)}.")
-    kwargs: dict[str, Any] = {**OFFLOAD_KINDS[kind], "runtime": runtime}
+    kwargs: dict[str, Any] = {**OFFLOAD_KINDS[kind], "runtime": runtime, "largest_param": largest_param,
+                              "n_params": n_params}
     if "nvme" in OFFLOAD_KINDS[kind].values():
         kwargs["nvme_path"] = nvme_path
     if OFFLOAD_KINDS[kind].get("offload_param") == "nvme":
         if largest_param <= 0:
             raise ConfigError("NVMe parameter offload needs the model's largest tensor (largest_param=...) to size "
                               "its swap buffers. Fix: largest_param=helpers.model_shape(model).largest_layer_params.")
-        kwargs.update(nvme_buffer_count=8, nvme_buffer_size=max(10_000_000, int(largest_param * 1.05)),
+        kwargs.update(nvme_buffer_count=8, nvme_buffer_size=nvme_buffer_size_for(largest_param),
                       prefetch_bucket_size=10_000_000, max_live_parameters=30_000_000)
         if not runtime.has_gpu:
             kwargs["precision"] = "bf16"
@@ -319,9 +462,8 @@ def write_course_configs(directory: str | os.PathLike[str] = "configs") -> list[
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name in COURSE_CONFIGS:
-        path = out / f"{name}.json"
-        path.write_text(json.dumps(course_config(name), indent=2) + "\n")
-        written.append(path)
+        text = json.dumps(course_config(name), indent=2) + "\n"
+        written.append(write_atomically(out / f"{name}.json", lambda tmp: tmp.write_text(text)))
     return written
 
 

@@ -7,8 +7,11 @@ the corpus in a fraction of a second and saved, so it also loads through ``from_
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
+
+from helpers.atomic import needs_writing, write_atomically
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCAL_CORPUS = ROOT / "data" / "shakespeare"
@@ -43,19 +46,41 @@ def load_text_dataset(source: str = "local", *, val_fraction: float = 0.05, seed
     return ds
 
 
+# what PreTrainedTokenizerFast.save_pretrained writes (transformers 5: the first two; older versions more)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.json", "merges.txt", "chat_template.jinja")
+
+
+def tokenizer_folder_problem(path: str | Path) -> str | None:
+    """What is missing or cut short in a saved tokenizer folder; None when tokenizer.json and
+    tokenizer_config.json are both there and parse."""
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        if not (Path(path) / name).is_file():
+            return f"no {name}"
+        try:
+            json.loads((Path(path) / name).read_text())
+        except ValueError:
+            return f"{name} is cut short"
+    return None
+
+
 def train_tokenizer(texts: Any, directory: str | Path, vocab_size: int = 8192) -> Any:
-    """Train a byte-level BPE tokenizer on `texts`, save it to `directory`, load it back with AutoTokenizer."""
+    """Train a byte-level BPE tokenizer on `texts`, save it to `directory`, load it back with AutoTokenizer.
+
+    A complete saved tokenizer is reused; the folder is written atomically, and a half-written one is rebuilt
+    (notebooks 01-04).
+    """
     from tokenizers import ByteLevelBPETokenizer
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     directory = Path(directory)
-    if not (directory / "tokenizer.json").exists():
+    if needs_writing(directory, tokenizer_folder_problem, TOKENIZER_FILES, "tokenizer"):
         bpe = ByteLevelBPETokenizer()
         bpe.train_from_iterator((t for t in texts if t), vocab_size=vocab_size, min_frequency=2,
                                 special_tokens=[EOS])
         fast = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token=EOS, eos_token=EOS, unk_token=EOS,
                                        pad_token=EOS)
-        fast.save_pretrained(str(directory))
+        write_atomically(directory, lambda tmp: fast.save_pretrained(str(tmp)))
     return AutoTokenizer.from_pretrained(str(directory))
 
 

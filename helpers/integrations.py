@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from helpers.atomic import write_atomically
 from helpers.config import ConfigError, course_config
 from helpers.memory import GiB, measure_peak
 from helpers.runtime import destroy_engine, reset_peak_stats, setup_single_process, teardown
@@ -691,11 +692,10 @@ def launch_script(path: str | Path, *, model: str, data: str, tokenizer: str = "
                   steps: int = 20, out: str = "build/launch_out") -> Path:
     """Write a stand-alone Trainer + DeepSpeed script for the launch commands (notebook 04)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     root = str(Path(__file__).resolve().parent.parent)
-    path.write_text(LAUNCH_SCRIPT.format(name=path.name, root=root, model=model, data=data, tokenizer=tokenizer,
-                                         seq_len=seq_len, steps=steps, out=out))
-    return path
+    text = LAUNCH_SCRIPT.format(name=path.name, root=root, model=model, data=data, tokenizer=tokenizer,
+                                seq_len=seq_len, steps=steps, out=out)
+    return write_atomically(path, lambda tmp: tmp.write_text(text))
 
 
 def agreement(reference: RunResult, other: RunResult) -> float:

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 if TYPE_CHECKING:
     from helpers.hardware import Runtime
 
-from helpers.config import OFFLOAD_KINDS  # noqa: E402  (pure data; config imports nothing heavy)
+from helpers.config import (OFFLOAD_KINDS, ConfigError, check_number, check_nvme_buffers,  # noqa: E402
+                            check_offload_device)
 
 GiB = 1024**3
 GB = 1000**3
@@ -133,6 +134,13 @@ def estimate_model_states(
     gradients then live on NVMe beside the optimizer states: 16 Ψ on disk). ZeRO-3 with offload adds
     `STAGE3_OFFLOAD_STAGING_BYTES_PER_PARAM` of host RAM ('staging', measured, see there).
     """
+    _check_model_inputs(n_params, largest_layer_params)
+    if stage is not None and (isinstance(stage, bool) or not isinstance(stage, int)):
+        fix = f"stage={int(stage)}" if isinstance(stage, float) and stage in (0, 1, 2, 3) else "stage=0..3"
+        raise ConfigError(f"stage must be None (plain PyTorch) or an int 0..3 (got {stage!r}). Fix: {fix}.")
+    check_offload_device("offload_optimizer", offload_optimizer)
+    check_offload_device("offload_param", offload_param)
+    check_number("n_gpus", n_gpus, positive=True, integer=True, example=1)
     psi = int(n_params)
     n = int(n_gpus)
     if stage is None:
@@ -204,6 +212,14 @@ def estimate_model_states(
     return ModelStateEstimate(" + ".join(parts), psi, n, gpu=gpu, cpu=cpu, nvme=nvme)
 
 
+def _check_model_inputs(n_params: Any, largest_layer_params: Any) -> None:
+    """A parameter count must be a positive number, the largest layer's a non-negative one."""
+    check_number("n_params", n_params, positive=True, integer=False, example=124_439_808,
+                 hint=" (GPT-2 124M; helpers.model_shape(name).n_params gives a model's count)")
+    check_number("largest_layer_params", largest_layer_params, positive=False, integer=False, example=0,
+                 hint=" (unknown), or helpers.model_shape(name).largest_layer_params")
+
+
 def model_states_per_gpu(n_params: int, precision: str = "fp16",
                          gpu_counts: tuple[int, ...] = (1, 2, 4, 8)) -> dict[int, dict[int, int]]:
     """{stage: {n_gpus: model-state bytes per GPU}} for ZeRO 0-3, without buffers (notebook 01, benchmarks)."""
@@ -263,6 +279,9 @@ def estimate_activations(batch: int, seq_len: int, hidden: int, n_layers: int, v
     plus one layer recomputed in full. The logits add b·s·V·(e + 4 + 4): 16-bit logits, their fp32
     copy for the loss and its gradient.
     """
+    for name, value, example in (("batch", batch, 4), ("seq_len", seq_len, 512), ("hidden", hidden, 768),
+                                 ("n_layers", n_layers, 12), ("vocab", vocab, 50257), ("n_heads", n_heads, 12)):
+        check_number(name, value, positive=True, integer=True, example=example)
     e = bytes_per_element(precision)
     sbh = seq_len * batch * hidden
     per_layer = sbh * 34 + (0 if fused_attention else 5 * n_heads * seq_len * seq_len * batch)
@@ -523,6 +542,25 @@ def _candidates(runtime: "Runtime", precision: str, largest_layer_params: int, n
     return out
 
 
+def _check_preflight_inputs(config: Any, n_params: Any, runtime: Any, largest_layer_params: Any,
+                            activation_bytes: Any) -> None:
+    """preflight's arguments, and the NVMe parameter swap buffers of `config`, before anything is estimated."""
+    if not isinstance(config, dict):
+        raise ConfigError(f"preflight needs a DeepSpeed config dict (got {config!r}). Fix: "
+                          "preflight(helpers.build_ds_config(2, runtime=runtime), n_params, runtime).")
+    if not hasattr(runtime, "ram_budget_bytes"):
+        raise ConfigError(f"preflight needs the runtime to compare with (got {runtime!r}). "
+                          "Fix: runtime=helpers.detect_runtime().")
+    _check_model_inputs(n_params, largest_layer_params)
+    check_number("activation_bytes", activation_bytes, positive=False, integer=False, example=0,
+                 hint=", or helpers.estimate_activations(...)")
+    offload_param = (config.get("zero_optimization") or {}).get("offload_param") or {}
+    if offload_param.get("device") == "nvme":
+        fp32 = not (config.get("fp16", {}).get("enabled") or config.get("bf16", {}).get("enabled"))
+        check_nvme_buffers(offload_param.get("buffer_count", 5), offload_param.get("buffer_size", 100_000_000),
+                           element_bytes=4 if fp32 else 2, largest_param=int(largest_layer_params))
+
+
 def preflight(config: dict[str, Any], n_params: int, runtime: "Runtime", *, largest_layer_params: int = 0,
               activation_bytes: int = 0, nvme_path: str | None = None, zero_init: bool = False,
               ram_in_use: int | None = None, raise_on_failure: bool = True) -> PreflightReport:
@@ -532,7 +570,10 @@ def preflight(config: dict[str, Any], n_params: int, runtime: "Runtime", *, larg
     kernel's RSS plus a fresh child process's). Raises BudgetError (when `raise_on_failure`) naming each overflow
     and the first course config that passes this same check (`PreflightReport.fix`), or, when none does, the
     largest GPT-2 that one of them fits.
+    A config with parameters on NVMe has its swap buffers checked first (`check_nvme_buffers`, against
+    `largest_layer_params` when given).
     """
+    _check_preflight_inputs(config, n_params, runtime, largest_layer_params, activation_bytes)
     if ram_in_use is None:
         ram_in_use = _rss_bytes()
     nvme_path = nvme_path or config.get("zero_optimization", {}).get("offload_optimizer", {}).get("nvme_path") \
@@ -555,10 +596,12 @@ def preflight(config: dict[str, Any], n_params: int, runtime: "Runtime", *, larg
         report.smaller_model, report.smaller_model_kind = _smaller_model_that_fits(
             n_params, runtime, precision, activation_bytes, nvme_path, ram_in_use)
     if raise_on_failure:
-        hint = ""
-        if (any(p.startswith("CPU RAM") for p in report.problems) and est.cpu.get("model copy") and runtime.has_gpu):
-            hint = (" (it counts the fp32 model built on CPU before deepspeed.initialize: build it under "
-                    "deepspeed.zero.Init / HfDeepSpeedConfig to avoid that)")
+        ram_problem = any(p.startswith("CPU RAM") for p in report.problems)
+        model_copy_counted = runtime.has_gpu and est.cpu.get("model copy", 0) > 0
+        hint = "" if not (ram_problem and model_copy_counted) else (
+            " (it counts the fp32 model built on CPU before deepspeed.initialize"
+            + (": build it under deepspeed.zero.Init / HfDeepSpeedConfig to avoid that)"
+               if int(config.get("zero_optimization", {}).get("stage", 0)) == 3 else ")"))
         raise BudgetError(f"{est.label} is predicted not to fit this runtime ({runtime.label}): "
                           + "; ".join(report.problems) + hint + ". " + report.fix() + ".")
     return report

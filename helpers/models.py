@@ -6,11 +6,15 @@ rungs of the same shape, so "how big a model fits" can be asked offline.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
+import json
 import math
 import re
 from pathlib import Path
 from typing import Any
+
+from helpers.atomic import needs_writing, write_atomically
 
 # name -> (hidden size, layers, heads); vocab 50257, context 1024 as in GPT-2
 GPT2_LADDER: dict[str, tuple[int, int, int]] = {
@@ -39,12 +43,19 @@ class ModelShape:
     vocab: int
 
 
+def _unknown_size(name: Any) -> ValueError:
+    """The error for a model name that is not a ladder rung, with the nearest rung as the fix."""
+    guess = difflib.get_close_matches(str(name).strip().lower(), list(GPT2_LADDER), n=1, cutoff=0.0)
+    return ValueError(f"unknown model size {name!r}: did you mean {guess[0]!r}? Fix: model={guess[0]!r}, another "
+                      f"ladder name ({', '.join(GPT2_LADDER)}), a size such as '350M' or '1.3B', or a local folder.")
+
+
 def gpt2_config(name: str, **overrides: Any) -> Any:
-    """A transformers GPT2Config for a ladder rung (no download)."""
+    """A transformers GPT2Config for a ladder rung (no download; notebooks 01-05)."""
     from transformers import GPT2Config
 
     if name not in GPT2_LADDER:
-        raise ValueError(f"unknown ladder size {name!r}; choose one of {list(GPT2_LADDER)}")
+        raise _unknown_size(name)
     hidden, layers, heads = GPT2_LADDER[name]
     kwargs: dict[str, Any] = dict(n_embd=hidden, n_layer=layers, n_head=heads, vocab_size=GPT2_VOCAB,
                                   n_positions=GPT2_CONTEXT)
@@ -67,13 +78,24 @@ def model_shape(model: str | int | float | Any) -> ModelShape:
 
     The model is built on the meta device, so nothing is allocated or downloaded beyond its config. A bare
     size gets the layer shapes of the GPT-2 ladder rung nearest in parameters (for the activation estimate).
+    A name that starts like a ladder name ("gpt2-xxl") but is not one, or an empty one, is refused with the
+    nearest rung before the Hub is asked (notebooks 00-02, planner).
     """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from helpers.memory import count_params
 
+    if isinstance(model, bool):
+        raise ValueError(f"model must be a size, a ladder name, a folder or a config (got {model!r}). "
+                         "Fix: model='gpt2'.")
     count = parse_param_count(model) if isinstance(model, (str, int, float)) else None
+    if count is not None and not count > 0:
+        raise ValueError(f"a model size must be a positive parameter count (got {model!r}). Fix: model='124M' "
+                         "(or '1.3B', 7e9, or a ladder name such as 'gpt2').")
+    if isinstance(model, str) and model not in GPT2_LADDER and (not model.strip() or (
+            model.strip().lower().startswith("gpt2") and not Path(model).is_dir())):
+        raise _unknown_size(model)  # empty, or looks like a course name: never ask the Hub (23 s of retries offline)
     if count is not None:
         rung = min((r for r in GPT2_LADDER if r != "gpt2-tiny"),
                    key=lambda r: abs(math.log(model_shape(r).n_params / count)))
@@ -105,19 +127,66 @@ def model_shape(model: str | int | float | Any) -> ModelShape:
                       n_heads=first("num_attention_heads", "n_head"), vocab=first("vocab_size"))
 
 
+# what save_pretrained writes for a causal LM (safetensors, sharded or not)
+MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "model-*-of-*.safetensors",
+               "model.safetensors.index.json")
+
+
+def model_folder_problem(path: str | Path) -> str | None:
+    """What is missing or broken in a saved Hugging Face model folder; None when it is complete.
+
+    Complete: config.json (and generation_config.json, if there) parse, and every weights file (model.safetensors,
+    or each shard the index names) opens with its full length.
+    """
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        return "no config.json"
+    for name in ("config.json", "generation_config.json"):  # the second only for generative models
+        if not (path / name).is_file():
+            continue
+        try:
+            json.loads((path / name).read_text())
+        except ValueError:
+            return f"{name} is cut short"
+    index = path / "model.safetensors.index.json"
+    if (path / "model.safetensors").is_file():
+        weights = [path / "model.safetensors"]
+    elif index.is_file():
+        try:
+            weights = [path / f for f in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+        except (ValueError, KeyError):
+            return f"{index.name} is cut short"
+    else:
+        return "config.json without model.safetensors"
+    for f in weights:
+        if not f.is_file():
+            return f"no {f.name}"
+        try:
+            with safe_open(str(f), "pt"):
+                pass
+        except Exception:  # SafetensorError: header or data shorter than declared
+            return f"{f.name} is cut short or unreadable"
+    return None
+
+
 def save_model_from_config(directory: str | Any, size: str = "gpt2", seed: int = 0, **overrides: Any) -> str:
     """Build a ladder model from its config (random weights, seeded), save it in Hugging Face format.
 
-    Offline stand-in for a Hub checkpoint: it loads through the same ``from_pretrained`` call.
+    Offline stand-in for a Hub checkpoint: it loads through the same ``from_pretrained`` call (notebooks 01,
+    02, 04). A complete folder is reused; the folder is written atomically, and a half-written one (from an
+    interrupted save of an older version) is rebuilt.
     """
     import torch
     from transformers import AutoModelForCausalLM
 
     path = Path(directory)
-    if not (path / "config.json").exists():
+    config = gpt2_config(size, **overrides)  # an unknown size is refused before anything is built
+    if needs_writing(path, model_folder_problem, MODEL_FILES, "model"):
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(gpt2_config(size, **overrides))
-        model.save_pretrained(str(path))
+        model = AutoModelForCausalLM.from_config(config)
+        write_atomically(path, lambda tmp: model.save_pretrained(str(tmp)))
     return str(path)
 
 

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from helpers.config import ConfigError, build_ds_config
+from helpers.config import ConfigError, build_ds_config, check_number, nvme_buffer_size_for
 from helpers.memory import PreflightReport, estimate_activations, preflight
 
 if TYPE_CHECKING:
@@ -41,16 +41,22 @@ class Plan:
 def plan(model: "str | ModelShape" = "gpt2", stage: int = 2, *, offload_optimizer: str = "none",
          offload_param: str = "none", precision: str = "auto", micro_batch_size: int = 4, seq_len: int = 512,
          checkpointing: bool = True, runtime: "Runtime | None" = None, nvme_path: str | None = None) -> Plan:
-    """Build the config and estimate it against the budget; a refused config is reported, not raised."""
+    """Build the config and estimate it against the budget; a refused config is reported, not raised.
+
+    Bad inputs that are not config settings (the model, seq_len) raise ValueError / ConfigError with the fix.
+    NVMe parameter buffers are sized for the model's largest tensor, as `offload_config` sizes them.
+    """
     from helpers.hardware import detect_runtime
     from helpers.models import ModelShape, model_shape
 
+    check_number("seq_len", seq_len, positive=True, integer=True, example=512)
     runtime = runtime or detect_runtime()
     shape = model if isinstance(model, ModelShape) else model_shape(model)
     try:
         config = build_ds_config(stage, precision=precision, runtime=runtime, micro_batch_size=micro_batch_size,
                                  offload_optimizer=offload_optimizer, offload_param=offload_param,
-                                 nvme_path=nvme_path, check_paths=False,
+                                 nvme_path=nvme_path, check_paths=False, largest_param=shape.largest_layer_params,
+                                 nvme_buffer_size=nvme_buffer_size_for(shape.largest_layer_params),
                                  activation_checkpointing=checkpointing)
     except ConfigError as exc:
         return Plan(shape, None, None, 0, error=str(exc))

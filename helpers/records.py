@@ -10,6 +10,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from helpers.atomic import write_atomically
+
 FIGURES_ENV = "DS_COURSE_FIGURES"
 _FIGURES: dict[str, Any] = {}
 
@@ -23,7 +25,8 @@ def record_figure(name: str, value: Any) -> Any:
         path = Path(target)
         data = json.loads(path.read_text()) if path.exists() and path.stat().st_size else {}
         data[name] = value
-        path.write_text(json.dumps(data, indent=2))
+        text = json.dumps(data, indent=2)
+        write_atomically(path, lambda tmp: tmp.write_text(text))
     return value
 
 

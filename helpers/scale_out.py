@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
+from helpers.atomic import write_atomically
 from helpers.memory import model_states_per_gpu
 from helpers.moe import MoEConfig
 from helpers.runtime import DIST_ENV_VARS, free_port
@@ -91,8 +92,8 @@ def finish_rank(out: Path, rank: int, report: dict[str, Any]) -> None:
     """Write rank<r>.json, wait for every rank, leave the process group."""
     import torch.distributed as dist
 
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"rank{rank}.json").write_text(json.dumps(report, indent=2) + "\n")
+    text = json.dumps(report, indent=2) + "\n"
+    write_atomically(out / f"rank{rank}.json", lambda tmp: tmp.write_text(text))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -108,8 +109,8 @@ def corpus_blocks(work: Path, vocab: int, seq_len: int, texts: int = 2000) -> Pa
         ds = load_text_dataset("local")["train"]
         ds = ds.select(range(min(texts, len(ds))))
         tok = train_tokenizer(ds["text"], Path(work) / f"tokenizer-{vocab}-{texts}", vocab_size=vocab)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(pack_blocks(ds, tok, seq_len)[:]["input_ids"], path)
+        blocks = pack_blocks(ds, tok, seq_len)[:]["input_ids"]
+        write_atomically(path, lambda tmp: torch.save(blocks, tmp))
     return path
 
 

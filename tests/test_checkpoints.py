@@ -134,3 +134,72 @@ def test_resume_continues_the_same_loss_trajectory_and_zero_to_fp32_round_trips(
 def test_build_zero3_model_refuses_other_stages(work):
     with pytest.raises(ValueError, match="needs a ZeRO stage 3 config"):
         build_zero3_model(course_config("zero2"), "unused")
+
+
+class FakeEngine:
+    """Writes what engine.save_checkpoint writes (the tag folder), optionally interrupted half-way."""
+
+    global_rank = 0
+
+    def __init__(self, steps, interrupt=False):
+        self.global_steps, self.interrupt = steps, interrupt
+
+    def save_checkpoint(self, save_dir, tag, save_latest=True):
+        assert save_latest is False  # 'latest' is written by the helper, after the folder is complete
+        folder = os.path.join(save_dir, tag)
+        os.makedirs(folder)
+        open(os.path.join(folder, "mp_rank_00_model_states.pt"), "wb").write(b"model")
+        if self.interrupt:
+            raise KeyboardInterrupt
+        open(os.path.join(folder, "zero_pp_rank_0_mp_rank_00_optim_states.pt"), "wb").write(b"optimizer")
+
+    def load_checkpoint(self, directory, tag=None):
+        return None, None
+
+
+def test_an_interrupted_checkpoint_save_keeps_the_previous_one_and_latest(tmp_path):
+    save_checkpoint(FakeEngine(1), tmp_path)
+    assert (tmp_path / "latest").read_text() == "global_step1"
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(FakeEngine(2, interrupt=True), tmp_path)
+    assert (tmp_path / "latest").read_text() == "global_step1" and not (tmp_path / "global_step2").exists()
+    assert len(os.listdir(tmp_path / "global_step1")) == 2
+    with pytest.raises(FileNotFoundError, match="its save was interrupted.*Fix: save it again"):
+        resume_checkpoint(FakeEngine(2), tmp_path, tag="global_step2")
+    save_checkpoint(FakeEngine(2), tmp_path)  # the next save replaces the partial folder
+    assert sorted(os.listdir(tmp_path)) == ["global_step1", "global_step2", "latest"]
+    assert (tmp_path / "latest").read_text() == "global_step2" and len(os.listdir(tmp_path / "global_step2")) == 2
+
+
+def test_consolidate_to_hf_writes_whole_models_and_refuses_a_folder_of_other_files(tmp_path, monkeypatch):
+    import deepspeed.utils.zero_to_fp32 as z2f
+    from transformers import AutoModelForCausalLM, PreTrainedModel
+
+    config = gpt2_config("gpt2-tiny", vocab_size=VOCAB)
+    torch.manual_seed(0)
+    state = AutoModelForCausalLM.from_config(config).state_dict()
+    monkeypatch.setattr(z2f, "get_fp32_state_dict_from_zero_checkpoint", lambda *a, **k: dict(state))
+    out = consolidate_to_hf(tmp_path / "ckpt", config, tmp_path / "hf")
+    reloaded = load_causal_lm(str(out))
+    assert torch.equal(reloaded.transformer.wte.weight, state["transformer.wte.weight"])
+
+    real = PreTrainedModel.save_pretrained
+
+    def half(self, save_directory, *args, **kwargs):
+        os.makedirs(save_directory, exist_ok=True)
+        self.config.save_pretrained(save_directory)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", half)
+    with pytest.raises(KeyboardInterrupt):
+        consolidate_to_hf(tmp_path / "ckpt", config, tmp_path / "hf")
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", real)
+    assert sorted(os.listdir(tmp_path)) == ["hf"]  # the previous model, untouched
+    assert torch.equal(load_causal_lm(str(out)).transformer.wte.weight, state["transformer.wte.weight"])
+
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("mine")
+    monkeypatch.setattr(z2f, "get_fp32_state_dict_from_zero_checkpoint",
+                        lambda *a, **k: pytest.fail("the checkpoint was read before the folder was checked"))
+    with pytest.raises(FileExistsError, match=r"not part of a saved model \(todo.txt\).*Fix: pass a new folder"):
+        consolidate_to_hf(tmp_path / "ckpt", config, tmp_path / "notes")

@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from helpers.data import EOS, LOCAL_CORPUS, block_loader, corpus_files, load_text_dataset, pack_blocks, train_tokenizer
@@ -57,3 +59,36 @@ def test_block_loader_cycles_and_refuses_a_batch_too_big(corpus, tokenizer):
     assert all(s == (2, 16) for s in seen)
     with pytest.raises(ValueError, match="lower the batch or block size"):
         block_loader(blocks.select(range(1)), 2)
+
+
+def test_an_interrupted_tokenizer_save_leaves_nothing_and_a_half_written_one_is_rebuilt(corpus, tmp_path, monkeypatch,
+                                                                                         capsys):
+    from transformers import PreTrainedTokenizerFast
+
+    texts = corpus["validation"]["text"]
+    real = PreTrainedTokenizerFast.save_pretrained
+
+    def half(self, save_directory, *args, **kwargs):
+        import os
+
+        os.makedirs(save_directory, exist_ok=True)
+        (Path(save_directory) / "tokenizer_config.json").write_text("{}")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(PreTrainedTokenizerFast, "save_pretrained", half)
+    with pytest.raises(KeyboardInterrupt):
+        train_tokenizer(texts, tmp_path / "tok", vocab_size=300)
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(PreTrainedTokenizerFast, "save_pretrained", real)
+    # what the old, non-atomic save could leave: the config without tokenizer.json
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer_config.json").write_text("{}")
+    tok = train_tokenizer(texts, tmp_path / "tok", vocab_size=300)
+    assert "incomplete saved tokenizer (no tokenizer.json" in capsys.readouterr().out
+    assert len(tok) == 300 and tok.decode(tok("to be")["input_ids"]) == "to be"
+    # a cut-short tokenizer.json is rebuilt too; a complete one is reused
+    (tmp_path / "tok" / "tokenizer.json").write_text('{"version": "1.0", "trunc')
+    assert len(train_tokenizer(texts, tmp_path / "tok", vocab_size=300)) == 300
+    assert "tokenizer.json is cut short" in capsys.readouterr().out
+    train_tokenizer(texts, tmp_path / "tok", vocab_size=300)
+    assert capsys.readouterr().out == ""

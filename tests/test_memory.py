@@ -64,14 +64,14 @@ def test_pinned_buffers_round_up_to_a_power_of_two():
 
 def test_nvme_offload_puts_states_on_disk_and_buffers_in_ram():
     e = estimate_model_states(PSI, 3, precision="fp16", offload_optimizer="nvme", offload_param="nvme",
-                              nvme_buffer_count=4, nvme_buffer_size=1000, sub_group_size=100_000)
+                              nvme_buffer_count=4, nvme_buffer_size=600_000, sub_group_size=100_000)
     assert e.nvme == {"optimizer": 12 * PSI, "grads": 4 * PSI, "params": 2 * PSI}
     # param swap buffers (fp16) + 4 optimizer swap buffers of one fp32 sub-group
-    assert e.cpu["buffers"] == 4 * 1000 * 2 + 4 * 100_000 * 4
+    assert e.cpu["buffers"] == 4 * 600_000 * 2 + 4 * 100_000 * 4
     # gradients: the 16-bit partition, and fp32 for one sub-group at a time
     assert e.cpu["grads"] == 2 * PSI + 4 * 100_000
     cfg = build_ds_config(3, precision="fp16", offload_optimizer="nvme", offload_param="nvme", nvme_path="/x",
-                          check_paths=False, nvme_buffer_count=4, nvme_buffer_size=1000, sub_group_size=100_000)
+                          check_paths=False, nvme_buffer_count=4, nvme_buffer_size=600_000, sub_group_size=100_000)
     assert estimate_for_config(cfg, PSI, zero_init=True).cpu == e.cpu | {"model copy": 0}
 
 
