@@ -48,7 +48,9 @@ def runtime_label(device: str, gpus: int) -> str:
 
         rt = detect_runtime(t4_budget=False)
         return f"{rt.gpu_name} x{gpus}, one GPU per rank (NCCL)"
-    return f"CPU gloo ranks, {os.cpu_count()}-core machine, no GPU (bytes per rank, not GPU memory)"
+    from helpers.hardware import usable_cpus
+
+    return f"CPU gloo ranks, {usable_cpus()}-core machine, no GPU (bytes per rank, not GPU memory)"
 
 
 def target_check(rows: list[dict]) -> dict:
