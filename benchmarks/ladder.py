@@ -137,6 +137,8 @@ def measure_in_child(args: argparse.Namespace, name: str, size: str, nvme: Path 
         enclosure = enc.stats.as_report()
     out = {k: getattr(r, k) for k in ("peak_vram_gib", "peak_rss_gib", "disk_gib", "tokens_per_s", "losses",
                                       "error", "seconds", "params", "rss_by_phase", "baseline_rss_gib")}
+    if not r.error and r.params != shape.n_params:
+        r.error = f"the child trained {r.params:,} parameters, not {size}'s {shape.n_params:,}"
     if r.error.startswith("stopped after the time limit"):
         out["timed_out"] = True
         out["error"] = f"not finished within this run's time budget ({timeout_s:.0f} s left when it started)"

@@ -30,20 +30,24 @@ ROOT = Path(__file__).resolve().parent.parent
 _PROGRESS = "DS_COURSE_PROGRESS "  # prefix of the child's progress lines on stdout
 
 
-def child_baseline_rss(timeout_s: float = 300.0) -> int:
-    """RSS in bytes of a fresh Python process that has imported torch, deepspeed and transformers and touched the GPU.
+def child_baseline_rss(tokenizer_dir: str | Path, *, seq_len: int = 512, max_blocks: int = 256,
+                       dataset: str = "local", timeout_s: float = 600.0) -> int:
+    """RSS in bytes of a child run just before it builds its model: Python with torch, deepspeed and transformers
+    imported, the runtime detected (CUDA up), the tokenizer and the data loaded, cuBLAS warmed up (notebook 02).
 
-    What every child run of notebook 02 holds before it builds a model; pre-flight adds it to the kernel's own RSS.
+    Measured by running the child itself up to that point; pre-flight adds it to the kernel's own RSS.
     """
-    code = ("import psutil, torch, deepspeed, transformers\n"
-            "if torch.cuda.is_available():\n    torch.ones(1, device='cuda')\n"
-            "print(psutil.Process().memory_info().rss)")
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout_s,
-                         cwd=str(ROOT))
-    if out.returncode != 0:
-        raise RuntimeError(f"a fresh Python process could not import torch and deepspeed: {out.stderr[-800:]}")
-    return int(out.stdout.strip().splitlines()[-1])
+    with tempfile.TemporaryDirectory(prefix="ds-course-child-") as tmp:
+        spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
+        spec_path.write_text(json.dumps({"baseline_only": True, "tokenizer_dir": str(tokenizer_dir),
+                                         "seq_len": seq_len, "max_blocks": max_blocks, "dataset": dataset,
+                                         "mmap_threshold_mib": 0, "result": str(result_path)}))
+        env = dict(os.environ, PYTHONWARNINGS="ignore", TOKENIZERS_PARALLELISM="false")
+        out = subprocess.run([sys.executable, "-m", "helpers.fresh_process", str(spec_path)], capture_output=True,
+                             text=True, env=env, timeout=timeout_s, cwd=str(ROOT))
+        if out.returncode != 0 or not result_path.exists():
+            raise RuntimeError(f"a fresh child process could not start: {out.stderr[-800:]}")
+        return int(json.loads(result_path.read_text())["rss"])
 
 
 def _tree_rss(proc: Any) -> int:
@@ -252,8 +256,16 @@ def _child(spec_path: str) -> int:
     tokenizer = helpers.load_tokenizer(spec["tokenizer_dir"])
     ds = helpers.load_text_dataset(spec["dataset"])
     blocks = helpers.pack_blocks(ds["train"], tokenizer, spec["seq_len"], max_blocks=spec["max_blocks"])
+    if spec.get("baseline_only"):  # child_baseline_rss: what a run holds before its model exists
+        import psutil
+
+        helpers.reset_peak_stats()  # cuBLAS workspaces, as train_run makes them
+        Path(spec["result"]).write_text(json.dumps({"rss": psutil.Process().memory_info().rss}))
+        return 0
     cfg = spec["ds_config"]
-    config = helpers.gpt2_config(spec["model"], vocab_size=len(tokenizer))
+    # GPT-2's own vocabulary (50,257), whatever the tokenizer's: the ladder's sizes are the published GPT-2 shapes,
+    # and the local tokenizer's ids (< 8,192) are valid rows of the full embedding
+    config = helpers.gpt2_config(spec["model"])
 
     def build() -> Any:
         _say(phase="building the model")
