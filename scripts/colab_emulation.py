@@ -164,7 +164,8 @@ class EnclosureStats:
     oom_kills: int = 0
     disk_kills: int = 0
     peak_disk_bytes: int = 0
-    gpu_busy_seconds: float | None = None  # integral of nvidia-smi's utilisation (kernel running on the GPU)
+    gpu_busy_seconds: float | None = None  # integral of NVML's utilisation (a kernel running on the GPU)
+    gpu_busy_source: str = ""  # "these processes" (NVML per-process samples) or "whole GPU" (shared with others)
     wall_seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
 
@@ -176,6 +177,7 @@ class EnclosureStats:
             d["disk_kills"] = self.disk_kills
         if self.gpu_busy_seconds is not None:
             d["gpu_busy_seconds"] = round(self.gpu_busy_seconds, 1)
+            d["gpu_busy_source"] = self.gpu_busy_source
         if self.notes:
             d["notes"] = self.notes
         return d
@@ -333,13 +335,8 @@ class Enclosure:
                                             " GB disk budget: processes killed")
                     self._kill_all()
             if nvml is not None and now - last_gpu >= 0.5:
-                try:
-                    import pynvml
-
-                    busy += pynvml.nvmlDeviceGetUtilizationRates(nvml).gpu / 100 * (now - last_gpu)
-                    self.stats.gpu_busy_seconds = busy
-                except Exception:  # noqa: BLE001 - a monitoring hiccup is not worth a failed run
-                    pass
+                busy += _gpu_utilisation(nvml, set(self._members()), self.stats) * (now - last_gpu)
+                self.stats.gpu_busy_seconds = busy
                 last_gpu = now
 
     def _sample_memory(self) -> None:
@@ -416,6 +413,26 @@ def _safe_rss(p: Any) -> int:
         return p.memory_info().rss
     except Exception:  # noqa: BLE001
         return 0
+
+
+def _gpu_utilisation(handle: Any, pids: set[int], stats: EnclosureStats) -> float:
+    """Share of the last moments in which these processes ran a kernel (0..1): NVML's per-process samples; where
+    the driver gives none, the whole GPU's utilisation, and `stats.gpu_busy_source` says so."""
+    import pynvml
+
+    try:
+        samples = pynvml.nvmlDeviceGetProcessUtilization(handle, int((time.time() - 1.0) * 1e6))
+        stats.gpu_busy_source = "these processes (NVML per-process samples)"
+        return max((s.smUtil for s in samples if s.pid in pids), default=0) / 100
+    except pynvml.NVMLError_NotFound:  # no samples in that window: idle
+        stats.gpu_busy_source = stats.gpu_busy_source or "these processes (NVML per-process samples)"
+        return 0.0
+    except Exception:  # noqa: BLE001 - not supported here: the whole GPU, shared with whatever else runs
+        try:
+            stats.gpu_busy_source = "whole GPU (shared with other processes on it)"
+            return pynvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100
+        except Exception:  # noqa: BLE001
+            return 0.0
 
 
 def _nvml_handle(index: int | None) -> Any:

@@ -109,7 +109,9 @@ def main(argv: list[str] | None = None) -> int:
                          mechanism=enc["mechanism"], peak_nvme_folder_gb=enc["peak_nvme_folder_gb"])
             if enc.get("gpu_busy_seconds") is not None:
                 entry["gpu_busy_seconds"] = enc["gpu_busy_seconds"]
-                entry["t4_estimate"] = t4_estimate(result["seconds"], enc["gpu_busy_seconds"])
+                entry["gpu_busy_source"] = enc.get("gpu_busy_source", "")
+                if not entry["gpu_busy_source"].startswith("whole GPU") or args.concurrent <= 1:
+                    entry["t4_estimate"] = t4_estimate(result["seconds"], enc["gpu_busy_seconds"])
             if enc.get("notes"):
                 entry["notes"] = enc["notes"]
         if args.concurrent:

@@ -62,3 +62,20 @@ def test_requirements_never_reinstall_torch():
     reqs = (ROOT / "requirements.txt").read_text().splitlines()
     assert not [r for r in reqs if re.match(r"^\s*torch\b", r)], "Colab ships torch; never list it"
     assert "deepspeed==0.19.8" in reqs
+
+
+def test_readme_gpu_times_are_the_reports_and_link_the_executed_copies():
+    """The README's GPU-time column is reports/gpu_check.json's emulated run, and each executed copy is committed."""
+    import json
+    import re
+
+    report = json.loads((ROOT / "reports" / "gpu_check.json").read_text())
+    assert report["emulation"]["mechanism"].startswith("cgroup") and report["emulation"]["cpus"] == 2
+    readme = (ROOT / "README.md").read_text()
+    for path in NOTEBOOKS:
+        entry = report["notebooks"][path.name]
+        assert entry["passed"] and entry["oom_kills"] == 0, path.name
+        link = f"[{entry['wall_seconds']:.0f} s, peak RAM {entry['peak_ram_gb']:.1f} GB](reports/executed/{path.name})"
+        assert link in readme, link
+        executed = ROOT / "reports" / "executed" / path.name
+        assert executed.exists() and re.search(r'"image/png"', executed.read_text()), path.name
