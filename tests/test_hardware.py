@@ -147,3 +147,18 @@ def test_nvme_folder_follows_the_emulation(monkeypatch, tmp_path):
     assert hardware.default_nvme_path() == str(tmp_path)
     monkeypatch.delenv(hardware.NVME_DIR_ENV)
     assert hardware.default_nvme_path("/x").endswith("/x/build/nvme")
+
+
+def test_smoke_size_shrinks_colab_defaults_and_keeps_what_the_learner_set(cpu, t4, capsys):
+    from helpers.hardware import smoke_size
+
+    ns = {"MICRO_BATCH": 4, "STEPS": 99}
+    now = smoke_size(ns, cpu, MICRO_BATCH=(4, 2), STEPS=(120, 40))
+    assert now == {"MICRO_BATCH": 2, "STEPS": 99} and ns["MICRO_BATCH"] == 2
+    out = capsys.readouterr().out
+    assert "CPU smoke size: MICRO_BATCH 2 (Colab value 4)" in out
+    assert "kept as you set them: STEPS 99 (yours; the smoke size would be 40)" in out
+    ns = {"MICRO_BATCH": 4}
+    assert smoke_size(ns, t4, MICRO_BATCH=(4, 2)) == {"MICRO_BATCH": 4}  # a GPU keeps the Colab size
+    with pytest.raises(NameError, match="run the parameters cell first"):
+        smoke_size({}, cpu, MICRO_BATCH=(4, 2))

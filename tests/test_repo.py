@@ -79,3 +79,26 @@ def test_readme_gpu_times_are_the_reports_and_link_the_executed_copies():
         assert link in readme, link
         executed = ROOT / "reports" / "executed" / path.name
         assert executed.exists() and re.search(r'"image/png"', executed.read_text()), path.name
+
+
+def test_smoke_size_colab_values_are_the_parameters_cells():
+    """helpers.smoke_size(globals(), runtime, NAME=(colab, cpu)) shrinks NAME only while it holds its Colab value:
+    that value must be the parameters cell's, or an untouched parameter would count as the learner's own."""
+    import ast
+
+    checked = 0
+    for path in NOTEBOOKS:
+        nb = nbformat.read(path, as_version=4)
+        params_cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+        params: dict = {}
+        exec(params_cell.source, {}, params)
+        for cell in nb.cells:
+            if cell.cell_type != "code" or "smoke_size(" not in cell.source:
+                continue
+            for node in ast.walk(ast.parse(cell.source)):
+                if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "smoke_size":
+                    for kw in node.keywords:
+                        colab_value = ast.literal_eval(kw.value)[0]
+                        assert params[kw.arg] == colab_value, (path.name, kw.arg, params[kw.arg], colab_value)
+                        checked += 1
+    assert checked >= 20
