@@ -21,7 +21,8 @@ if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
     "${PIP[@]}" install -q "torch==${TORCH_VERSION:-2.13.0}" ${TORCH_INDEX:+--index-url "$TORCH_INDEX"}
   fi
 fi
-TORCH_INSTALLED=$("$VENV/bin/python" -c "import torch; print(torch.__version__.split('+')[0])")
+# read the version without importing torch (before numpy is installed torch warns "Failed to initialize NumPy")
+TORCH_INSTALLED=$("$VENV/bin/python" -c "from importlib.metadata import version; print(version('torch').split('+')[0])")
 mkdir -p build
 echo "torch==$TORCH_INSTALLED" > build/torch-constraint.txt
 echo "== installing requirements.txt (torch pinned to $TORCH_INSTALLED)"
@@ -38,4 +39,5 @@ if ! ldconfig -p 2>/dev/null | grep -q "libaio.so "; then
     echo "note: NVMe offload needs libaio: sudo apt-get install libaio-dev"
   fi
 fi
-echo "== ready: $("$VENV/bin/python" -c 'import torch, deepspeed; print("torch", torch.__version__, "| deepspeed", deepspeed.__version__, "| cuda", torch.cuda.is_available())')"
+READY=$("$VENV/bin/python" -c 'import torch, deepspeed; print("torch", torch.__version__, "| deepspeed", deepspeed.__version__, "| cuda", torch.cuda.is_available())' 2>/dev/null | tail -1)
+echo "== ready: $READY"
