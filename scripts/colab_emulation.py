@@ -87,6 +87,19 @@ def _v2_root() -> Path | None:
     return root if "memory" in controllers else None
 
 
+def _try_group(parent: Path, limit_file: str) -> None:
+    """Make a cgroup under `parent`, set a memory limit in it and remove it again; OSError if any step is refused."""
+    test = parent / f"ds-course-probe-{os.getpid()}"
+    try:
+        test.mkdir()
+        _write(test / limit_file, str(1 << 30))
+    finally:
+        try:
+            test.rmdir()
+        except OSError:
+            pass
+
+
 def probe() -> tuple[str, str]:
     """(mechanism, why) that an Enclosure would use here: "cgroup v2", "cgroup v1" or "watchdog"."""
     if os.geteuid() != 0:
@@ -94,35 +107,20 @@ def probe() -> tuple[str, str]:
     reasons = []
     root = _v2_root()
     if root is not None:
-        test = root / f"ds-course-probe-{os.getpid()}"
         try:
-            subtree = (root / "cgroup.subtree_control").read_text().split()
-            if "memory" not in subtree:
+            if "memory" not in (root / "cgroup.subtree_control").read_text().split():
                 _write(root / "cgroup.subtree_control", "+memory")
-            test.mkdir()
-            _write(test / "memory.max", str(1 << 30))
-            test.rmdir()
+            _try_group(root, "memory.max")
             return "cgroup v2", f"{root} is writable"
         except OSError as exc:
             reasons.append(f"cgroup v2 at {root}: {exc}")
-            try:
-                test.rmdir()
-            except OSError:
-                pass
     point = _mountinfo().get("memory")
     if point:
-        test = Path(point) / f"ds-course-probe-{os.getpid()}"
         try:
-            test.mkdir()
-            _write(test / "memory.limit_in_bytes", str(1 << 30))
-            test.rmdir()
+            _try_group(Path(point), "memory.limit_in_bytes")
             return "cgroup v1", f"{point} is writable"
         except OSError as exc:
             reasons.append(f"cgroup v1 at {point}: {exc}")
-            try:
-                test.rmdir()
-            except OSError:
-                pass
     return "watchdog", "; ".join(reasons) or "no cgroup file system with a memory controller is mounted"
 
 

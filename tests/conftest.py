@@ -49,3 +49,21 @@ def clean_dist_env(monkeypatch):
     for k in DIST_ENV_VARS:
         monkeypatch.setenv(k, "0")
         monkeypatch.delenv(k)
+
+
+def interrupt_save_after_config(monkeypatch):
+    """Make save_pretrained write config.json, then raise KeyboardInterrupt before the weights (an interrupted cell);
+    returns the real save_pretrained (tests/test_atomic.py, tests/test_checkpoints.py)."""
+    import os
+
+    from transformers import PreTrainedModel
+
+    real = PreTrainedModel.save_pretrained
+
+    def half(self, save_directory, *args, **kwargs):
+        os.makedirs(save_directory, exist_ok=True)
+        self.config.save_pretrained(save_directory)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", half)
+    return real

@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformers import PreTrainedModel
 
+from conftest import interrupt_save_after_config
 from helpers.atomic import check_replaceable, needs_writing, write_atomically
 from helpers.models import load_causal_lm, model_folder_problem, save_model_from_config
 
@@ -15,19 +16,6 @@ TINY = dict(size="gpt2-tiny", vocab_size=256)
 
 def siblings(path):
     return sorted(p.name for p in path.parent.iterdir())
-
-
-def interrupt_after_config(monkeypatch):
-    """save_pretrained writes config.json, then the kernel is interrupted (KeyboardInterrupt) before the weights."""
-    real = PreTrainedModel.save_pretrained
-
-    def half(self, save_directory, *args, **kwargs):
-        os.makedirs(save_directory, exist_ok=True)
-        self.config.save_pretrained(save_directory)
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(PreTrainedModel, "save_pretrained", half)
-    return real
 
 
 def test_write_atomically_leaves_nothing_when_interrupted(tmp_path):
@@ -74,7 +62,7 @@ def test_leftovers_of_a_killed_writer_are_removed_by_the_next_write(tmp_path):
 
 def test_an_interrupted_model_save_leaves_nothing_and_the_next_call_builds_it(tmp_path, monkeypatch):
     path = tmp_path / "model"
-    real = interrupt_after_config(monkeypatch)
+    real = interrupt_save_after_config(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         save_model_from_config(path, **TINY)
     assert not path.exists() and siblings(path) == []

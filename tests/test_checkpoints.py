@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import AutoConfig
 
+from conftest import interrupt_save_after_config
 from helpers.checkpoints import build_zero3_model, consolidate_to_hf, release_zero3, resume_checkpoint, save_checkpoint
 from helpers.config import course_config
 from helpers.data import load_text_dataset, pack_blocks, train_tokenizer
@@ -183,14 +184,7 @@ def test_consolidate_to_hf_writes_whole_models_and_refuses_a_folder_of_other_fil
     reloaded = load_causal_lm(str(out))
     assert torch.equal(reloaded.transformer.wte.weight, state["transformer.wte.weight"])
 
-    real = PreTrainedModel.save_pretrained
-
-    def half(self, save_directory, *args, **kwargs):
-        os.makedirs(save_directory, exist_ok=True)
-        self.config.save_pretrained(save_directory)
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(PreTrainedModel, "save_pretrained", half)
+    real = interrupt_save_after_config(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         consolidate_to_hf(tmp_path / "ckpt", config, tmp_path / "hf")
     monkeypatch.setattr(PreTrainedModel, "save_pretrained", real)
