@@ -25,7 +25,6 @@ import datetime as dt
 import json
 import os
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -57,22 +56,6 @@ def ladder_config(name: str, runtime, nvme_path: str | None, largest_param: int,
         raise ValueError(f"unknown ladder config {name!r}; choose from {CONFIGS}")
     return helpers.offload_config(name, runtime, largest_param=largest_param, nvme_path=nvme_path,
                                   initial_scale_power=12, check_paths=check_paths)
-
-
-def factory(size: str, cfg: dict | None, vocab: int):
-    """Builds the rung's model: partitioned under HfDeepSpeedConfig for ZeRO-3, whole otherwise."""
-    config = helpers.gpt2_config(size, vocab_size=vocab)
-    if cfg is not None and cfg["zero_optimization"]["stage"] == 3:
-        return lambda: helpers.build_zero3_model(cfg, config=config, seed=0)
-
-    def build():
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        torch.manual_seed(0)
-        return AutoModelForCausalLM.from_config(config)
-
-    return build
 
 
 def verdict(r: dict, ram_budget_gb: float) -> tuple[bool, str]:
@@ -135,10 +118,10 @@ def measure_in_child(args: argparse.Namespace, name: str, size: str, nvme: Path 
             r = helpers.train_in_fresh_process(f"{name} {size}", cfg, size, wrap=enc.join_argv(),
                                                env=enc.environment(), **kwargs)
         enclosure = enc.stats.as_report()
-    out = {k: getattr(r, k) for k in ("peak_vram_gib", "peak_rss_gib", "disk_gib", "tokens_per_s", "losses",
-                                      "error", "seconds", "params", "rss_by_phase", "baseline_rss_gib")}
     if not r.error and r.params != shape.n_params:
         r.error = f"the child trained {r.params:,} parameters, not {size}'s {shape.n_params:,}"
+    out = {k: getattr(r, k) for k in ("peak_vram_gib", "peak_rss_gib", "disk_gib", "tokens_per_s", "losses",
+                                      "error", "seconds", "params", "rss_by_phase", "baseline_rss_gib")}
     if r.error.startswith("stopped after the time limit"):
         out["timed_out"] = True
         out["error"] = f"not finished within this run's time budget ({timeout_s:.0f} s left when it started)"

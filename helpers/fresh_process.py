@@ -22,9 +22,12 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from helpers.memory import GB, GiB
+
+if TYPE_CHECKING:
+    from helpers.train import RunResult
 
 ROOT = Path(__file__).resolve().parent.parent
 _PROGRESS = "DS_COURSE_PROGRESS "  # prefix of the child's progress lines on stdout

@@ -312,10 +312,9 @@ def detect_runtime(t4_budget: bool | None = None, disk_path: str = ".") -> Runti
     ram_total, ram_source = ram_limit()
     colab = in_colab() or bool(emulation)
     disk_free = shutil.disk_usage(disk_path).free
-    if emulation:
-        disk_free = min(disk_free, COLAB_NVME_BUDGET_BYTES)
     cores = usable_cpus()
     if emulation:
+        disk_free = min(disk_free, COLAB_NVME_BUDGET_BYTES)
         notes.append("Colab profile: the notebooks take their Colab branches"
                      + ("" if emulation == "none" else f"; RAM and CPUs held to Colab's by a {emulation}")
                      + f" (Colab's {COLAB_VM_RAM_BYTES / GiB:.1f} GiB VM less {COLAB_RESERVED_BYTES / GiB:.1f} GiB "

@@ -292,8 +292,8 @@ def clean_slate(namespace: dict[str, Any], *names: str, hf: bool = False) -> lis
     if _drop_last_traceback():
         cleaned.append("the last error's traceback")
     forgotten = [n for n in names if n in namespace]
-    teardown(namespace, *forgotten)
     if forgotten:
+        teardown(namespace, *forgotten)
         cleaned.append("the names " + ", ".join(forgotten))
     in_use = {id(v) for v in namespace.values()}
     orphans = [e for e in live_engines() if id(e) not in in_use]
@@ -302,10 +302,10 @@ def clean_slate(namespace: dict[str, Any], *names: str, hf: bool = False) -> lis
         destroy_engine(orphans.pop())
     if n_orphans:
         cleaned.append(f"{n_orphans} DeepSpeed engine(s) left by an earlier or interrupted run")
-    hf = sys.modules.get("transformers.integrations.deepspeed")
-    ref = getattr(hf, "_hf_deepspeed_config_weak_ref", None)
+    hf_integration = sys.modules.get("transformers.integrations.deepspeed")
+    ref = getattr(hf_integration, "_hf_deepspeed_config_weak_ref", None)
     if ref is not None and ref() is not None and id(ref()) not in in_use:
-        hf.unset_hf_deepspeed_config()
+        hf_integration.unset_hf_deepspeed_config()
         cleaned.append("transformers' ZeRO-3 config")
     if hf:
         from helpers.integrations import reset_hf_deepspeed_state

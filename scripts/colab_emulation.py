@@ -28,7 +28,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from helpers.hardware import (COLAB_CPUS, COLAB_PROFILE_ENV, COLAB_RAM_BUDGET_BYTES, COLAB_RESERVED_BYTES,  # noqa: E402
-                              EMULATION_ENV, GB, GiB, NVME_DIR_ENV, T4_BUDGET_ENV, T4_VRAM_GIB, COLAB_NVME_BUDGET_BYTES)
+                              EMULATION_ENV, GB, GiB, NVME_DIR_ENV, T4_BUDGET_ENV, T4_VRAM_GIB, COLAB_NVME_BUDGET_BYTES,
+                              _cgroup_mounts)
+from helpers.memory import folder_bytes  # noqa: E402
 
 KERNEL_NAME = "ds-course-colab"
 
@@ -63,12 +65,6 @@ class ColabLimits:
 
 # ------------------------------------------------------------------------------------------ cgroups
 
-def _mountinfo() -> dict[str, str]:
-    from helpers.hardware import _cgroup_mounts
-
-    return _cgroup_mounts()
-
-
 def _write(path: Path, value: str) -> None:
     with open(path, "w") as f:
         f.write(value)
@@ -76,7 +72,7 @@ def _write(path: Path, value: str) -> None:
 
 def _v2_root() -> Path | None:
     """The cgroup v2 mount if it offers the memory controller, else None."""
-    point = _mountinfo().get("v2")
+    point = _cgroup_mounts().get("v2")
     if not point:
         return None
     root = Path(point)
@@ -114,7 +110,7 @@ def probe() -> tuple[str, str]:
             return "cgroup v2", f"{root} is writable"
         except OSError as exc:
             reasons.append(f"cgroup v2 at {root}: {exc}")
-    point = _mountinfo().get("memory")
+    point = _cgroup_mounts().get("memory")
     if point:
         try:
             _try_group(Path(point), "memory.limit_in_bytes")
@@ -144,12 +140,6 @@ def _stat(path: Path, key: str) -> int:
     except OSError:
         pass
     return 0
-
-
-def _folder_bytes(path: str | None) -> int:
-    from helpers.memory import folder_bytes
-
-    return folder_bytes(path)
 
 
 @dataclass
@@ -253,7 +243,7 @@ class Enclosure:
             raise RuntimeError(f"memory.max reads {got}, not {self.limits.ram_bytes}")
 
     def _make_v1(self) -> None:
-        mounts = _mountinfo()
+        mounts = _cgroup_mounts()
         mem = Path(mounts["memory"]) / self.name
         mem.mkdir()
         self.dirs.append(mem)
@@ -325,7 +315,7 @@ class Enclosure:
             self._sample_memory()
             if self.nvme_dir and now - last_disk >= 1.0:
                 last_disk = now
-                used = _folder_bytes(self.nvme_dir)
+                used = folder_bytes(self.nvme_dir)
                 self.stats.peak_disk_bytes = max(self.stats.peak_disk_bytes, used)
                 if used > self.limits.disk_bytes:
                     self.stats.disk_kills += 1

@@ -21,7 +21,7 @@ needs_cgroup = pytest.mark.skipif(not MECHANISM.startswith("cgroup"), reason=f"c
 
 def _leftover_groups() -> list[str]:
     found = []
-    for point in {v for k, v in emu._mountinfo().items() if k in ("v2", "memory", "cpuset", "cpu")}:
+    for point in {v for k, v in emu._cgroup_mounts().items() if k in ("v2", "memory", "cpuset", "cpu")}:
         found += [p.name for p in Path(point).glob("ds-course-*")]
     return found
 

@@ -134,3 +134,22 @@ def test_a_continued_ladder_reuses_measured_rungs_and_recomputes_their_predictio
     assert [(r["config"], r["model"], r["ran"]) for r in again["rows"]] == \
         [(r["config"], r["model"], r["ran"]) for r in first["rows"]]
     assert [r["predicted_rss_gb"] for r in again["rows"]] == [r["predicted_rss_gb"] for r in first["rows"]]
+
+
+def test_a_child_that_trained_another_model_size_is_an_error(tmp_path, monkeypatch):
+    """The rung's row says so when the child's parameter count is not the rung's (it once built GPT-2 with the local
+    tokenizer's vocabulary: every rung a smaller model)."""
+    import argparse
+
+    from helpers.train import RunResult
+
+    def wrong_size(name, cfg, size, **kwargs):
+        return RunResult(name=name, model=size, params=123, config=name, precision="fp16", micro_batch=2,
+                         grad_accum=1, seq_len=32, steps=2, checkpointing=True, runtime="", losses=[2.0, 1.0])
+
+    monkeypatch.setattr(ladder.helpers, "detect_runtime", lambda: fake_runtime(t4_budget=True))
+    monkeypatch.setattr(ladder.helpers, "train_in_fresh_process", wrong_size)
+    args = argparse.Namespace(work_dir=tmp_path, steps=2, micro_batch=2, seq_len=32, mmap_threshold_mib=0.0,
+                              emulate=False)
+    row = ladder.measure_in_child(args, "plain", "gpt2", None, None)
+    assert row["error"] == "the child trained 123 parameters, not gpt2's 124,439,808"

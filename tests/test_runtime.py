@@ -117,3 +117,16 @@ def test_release_zero3_globals_drops_sub_modules_an_interrupted_forward_left():
         assert parameter_offload.FWD_MODULE_STACK == [other]
     finally:
         parameter_offload.FWD_MODULE_STACK[:] = saved
+
+
+def test_clean_slate_resets_accelerate_only_when_asked(monkeypatch):
+    """hf=False leaves Accelerate's and transformers' global state alone (notebooks 00-03 never asked for it)."""
+    import transformers.integrations.deepspeed  # noqa: F401 - loaded, as in every notebook that builds HF models
+
+    from helpers.runtime import clean_slate
+
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    clean_slate({})
+    assert os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true"
+    assert "Accelerate's and transformers' global state" in clean_slate({}, hf=True)
+    assert "ACCELERATE_USE_DEEPSPEED" not in os.environ
