@@ -656,3 +656,34 @@ def estimate_peak(config: dict[str, Any] | None, n_params: int, *, precision: st
         stage, offload = int(zero.get("stage", 0)), zero.get("offload_optimizer", {}).get("device", "none")
     transient = estimate_step_transient(n_params, stage, precision=precision, n_gpus=n_gpus, offload_optimizer=offload)
     return states.gpu_total + max(activation_bytes, transient), states
+
+
+@dataclass(frozen=True)
+class RunEstimate:
+    """What `estimate_run` predicts for one training run, on one GPU of `n_gpus`."""
+
+    peak_bytes: int  # GPU: model states + max(activations, optimizer-step temporaries)
+    activation_bytes: int
+    states: ModelStateEstimate
+
+
+def estimate_run(config: dict[str, Any] | None, shape: Any, *, seq_len: int, precision: str,
+                 checkpointing: bool, micro_batch: int | None = None, n_gpus: int = 1) -> RunEstimate:
+    """Activations and peak GPU bytes of training `shape` (a `helpers.model_shape`) with `config` (notebooks 01-04).
+
+    The micro-batch is the config's `train_micro_batch_size_per_gpu` (the config is the single source of truth);
+    `micro_batch` is only for `config` None, plain PyTorch.
+    """
+    if config is not None:
+        configured = config.get("train_micro_batch_size_per_gpu")
+        if micro_batch is not None and configured is not None and int(configured) != int(micro_batch):
+            raise ValueError(f"micro_batch={micro_batch} but the config says train_micro_batch_size_per_gpu="
+                             f"{configured}. Fix: leave micro_batch out; the config's value is used.")
+        micro_batch = int(configured if configured is not None else micro_batch or 1)
+    if micro_batch is None:
+        raise ValueError("estimate_run(None, ...) is plain PyTorch: pass micro_batch=.")
+    act = estimate_activations(micro_batch, seq_len, shape.hidden, shape.n_layers, shape.vocab,
+                               n_heads=shape.n_heads, precision=precision, checkpointing=checkpointing)
+    peak, states = estimate_peak(config, shape.n_params, precision=precision, activation_bytes=act, n_gpus=n_gpus,
+                                 largest_layer_params=shape.largest_layer_params)
+    return RunEstimate(peak_bytes=peak, activation_bytes=act, states=states)

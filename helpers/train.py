@@ -46,6 +46,8 @@ class RunResult:
     error: str = ""
     # peak process RSS (GiB) while the model is built, while deepspeed.initialize runs, and while training
     rss_by_phase: dict[str, float] = field(default_factory=dict)
+    # what one kind of run adds (MoE routing, a Trainer's or Accelerate's own numbers), JSON-serialisable
+    extras: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ratio(self) -> float:
