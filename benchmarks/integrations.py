@@ -4,23 +4,24 @@
     python benchmarks/integrations.py --size gpt2-tiny --steps 4 --seq-len 32 --configs zero2   # CPU smoke
 
 Same model (saved once, dropout off so every driver computes the same steps), same batches in the same order,
-same config and seed. Writes reports/integrations.json (one row per driver and config: peak_vram_gib,
-estimated_vram_gib, first and final loss, tokens_per_s, runtime label ...) and reports/integrations.md.
+the same config dict (`helpers.course_config`) for the three drivers, same seed. Writes reports/integrations.json
+(one row per driver and config: peak_vram_gib, estimated_vram_gib, first and final loss, tokens_per_s, runtime
+label ...) and reports/integrations.md.
 """
 from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import _bench
+import helpers
+from helpers.config import course_config
+from helpers.integrations import agreement, ordered_blocks, run_accelerate, run_trainer
+from helpers.memory import estimate_run
 
-import helpers  # noqa: E402
-from helpers.integrations import agreement, driver_config, ordered_blocks, run_accelerate, run_trainer  # noqa: E402
-from helpers.memory import estimate_activations, estimate_peak  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 NO_DROPOUT = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
 DRIVERS = ("raw engine", "Trainer", "Accelerate")
@@ -28,29 +29,28 @@ DRIVERS = ("raw engine", "Trainer", "Accelerate")
 
 def run_config(name: str, model_dir: str, train_blocks, runtime, args) -> list[dict]:
     shape = helpers.model_shape(model_dir)
-    cfg = driver_config(name, runtime, micro_batch=args.micro_batch, lr=args.lr, steps=args.steps)
-    act = estimate_activations(args.micro_batch, args.seq_len, shape.hidden, shape.n_layers, shape.vocab,
-                               n_heads=shape.n_heads, precision=runtime.precision, checkpointing=args.checkpointing)
-    est, _ = estimate_peak(cfg, shape.n_params, precision=runtime.precision, activation_bytes=act,
-                           largest_layer_params=shape.largest_layer_params)
+    # the one config all three drivers get: batch sizes, learning rate and warm-up (a tenth of the steps) are in it
+    cfg = course_config(name, runtime, micro_batch_size=args.micro_batch, lr=args.lr,
+                        warmup_steps=max(1, args.steps // 10))
+    est = estimate_run(cfg, shape, seq_len=args.seq_len, precision=runtime.precision,
+                       checkpointing=args.checkpointing).peak_bytes
     common = dict(runtime=runtime, ds_config=cfg, checkpointing=args.checkpointing, estimated_bytes=est,
-                  model_name=args.size, warmup_steps=args.warmup)
+                  model_name=args.size, untimed_steps=args.untimed_steps)
     if cfg["zero_optimization"]["stage"] == 3:
         raw_factory = lambda: helpers.build_zero3_model(cfg, model_dir)  # noqa: E731
     else:
         raw_factory = lambda: helpers.load_causal_lm(model_dir)  # noqa: E731
-    raw = helpers.train_run(f"raw engine {name}", raw_factory, train_blocks, steps=args.steps,
-                            micro_batch=args.micro_batch, lr=args.lr, **common)
+    raw = helpers.train_run(f"raw engine {name}", raw_factory, train_blocks, steps=args.steps, **common)
     data = ordered_blocks(train_blocks, args.micro_batch, args.steps)
-    trainer, _ = run_trainer(f"Trainer {name}", lambda: helpers.load_causal_lm(model_dir), data,
-                             output_dir=args.work_dir / f"trainer-{name}", **common)
+    trainer = run_trainer(f"Trainer {name}", lambda: helpers.load_causal_lm(model_dir), data,
+                          output_dir=args.work_dir / f"trainer-{name}", **common)
     accel = run_accelerate(f"Accelerate {name}", lambda: helpers.load_causal_lm(model_dir), data, **common)
     rows = []
-    for driver, r, engine in (("raw engine", raw, "DeepSpeedEngine"), ("Trainer", trainer.result, trainer.engine_class),
-                              ("Accelerate", accel.result, accel.engine_class)):
+    for driver, r in zip(DRIVERS, (raw, trainer, accel)):
         rows.append({"driver": driver, "config": name, "model": args.size, "params": r.params,
-                     "precision": r.precision, "engine": engine, "peak_vram_gib": r.peak_vram_gib,
-                     "estimated_vram_gib": r.estimated_vram_gib, "peak_rss_gib": r.peak_rss_gib,
+                     "precision": r.precision, "engine": r.extras.get("engine_class", "DeepSpeedEngine"),
+                     "peak_vram_gib": r.peak_vram_gib, "estimated_vram_gib": r.estimated_vram_gib,
+                     "peak_rss_gb": r.peak_rss_gb,
                      "first_loss": round(r.losses[0], 4) if r.losses else None,
                      "final_loss": round(r.losses[-1], 4) if r.losses else None,
                      "max_loss_diff_vs_raw": round(agreement(raw, r), 6), "tokens_per_s": r.tokens_per_s,
@@ -83,11 +83,11 @@ def markdown(report: dict) -> str:
              f"{s['seq_len']} tokens, {s['steps']} steps, activation checkpointing "
              f"{'on' if s['checkpointing'] else 'off'}, precision {report['precision']}, dropout off, same batches.",
              "", "| config | driver | peak VRAM GiB | estimate GiB | first loss | final loss | max loss diff vs raw "
-             "| tokens/s | peak RSS GiB |", "|---|---|---|---|---|---|---|---|---|"]
+             "| tokens/s | peak RSS GB |", "|---|---|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
         lines.append(f"| {r['config']} | {r['driver']} | {r['peak_vram_gib']:.2f} | {r['estimated_vram_gib']:.2f} | "
                      f"{r['first_loss']:.4f} | {r['final_loss']:.4f} | {r['max_loss_diff_vs_raw']:.2g} | "
-                     f"{r['tokens_per_s']:,.0f} | {r['peak_rss_gib']:.2f} |")
+                     f"{r['tokens_per_s']:,.0f} | {r['peak_rss_gb']:.2f} |")
     lines += ["", "Agreement per config:", ""]
     for config, a in report["agreement"].items():
         speeds = ", ".join(f"{d} {v}x" for d, v in a["tokens_per_s_vs_raw"].items() if d != "raw engine")
@@ -100,21 +100,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size", default="gpt2")
     p.add_argument("--configs", nargs="+", default=["zero2", "zero3"])
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--micro-batch", type=int, default=4)
-    p.add_argument("--seq-len", type=int, default=512)
-    p.add_argument("--lr", type=float, default=3e-4)
-    p.add_argument("--no-checkpointing", dest="checkpointing", action="store_false")
-    p.add_argument("--out", type=Path, default=ROOT / "reports" / "integrations.json")
-    p.add_argument("--work-dir", type=Path, default=ROOT / "build" / "bench_integrations")
+    _bench.add_run_options(p, out=ROOT / "reports" / "integrations.json", work_dir=ROOT / "build" / "bench_integrations")
     args = p.parse_args(argv)
 
     runtime = helpers.detect_runtime()
     print(runtime, flush=True)
-    ds = helpers.load_text_dataset("local")
-    tok = helpers.train_tokenizer(ds["train"]["text"], args.work_dir / "tokenizer")
-    train_blocks = helpers.pack_blocks(ds["train"], tok, args.seq_len)
+    train_blocks = _bench.local_train_blocks(args.work_dir, args.seq_len)
     model_dir = helpers.save_model_from_config(args.work_dir / f"model-{args.size}-nodropout", args.size, **NO_DROPOUT)
     rows: list[dict] = []
     for name in args.configs:
@@ -135,12 +126,10 @@ def write_report(rows: list[dict], runtime, args) -> None:
                                                "transformers": transformers.__version__,
                                                "accelerate": accelerate.__version__},
               "settings": {"micro_batch": args.micro_batch, "seq_len": args.seq_len, "steps": args.steps,
-                           "warmup_steps": args.warmup, "checkpointing": args.checkpointing, "lr": args.lr,
+                           "untimed_steps": args.untimed_steps, "checkpointing": args.checkpointing, "lr": args.lr,
                            "dropout": 0.0},
               "rows": rows, "agreement": summarise(rows)}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(report))
+    _bench.write_report(report, args.out, markdown)
 
 
 if __name__ == "__main__":

@@ -30,32 +30,37 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+import helpers
+from helpers.config import LADDER_CONFIGS
+from helpers.hardware import COLAB_NVME_BUDGET_BYTES, COLAB_RAM_GB
+from helpers.memory import estimate_run
+from helpers.models import GPT2_LADDER
+from helpers.records import report_gb
 
-import helpers  # noqa: E402
-from helpers.hardware import COLAB_NVME_BUDGET_BYTES, COLAB_RAM_GB  # noqa: E402
-from helpers.models import GPT2_LADDER  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))  # colab_emulation, for --emulate
 
 GB = 1e9
 GiB = 2**30
 DISK_BUDGET_GB = COLAB_NVME_BUDGET_BYTES / GB
-CONFIGS = ("plain", "zero2_offload_cpu", "zero3_offload_cpu", "zero3_nvme_optimizer_gpu_params", "zero3_nvme_optimizer",
-           "zero3_nvme_all")
+CONFIGS = LADDER_CONFIGS  # helpers.config.NAMED_CONFIGS marked ladder=True, cheapest first
 CHEAP = ("plain", "zero2_offload_cpu", "zero3_offload_cpu")
 FRESH_PROCESS_RSS_GB = 1.5  # until a child reports its own baseline
+LR = 3e-4
 
 
-def ladder_config(name: str, runtime, nvme_path: str | None, largest_param: int,
-                  check_paths: bool = True) -> dict | None:
-    """The DeepSpeed config of a ladder column (None: plain PyTorch); fp16 starts at loss scale 2^12 (few steps)."""
+def ladder_config(name: str, runtime, nvme_path: str | None, largest_param: int, *, micro_batch: int, steps: int,
+                  check_paths: bool = True) -> dict:
+    """The config of a ladder column: micro-batch, lr and warm-up (a tenth of the steps) for every column, plain
+    PyTorch included (it trains without DeepSpeed, reading these from its config); fp16 starts at loss scale 2^12
+    (few steps)."""
+    run = dict(micro_batch_size=micro_batch, lr=LR, warmup_steps=max(1, steps // 10))
     if name == "plain":
-        return None
+        return helpers.course_config("plain", runtime, **run)
     if name not in CONFIGS:
         raise ValueError(f"unknown ladder config {name!r}; choose from {CONFIGS}")
     return helpers.offload_config(name, runtime, largest_param=largest_param, nvme_path=nvme_path,
-                                  initial_scale_power=12, check_paths=check_paths)
+                                  initial_scale_power=12, check_paths=check_paths, **run)
 
 
 def verdict(r: dict, ram_budget_gb: float) -> tuple[bool, str]:
@@ -65,10 +70,10 @@ def verdict(r: dict, ram_budget_gb: float) -> tuple[bool, str]:
     losses = r["losses"]
     if len(losses) < 2 or not losses[-1] < losses[0]:
         return False, f"loss did not fall ({losses[0]:.3f} -> {losses[-1]:.3f})" if losses else "no steps ran"
-    if r["peak_rss_gib"] * GiB / GB > ram_budget_gb:
-        return False, f"peak RSS {r['peak_rss_gib'] * GiB / GB:.1f} GB > {ram_budget_gb} GB RAM budget"
-    if r["disk_gib"] * GiB / GB > DISK_BUDGET_GB:
-        return False, f"NVMe folder {r['disk_gib'] * GiB / GB:.1f} GB > {DISK_BUDGET_GB} GB disk budget"
+    if report_gb(r, "peak_rss") > ram_budget_gb:
+        return False, f"peak RSS {report_gb(r, 'peak_rss'):.1f} GB > {ram_budget_gb} GB RAM budget"
+    if report_gb(r, "disk") > DISK_BUDGET_GB:
+        return False, f"NVMe folder {report_gb(r, 'disk'):.1f} GB > {DISK_BUDGET_GB} GB disk budget"
     return True, ""
 
 
@@ -76,16 +81,18 @@ def predict(name: str, size: str, runtime, nvme: str | None, micro_batch: int, s
             baseline_rss_gb: float) -> dict:
     """Estimated peak VRAM (GiB), RSS (GB) and disk (GB) of a rung, before running it."""
     shape = helpers.model_shape(helpers.gpt2_config(size))
-    cfg = ladder_config(name, runtime, nvme or "/nvme", shape.largest_layer_params, check_paths=False)
-    act = helpers.estimate_activations(micro_batch, seq_len, shape.hidden, shape.n_layers, shape.vocab,
-                                       n_heads=shape.n_heads, precision=runtime.precision, checkpointing=True)
-    peak, states = helpers.estimate_peak(cfg, shape.n_params, precision=runtime.precision, activation_bytes=act,
-                                         largest_layer_params=shape.largest_layer_params)
-    if cfg is not None:
+    plain = name == "plain"
+    cfg = ladder_config(name, runtime, nvme or "/nvme", shape.largest_layer_params, micro_batch=micro_batch, steps=1,
+                        check_paths=False)
+    est = estimate_run(None if plain else cfg, shape, seq_len=seq_len, precision=runtime.precision,
+                       checkpointing=True, micro_batch=micro_batch if plain else None)
+    states = est.states
+    if not plain:
         states = helpers.estimate_for_config(cfg, shape.n_params, largest_layer_params=shape.largest_layer_params,
                                              zero_init=cfg["zero_optimization"]["stage"] == 3)
-    cpu = states.cpu_total if cfg is not None else states.n_params * 4  # plain: the fp32 model built on CPU
-    return {"predicted_vram_gib": round(peak / GiB, 2), "predicted_rss_gb": round(cpu / GB + baseline_rss_gb, 2),
+    cpu = states.n_params * 4 if plain else states.cpu_total  # plain: the fp32 model built on CPU
+    return {"predicted_vram_gib": round(est.peak_bytes / GiB, 2),
+            "predicted_rss_gb": round(cpu / GB + baseline_rss_gb, 2),
             "predicted_disk_gb": round(states.nvme_total / GB, 2)}
 
 
@@ -101,9 +108,10 @@ def measure_in_child(args: argparse.Namespace, name: str, size: str, nvme: Path 
     """
     runtime = helpers.detect_runtime()
     shape = helpers.model_shape(helpers.gpt2_config(size))
-    cfg = ladder_config(name, runtime, str(nvme) if nvme else None, shape.largest_layer_params)
-    kwargs = dict(tokenizer_dir=args.work_dir / "tokenizer", steps=args.steps, micro_batch=args.micro_batch,
-                  seq_len=args.seq_len, lr=3e-4, nvme_path=nvme, max_blocks=256,
+    cfg = ladder_config(name, runtime, str(nvme) if nvme else None, shape.largest_layer_params,
+                        micro_batch=args.micro_batch, steps=args.steps)
+    kwargs = dict(tokenizer_dir=args.work_dir / "tokenizer", plain_pytorch=name == "plain", steps=args.steps,
+                  seq_len=args.seq_len, nvme_path=nvme, max_blocks=256,
                   mmap_threshold_mib=args.mmap_threshold_mib, timeout_s=timeout_s, gpu=gpu, progress=False)
     if not args.emulate:
         r = helpers.train_in_fresh_process(f"{name} {size}", cfg, size, cpus=cpus, **kwargs)
@@ -120,8 +128,8 @@ def measure_in_child(args: argparse.Namespace, name: str, size: str, nvme: Path 
         enclosure = enc.stats.as_report()
     if not r.error and r.params != shape.n_params:
         r.error = f"the child trained {r.params:,} parameters, not {size}'s {shape.n_params:,}"
-    out = {k: getattr(r, k) for k in ("peak_vram_gib", "peak_rss_gib", "disk_gib", "tokens_per_s", "losses",
-                                      "error", "seconds", "params", "rss_by_phase", "baseline_rss_gib")}
+    out = {k: getattr(r, k) for k in ("peak_vram_gib", "peak_rss_gb", "disk_gb", "tokens_per_s", "losses",
+                                      "error", "seconds", "params", "rss_by_phase", "baseline_rss_gb")}
     if r.error.startswith("stopped after the time limit"):
         out["timed_out"] = True
         out["error"] = f"not finished within this run's time budget ({timeout_s:.0f} s left when it started)"
@@ -159,8 +167,8 @@ def markdown(report: dict) -> str:
         lines.append(
             f"| {r['model']} | {r['params'] / 1e6:,.0f}M | {r['config']} | {'yes' if ran else 'no'} | "
             f"{'yes' if r['fits'] else 'no'} | {m(r['peak_vram_gib'])} | "
-            f"{m(r['peak_rss_gib'] * GiB / GB)} ({r.get('predicted_rss_gb', 0):.1f}) | "
-            f"{m(r['disk_gib'] * GiB / GB)} ({r.get('predicted_disk_gb', 0):.1f}) | "
+            f"{m(report_gb(r, 'peak_rss'))} ({r.get('predicted_rss_gb', 0):.1f}) | "
+            f"{m(report_gb(r, 'disk'))} ({r.get('predicted_disk_gb', 0):.1f}) | "
             f"{r['tokens_per_s']:,.0f} | {r['reason'][:160]} |")
     sm = report["summary"]
     lines += ["", f"DeepSpeed's largest / plain PyTorch's largest: {sm['deepspeed_over_plain']} "
@@ -278,25 +286,25 @@ def main(argv: list[str] | None = None) -> int:
             over.append(f"disk {pred['predicted_disk_gb']:.1f} GB > {DISK_BUDGET_GB} GB")
         free_gb = shutil.disk_usage(nvme).free / GB if nvme else 0.0
         if over and name not in args.verify_refusals:
-            row.update(ran=False, fits=False, peak_vram_gib=0.0, peak_rss_gib=0.0, disk_gib=0.0, tokens_per_s=0.0,
+            row.update(ran=False, fits=False, peak_vram_gib=0.0, peak_rss_gb=0.0, disk_gb=0.0, tokens_per_s=0.0,
                        losses=[], reason="refused by pre-flight, not run: predicted " + ", ".join(over))
         elif nvme and pred["predicted_disk_gb"] > 0.95 * free_gb:
             # within the 60 GB budget, but this machine's disk is smaller: a limit of the machine, not of the config
-            row.update(ran=False, fits=False, peak_vram_gib=0.0, peak_rss_gib=0.0, disk_gib=0.0, tokens_per_s=0.0,
+            row.update(ran=False, fits=False, peak_vram_gib=0.0, peak_rss_gb=0.0, disk_gb=0.0, tokens_per_s=0.0,
                        losses=[], machine_limit=True,
                        reason=f"not run: this machine's disk has {free_gb:.1f} GB free at {args.nvme_path}, the rung "
                               f"is predicted to write {pred['predicted_disk_gb']:.1f} GB")
         else:
             left = args.hard_stop_s - (time.perf_counter() - started) if args.hard_stop_s else None
             m = measure_in_child(args, name, size, nvme, gpu, cpus, timeout_s=left)
-            baseline[0] = max(baseline[0], m.get("baseline_rss_gib", 0) * GiB / GB)
+            baseline[0] = max(baseline[0], m.get("baseline_rss_gb", 0))
             fits, reason = verdict(m, ram_budget_gb)
             if m.get("timed_out"):
                 row["timed_out"] = True
-            row["baseline_rss_gb"] = round(m.get("baseline_rss_gib", 0) * GiB / GB, 2)
+            row["baseline_rss_gb"] = round(m.get("baseline_rss_gb", 0), 2)
             row.update(ran=True, fits=fits, reason=reason, **{k: m[k] for k in (
-                "peak_vram_gib", "peak_rss_gib", "disk_gib", "tokens_per_s", "losses", "seconds")},
-                       rss_by_phase_gb={k: round(v * GiB / GB, 2) for k, v in m.get("rss_by_phase", {}).items()})
+                "peak_vram_gib", "peak_rss_gb", "disk_gb", "tokens_per_s", "losses", "seconds")},
+                       rss_by_phase_gb={k: round(v, 2) for k, v in m.get("rss_by_phase", {}).items()})
             if "enclosure" in m:
                 row["enclosure"] = m["enclosure"]
         if nvme:
@@ -305,8 +313,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             write()
         print(f"{name:<22}{size:<12}{'ran' if row['ran'] else 'refused':<9}{'fits' if row['fits'] else 'no':<6}"
-              f"{row['peak_vram_gib']:>7.2f} GiB {row['peak_rss_gib'] * GiB / GB:>6.2f} GB RSS "
-              f"(pred {row['predicted_rss_gb']:.1f}) {row['disk_gib'] * GiB / GB:>6.2f} GB disk "
+              f"{row['peak_vram_gib']:>7.2f} GiB {report_gb(row, 'peak_rss'):>6.2f} GB RSS "
+              f"(pred {row['predicted_rss_gb']:.1f}) {report_gb(row, 'disk'):>6.2f} GB disk "
               f"{row['tokens_per_s']:>8,.0f} tok/s  {row['reason'][:100]}", flush=True)
         return row
 

@@ -20,10 +20,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import helpers
+from helpers.gpt import GPTConfig, build_gpt
+from helpers.moe import MoEHooks
 
-import helpers  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -51,14 +52,20 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def row(run: helpers.MoERun) -> dict:
-    d = run.as_dict(with_curves=False)
-    d["lm_losses"] = [round(x, 4) for x in run.lm_losses]
-    d["aux_losses"] = [round(x, 4) for x in run.aux_losses]
-    d["loss_first5"] = round(sum(run.lm_losses[:5]) / 5, 4)
-    d["loss_last5"] = round(sum(run.lm_losses[-5:]) / 5, 4)
-    d["dropped_fraction"] = run.routing.get("dropped_fraction")
-    d["imbalance"] = run.routing.get("imbalance")
+def row(run: helpers.RunResult) -> dict:
+    """A report row of one MoE run (`train_run` with `MoEHooks`): the record without its per-step curves, plus the
+    LM and aux losses rounded, the first/last-5 means, the expert load and the routing's headline numbers."""
+    e = run.extras
+    d = {k: v for k, v in run.as_dict().items() if k not in ("losses", "extras")}
+    d.update({k: v for k, v in e.items() if k not in ("lm_losses", "aux_losses", "load_history", "probe")})
+    d["val_loss"] = run.val_loss
+    d["expert_load"] = e["routing"].get("load", [])
+    d["lm_losses"] = [round(x, 4) for x in e["lm_losses"]]
+    d["aux_losses"] = [round(x, 4) for x in e["aux_losses"]]
+    d["loss_first5"] = round(sum(e["lm_losses"][:5]) / 5, 4)
+    d["loss_last5"] = round(sum(e["lm_losses"][-5:]) / 5, 4)
+    d["dropped_fraction"] = e["routing"].get("dropped_fraction")
+    d["imbalance"] = e["routing"].get("imbalance")
     return d
 
 
@@ -74,7 +81,7 @@ def expert_parallel(args: argparse.Namespace, runtime: helpers.Runtime, blocks, 
               "--ffn", str(args.ffn)] if device == "cuda" else
              ["--hidden", "64", "--layers", "2", "--heads", "2", "--ffn", "256"])
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-           str(helpers.free_port()), str(ROOT / "scripts" / "moe_expert_parallel.py"), "--out", str(out),
+           str(helpers.free_port()), str(ROOT / "notebooks" / "programs" / "moe_expert_parallel.py"), "--out", str(out),
            "--device", device, "--blocks", str(saved), "--vocab", str(vocab), "--experts", str(args.experts),
            "--steps", str(args.ep_steps), "--micro-batch", str(min(args.micro_batch, 4)), *shape]
     env = {k: v for k, v in os.environ.items()
@@ -138,9 +145,9 @@ def main(argv: list[str] | None = None) -> int:
                                   vocab_size=args.vocab)
     train_blocks = helpers.pack_blocks(texts, tok, args.seq_len)
     val_blocks = helpers.pack_blocks(ds["validation"], tok, args.seq_len, max_blocks=64)
-    shape = helpers.MoEConfig(vocab_size=len(tok), seq_len=args.seq_len, hidden=args.hidden, layers=args.layers,
-                              heads=args.heads, ffn=args.ffn, num_experts=args.experts, k=1,
-                              capacity_factor=args.capacity_factor, aux_loss_coef=args.aux_coef)
+    shape = GPTConfig(vocab_size=len(tok), seq_len=args.seq_len, hidden=args.hidden, layers=args.layers,
+                      heads=args.heads, ffn=args.ffn, num_experts=args.experts, k=1,
+                      capacity_factor=args.capacity_factor, aux_loss_coef=args.aux_coef)
     ds_config = helpers.moe_ds_config(runtime, micro_batch=args.micro_batch, lr=args.lr, steps=args.steps)
     report = {"runtime": runtime.label, "date": dt.date.today().isoformat(), "precision": runtime.precision,
               "gpu": runtime.gpu_name, "torch": torch.__version__, "deepspeed": deepspeed.__version__,
@@ -157,30 +164,34 @@ def main(argv: list[str] | None = None) -> int:
         return helpers.capacity_sweep(model, val_blocks, args.capacity_sweep, batches=8,
                                       batch_size=args.micro_batch, seed=args.seed)
 
+    def train(name, cfg, eval_every, probe=None):
+        """One run: train_run with the MoE hooks, validation every `eval_every` steps and at the end."""
+        return helpers.train_run(name, lambda: build_gpt(cfg, seed=args.seed), train_blocks, runtime=runtime,
+                                 ds_config=ds_config, val_blocks=val_blocks, steps=args.steps, eval_every=eval_every,
+                                 eval_batches=8, seed=args.seed, progress=False,
+                                 hooks=MoEHooks(cfg, seed=args.seed, probe=probe))
+
     configs = {"dense": shape.dense_twin(), "MoE top-1": shape, "MoE top-2": shape.replace(k=2)}
     runs = {}
     for name, cfg in configs.items():
-        r = helpers.train_moe(name, cfg, train_blocks, runtime=runtime, ds_config=ds_config, val_blocks=val_blocks,
-                              steps=args.steps, eval_every=max(1, args.steps // 5), eval_batches=8, seed=args.seed,
-                              progress=False, probe=sweep if name == "MoE top-1" else None)
+        r = train(name, cfg, max(1, args.steps // 5), probe=sweep if name == "MoE top-1" else None)
         runs[name] = r
         report["rows"].append(row(r))
-        if r.probe is not None:
-            report["capacity_sweep"] = r.probe
-        print(f"{name:<12} total {r.params_total:>11,} active {r.params_active:>11,} {r.tokens_per_s:>10,.0f} tok/s "
-              f"{r.peak_vram_gib:>7.3f} GiB val {r.val_loss:.3f}", flush=True)
+        if "probe" in r.extras:
+            report["capacity_sweep"] = r.extras["probe"]
+        print(f"{name:<12} total {r.extras['params_total']:>11,} active {r.extras['params_active']:>11,} "
+              f"{r.tokens_per_s:>10,.0f} tok/s {r.peak_vram_gib:>7.3f} GiB val {r.val_loss:.3f}", flush=True)
         write()
     for coef in args.aux_sweep:
-        r = runs["MoE top-1"] if coef == args.aux_coef else helpers.train_moe(
-            f"top-1, aux {coef:g}", shape.replace(aux_loss_coef=coef), train_blocks, runtime=runtime,
-            ds_config=ds_config, val_blocks=val_blocks, steps=args.steps, eval_batches=8, seed=args.seed,
-            progress=False)
-        report["aux_sweep"].append({"aux_loss_coef": coef, "imbalance": r.routing["imbalance"],
-                                    "dropped_fraction": r.routing["dropped_fraction"], "val_loss": r.val_loss,
-                                    "aux_last5": round(sum(r.aux_losses[-5:]) / 5, 4),
-                                    "demand": r.routing["demand"]})
-        print(f"aux {coef:<6g} busiest/mean {r.routing['imbalance']:.2f} dropped "
-              f"{100 * r.routing['dropped_fraction']:.1f} % val {r.val_loss:.3f}", flush=True)
+        r = runs["MoE top-1"] if coef == args.aux_coef else train(
+            f"top-1, aux {coef:g}", shape.replace(aux_loss_coef=coef), args.steps)  # validation at the end only
+        routing = r.extras["routing"]
+        report["aux_sweep"].append({"aux_loss_coef": coef, "imbalance": routing["imbalance"],
+                                    "dropped_fraction": routing["dropped_fraction"], "val_loss": r.val_loss,
+                                    "aux_last5": round(sum(r.extras["aux_losses"][-5:]) / 5, 4),
+                                    "demand": routing["demand"]})
+        print(f"aux {coef:<6g} busiest/mean {routing['imbalance']:.2f} dropped "
+              f"{100 * routing['dropped_fraction']:.1f} % val {r.val_loss:.3f}", flush=True)
         write()
     report["zero3_refusal"] = helpers.zero3_refusal(configs["MoE top-2"], runtime)
     if args.ep:

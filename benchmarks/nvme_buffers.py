@@ -10,9 +10,7 @@ import argparse
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
 # (buffer_count, buffer_size, prefetch_bucket_size, max_live_parameters, max_reuse_distance)
 GRID = [(0, 5_000_000, 10**7, 3 * 10**7, 0), (1, 100_000, 10**7, 3 * 10**7, 0), (1, 5_000_000, 10**7, 3 * 10**7, 0),
         (1, 5_000_000, 10**8, 10**9, 0), (2, 5_000_000, 10**7, 3 * 10**7, 10**7),
@@ -20,8 +18,6 @@ GRID = [(0, 5_000_000, 10**7, 3 * 10**7, 0), (1, 100_000, 10**7, 3 * 10**7, 0), 
         (8, 5_000_000, 10**7, 3 * 10**7, 10**8)]
 
 CHILD = r'''
-import sys
-sys.path.insert(0, {root!r})
 import torch
 from helpers.runtime import setup_single_process
 setup_single_process()
@@ -70,7 +66,7 @@ def main() -> None:
     print("count  buffer_size  prefetch  max_live  reuse_distance  result")
     for setting in GRID:
         with tempfile.TemporaryDirectory(dir=args.nvme_path) as nvme:
-            out = subprocess.run([sys.executable, "-c", CHILD.format(root=str(ROOT), setting=setting, nvme=nvme)],
+            out = subprocess.run([sys.executable, "-c", CHILD.format(setting=setting, nvme=nvme)],
                                  capture_output=True, text=True, env={"DS_ACCELERATOR": "cpu",
                                                                       **__import__("os").environ})
         lines = (out.stdout + out.stderr).splitlines()

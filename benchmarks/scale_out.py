@@ -6,7 +6,7 @@
 With GPUs: one GPU per rank over NCCL, N = 1, 2, 4, 8 up to the GPUs present (a 1-GPU machine runs N=1 only;
 the pipeline and AutoTP runs need 2). Without: N = 1, 2, 4 CPU processes over gloo, labelled as such: the bytes
 per rank are the same bookkeeping, the speed is not a GPU's. Each N is one launch of
-scripts/scale_out_train.py (deepspeed launcher) measuring all four stages. Writes the JSON and a .md beside it:
+notebooks/programs/scale_out_train.py (deepspeed launcher) measuring all four stages. Writes the JSON and a .md beside it:
 per (stage, N) rank 0's params / peak gradients / optimizer bytes, their sum against the estimator, and the target
 of issue 7: ZeRO-3 model states per rank at N within 20 % of 1/N of N=1's.
 """
@@ -20,10 +20,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from helpers import scale_out
+from helpers.launch import PROGRAMS, run_ranks
 
-from helpers import scale_out  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 TARGET = 0.20  # ZeRO-3 model states at N ranks within 20 % of 1/N of one rank's
 
@@ -64,6 +64,12 @@ def target_check(rows: list[dict]) -> dict:
     return checks
 
 
+def split_line(title: str, per: str, held: str, run: dict, middle: str = "", tail: str = "") -> str:
+    """One sentence on a pipeline or tensor-parallel run: the parameters each part holds, the loss gap."""
+    return (f"{title}: parameters per {per} {held} of {run['params_total']:,}{middle}; largest loss gap to the "
+            f"unsplit run {run['max_loss_gap']:.2e}{tail}.")
+
+
 def markdown(report: dict) -> str:
     mb = 1e6
     lines = [f"# Scaling out: model states per rank ({report['runtime']}, {report['date']})", "",
@@ -85,18 +91,17 @@ def markdown(report: dict) -> str:
     lines += ["", "Target (issue 7): ZeRO-3 model states per rank at N within 20 % of 1/N of N=1's: " + (
         ", ".join(f"N={n}: {c['ratio']:.3f} ({'met' if c['within_20pct'] else 'NOT met'})"
                   for n, c in report["target"].items()) or "needs N > 1")]
-    if report.get("pipeline"):
-        p = report["pipeline"]
-        lines += ["", f"Pipeline ({p['stages']} stages, {p['micro_batches']} micro-batches, {p['device']}): "
-                  f"parameters per stage {', '.join(f'{x:,}' for x in p['params_per_stage'])} of "
-                  f"{p['params_total']:,}; largest loss gap to the unsplit run {p['max_loss_gap']:.2e} over "
-                  f"{len(p['pipeline_losses'])} steps."]
-    if report.get("tensor_parallel"):
-        t = report["tensor_parallel"]
-        lines += ["", f"AutoTP {t['mode']} ({t['world']} ranks, {t['device']}): parameters per rank "
-                  f"{t['params_local']:,} of {t['params_total']:,}, {t['tensors_split']} tensors split in half; "
-                  f"params {t.get('params', 0) / mb:.3f} MB, optimizer {t.get('optimizer', 0) / mb:.3f} MB per rank; "
-                  f"largest loss gap to the unsplit run {t['max_loss_gap']:.2e}."]
+    p, t = report.get("pipeline"), report.get("tensor_parallel")
+    if p:
+        lines += ["", split_line(f"Pipeline ({p['stages']} stages, {p['micro_batches']} micro-batches, {p['device']})",
+                                 "stage", ", ".join(f"{x:,}" for x in p["params_per_stage"]), p,
+                                 tail=f" over {len(p['pipeline_losses'])} steps")]
+    if t:
+        lines += ["", split_line(f"AutoTP {t['mode']} ({t['world']} ranks, {t['device']})", "rank",
+                                 f"{t['params_local']:,}", t,
+                                 middle=f", {t['tensors_split']} tensors split in half; params "
+                                        f"{t.get('params', 0) / mb:.3f} MB, optimizer "
+                                        f"{t.get('optimizer', 0) / mb:.3f} MB per rank")]
     lines += ["", "Commands: " + "; ".join(f"`{c}`" for c in report["commands"])]
     return "\n".join(lines) + "\n"
 
@@ -117,9 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     rows, commands = [], []
     for n in ranks:
-        reports = scale_out.run_ranks(ROOT / "scripts" / "scale_out_train.py", n, args.work_dir / f"zero_n{n}",
-                                      device=device, launcher="deepspeed", args=common + ["--steps", str(args.steps)],
-                                      timeout=1800)
+        reports = run_ranks(PROGRAMS / "scale_out_train.py", n, args.work_dir / f"zero_n{n}", device=device,
+                            launcher="deepspeed", args=common + ["--steps", str(args.steps)], timeout=1800)
         commands.append(reports[0]["command"])
         rows += scale_out.zero_rows(reports)
         print(f"N={n}: {reports[0]['launch_seconds']} s", flush=True)
@@ -134,14 +138,14 @@ def main(argv: list[str] | None = None) -> int:
               "target": target_check(rows), "commands": commands}
     two = device == "cpu" or gpus >= 2
     if not args.no_pipeline_tp and two:
-        pipe = scale_out.run_ranks(ROOT / "scripts" / "pipeline_train.py", 2, args.work_dir / "pipeline",
-                                   device=device, launcher="torchrun", args=common + ["--steps", "4"])
+        pipe = run_ranks(PROGRAMS / "pipeline_train.py", 2, args.work_dir / "pipeline", device=device,
+                         launcher="torchrun", args=common + ["--steps", "4"])
         report["pipeline"] = {k: pipe[0][k] for k in ("stages", "micro_batches", "device", "params_total",
                                                        "pipeline_losses", "plain_losses", "max_loss_gap")}
         report["pipeline"]["params_per_stage"] = [r["params_local"] for r in pipe]
         report["pipeline"]["layers_per_stage"] = [r["layer_names"] for r in pipe]
-        tp = scale_out.run_ranks(ROOT / "scripts" / "tp_train.py", 2, args.work_dir / "tp", device=device,
-                                 launcher="torchrun", args=common + ["--steps", "4"])
+        tp = run_ranks(PROGRAMS / "tp_train.py", 2, args.work_dir / "tp", device=device, launcher="torchrun",
+                       args=common + ["--steps", "4"])
         report["tensor_parallel"] = {k: tp[0].get(k) for k in ("mode", "world", "device", "params_total",
                                                                "params_local", "params", "grads", "optimizer",
                                                                "max_loss_gap", "tp_losses", "plain_losses",

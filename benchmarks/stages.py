@@ -4,46 +4,47 @@
     python benchmarks/stages.py --sizes gpt2-tiny --steps 4 --seq-len 64     # CPU smoke
 
 Writes reports/stages.json (one row per model and config: params, peak_vram_gib, estimated_vram_gib,
-peak_rss_gib, tokens_per_s, runtime label ...) and reports/stages.md, and checks the targets:
+peak_rss_gb, tokens_per_s, runtime label ...) and reports/stages.md, and checks the targets:
 ZeRO-2 tokens/s >= 0.9x plain PyTorch AMP; estimate within 15 % of the measured peak.
 """
 from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import _bench
+import helpers
+from helpers.config import course_config
+from helpers.memory import GiB, estimate_run
+from helpers.records import report_gb
 
-import helpers  # noqa: E402
-from helpers.config import course_config  # noqa: E402
-from helpers.memory import GiB, estimate_activations, estimate_peak  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 CONFIGS = ("plain", "zero0", "zero1", "zero2", "zero3")
 
 
 def stage_rows(size: str, model_dir: str, train_blocks, runtime, args) -> list[dict]:
     shape = helpers.model_shape(model_dir)
-    act = estimate_activations(args.micro_batch, args.seq_len, shape.hidden, shape.n_layers, shape.vocab,
-                               n_heads=shape.n_heads, precision=runtime.precision,
-                               checkpointing=args.checkpointing)
     rows = []
     for name in CONFIGS:
-        cfg = None if name == "plain" else course_config(name, runtime)
-        est, states = estimate_peak(cfg, shape.n_params, precision=runtime.precision, activation_bytes=act,
-                                    largest_layer_params=shape.largest_layer_params)
-        label = "plain PyTorch AMP" if name == "plain" and runtime.precision != "fp32" else \
-            "plain PyTorch" if name == "plain" else name.replace("zero", "ZeRO-")
+        plain = name == "plain"
+        # one config per run, plain PyTorch included: it reads the same batch, lr and warm-up (a tenth of the steps)
+        cfg = course_config(name, runtime, micro_batch_size=args.micro_batch, lr=args.lr,
+                            warmup_steps=max(1, args.steps // 10))
+        est = estimate_run(None if plain else cfg, shape, seq_len=args.seq_len, precision=runtime.precision,
+                           checkpointing=args.checkpointing, micro_batch=args.micro_batch if plain else None)
+        label = "plain PyTorch AMP" if plain and runtime.precision != "fp32" else \
+            "plain PyTorch" if plain else name.replace("zero", "ZeRO-")
         r = helpers.train_run(label, lambda: helpers.load_causal_lm(model_dir), train_blocks, runtime=runtime,
-                              ds_config=cfg, steps=args.steps, micro_batch=args.micro_batch, lr=args.lr,
-                              checkpointing=args.checkpointing, estimated_bytes=est, model_name=size,
-                              warmup_steps=args.warmup)
+                              ds_config=cfg, plain_pytorch=plain, steps=args.steps,
+                              checkpointing=args.checkpointing, estimated_bytes=est.peak_bytes, model_name=size,
+                              untimed_steps=args.untimed_steps)
         row = r.as_dict()
-        row.update(config=name, model_states_gib=round(states.gpu_total / GiB, 3),
-                   activations_gib=round(act / GiB, 3), loss_first=r.losses[0], loss_last=r.losses[-1])
+        row.update(config=name, model_states_gib=round(est.states.gpu_total / GiB, 3),
+                   activations_gib=round(est.activation_bytes / GiB, 3), loss_first=r.losses[0],
+                   loss_last=r.losses[-1])
         row.pop("losses")
         rows.append(row)
         print(f"{size:<12} {r.row()}", flush=True)
@@ -76,12 +77,12 @@ def markdown(report: dict) -> str:
              f"micro-batch {report['settings']['micro_batch']} x {report['settings']['seq_len']} tokens, "
              f"{report['settings']['steps']} steps, activation checkpointing "
              f"{'on' if report['settings']['checkpointing'] else 'off'}, precision {report['precision']}.", "",
-             "| model | params | config | peak VRAM GiB | estimate GiB | measured/est. | tokens/s | peak RSS GiB |",
+             "| model | params | config | peak VRAM GiB | estimate GiB | measured/est. | tokens/s | peak RSS GB |",
              "|---|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
         lines.append(f"| {r['model']} | {r['params'] / 1e6:.1f}M | {r['name']} | {r['peak_vram_gib']:.2f} | "
                      f"{r['estimated_vram_gib']:.2f} | {r['ratio'] if r['ratio'] is not None else '-'} | "
-                     f"{r['tokens_per_s']:,.0f} | {r['peak_rss_gib']:.2f} |")
+                     f"{r['tokens_per_s']:,.0f} | {report_gb(r, 'peak_rss'):.2f} |")
     lines += ["", "Targets:", ""]
     for model, t in report["targets"].items():
         lines.append(f"- {model}: ZeRO-2 / plain tokens/s = {t['zero2_vs_plain_tokens_per_s']} "
@@ -95,21 +96,12 @@ def markdown(report: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", nargs="+", default=["gpt2", "gpt2-medium"])
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--micro-batch", type=int, default=4)
-    p.add_argument("--seq-len", type=int, default=512)
-    p.add_argument("--lr", type=float, default=3e-4)
-    p.add_argument("--no-checkpointing", dest="checkpointing", action="store_false")
-    p.add_argument("--out", type=Path, default=ROOT / "reports" / "stages.json")
-    p.add_argument("--work-dir", type=Path, default=ROOT / "build" / "bench")
+    _bench.add_run_options(p, out=ROOT / "reports" / "stages.json", work_dir=ROOT / "build" / "bench")
     args = p.parse_args(argv)
 
     runtime = helpers.detect_runtime()
     print(runtime, flush=True)
-    ds = helpers.load_text_dataset("local")
-    tok = helpers.train_tokenizer(ds["train"]["text"], args.work_dir / "tokenizer")
-    train_blocks = helpers.pack_blocks(ds["train"], tok, args.seq_len)
+    train_blocks = _bench.local_train_blocks(args.work_dir, args.seq_len)
     rows: list[dict] = []
     for size in args.sizes:
         model_dir = helpers.save_model_from_config(args.work_dir / f"model-{size}", size)
@@ -121,14 +113,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def write_report(rows: list[dict], runtime, args) -> None:
     report = {"runtime": runtime.label, "date": dt.date.today().isoformat(), "precision": runtime.precision,
-              "settings": {"micro_batch": args.micro_batch, "seq_len": args.seq_len, "steps": args.steps,
-                           "warmup_steps": args.warmup, "checkpointing": args.checkpointing, "lr": args.lr},
+              "settings": _bench.run_settings(args),
               "rows": rows, "targets": targets(rows),
               "per_gpu_model_states_gib": {r["model"]: per_gpu_estimates(r["params"], runtime.precision)
                                            for r in rows if r["config"] == "plain"}}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(report))
+    _bench.write_report(report, args.out, markdown)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 GiB = 2**30
 
@@ -52,20 +51,19 @@ def child(args: argparse.Namespace) -> int:
     if args.config in OFFLOAD_KINDS:
         nvme = Path(args.work_dir) / "nvme"
         nvme.mkdir(parents=True, exist_ok=True)
-        cfg = helpers.offload_config(args.config, runtime, nvme_path=str(nvme), micro_batch_size=2,
-                                     largest_param=helpers.model_shape(config).largest_layer_params)
+        cfg = helpers.offload_config(args.config, runtime, nvme_path=str(nvme), micro_batch_size=2, lr=3e-4,
+                                     warmup_steps=1, largest_param=helpers.model_shape(config).largest_layer_params)
         param = cfg["zero_optimization"].get("offload_param", {})
         info = {"precision": "bf16" if cfg.get("bf16", {}).get("enabled") else "fp16" if cfg.get("fp16", {}).get(
             "enabled") else "fp32", "buffer_count": param.get("buffer_count"), "buffer_size": param.get("buffer_size")}
     else:
-        cfg = helpers.course_config(args.config, runtime, micro_batch_size=2)
+        cfg = helpers.course_config(args.config, runtime, micro_batch_size=2, lr=3e-4, warmup_steps=1)
     rows = []
     for i in range(args.runs):
         helpers.reset_peak_stats()
         gpu0, rss0 = helpers.gpu_allocated_bytes(), helpers.release_host_memory()
         r = helpers.train_run(f"run {i}", lambda: helpers.build_zero3_model(cfg, config=config, seed=0), blocks,
-                              runtime=runtime, ds_config=cfg, steps=3, micro_batch=2, warmup_steps=1,
-                              progress=False)
+                              runtime=runtime, ds_config=cfg, steps=3, untimed_steps=1, progress=False)
         gpu1, rss1 = helpers.gpu_allocated_bytes(), helpers.release_host_memory()
         rows.append({"run": i, "params": r.params, "losses": r.losses, "error": r.error,
                      "gpu_before_gib": round(gpu0 / GiB, 3), "gpu_after_gib": round(gpu1 / GiB, 3),

@@ -8,21 +8,20 @@ model and batch.
 from __future__ import annotations
 
 import argparse
-import copy
 import datetime as dt
 import json
 import sys
 from pathlib import Path
 
+import helpers
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import helpers  # noqa: E402
 
 
-def variant(runtime, **zero_overrides):
-    cfg = helpers.course_config("zero2", runtime)
-    cfg = copy.deepcopy(cfg)
+def variant(runtime, micro_batch: int, steps: int, **zero_overrides):
+    """configs/zero2.json for this runtime with one change; plain AMP reads its batch, lr and warm-up from it too."""
+    cfg = helpers.course_config("zero2", runtime, micro_batch_size=micro_batch, lr=3e-4,
+                                warmup_steps=max(1, steps // 10))
     for key, value in zero_overrides.items():
         if key == "gradient_clipping":
             cfg.pop("gradient_clipping", None) if value is None else cfg.update(gradient_clipping=value)
@@ -44,20 +43,22 @@ def main(argv=None) -> int:
     tok = helpers.train_tokenizer(ds["train"]["text"], args.work_dir / "tokenizer")
     blocks = helpers.pack_blocks(ds["train"], tok, args.seq_len)
     model_dir = helpers.save_model_from_config(args.work_dir / f"model-{args.size}", args.size)
-    runs = [
-        ("plain AMP, micro-batch 4", None, 4),
-        ("ZeRO-2 as in configs/, micro-batch 4", variant(runtime), 4),
-        ("ZeRO-2 overlap_comm", variant(runtime, overlap_comm=True), 4),
-        ("ZeRO-2 no gradient clipping", variant(runtime, gradient_clipping=None), 4),
-        ("ZeRO-2 contiguous_gradients off", variant(runtime, contiguous_gradients=False), 4),
-        ("plain AMP, micro-batch 8", None, 8),
-        ("ZeRO-2 as in configs/, micro-batch 8", variant(runtime), 8),
+    n = args.steps
+    runs = [  # name, config, plain PyTorch AMP?
+        ("plain AMP, micro-batch 4", variant(runtime, 4, n), True),
+        ("ZeRO-2 as in configs/, micro-batch 4", variant(runtime, 4, n), False),
+        ("ZeRO-2 overlap_comm", variant(runtime, 4, n, overlap_comm=True), False),
+        ("ZeRO-2 no gradient clipping", variant(runtime, 4, n, gradient_clipping=None), False),
+        ("ZeRO-2 contiguous_gradients off", variant(runtime, 4, n, contiguous_gradients=False), False),
+        ("plain AMP, micro-batch 8", variant(runtime, 8, n), True),
+        ("ZeRO-2 as in configs/, micro-batch 8", variant(runtime, 8, n), False),
     ]
     rows = []
-    for name, cfg, mb in runs:
+    for name, cfg, plain in runs:
+        mb = cfg["train_micro_batch_size_per_gpu"]
         r = helpers.train_run(name, lambda: helpers.load_causal_lm(model_dir), blocks, runtime=runtime, ds_config=cfg,
-                              steps=args.steps, micro_batch=mb, checkpointing=True, model_name=args.size,
-                              warmup_steps=3, progress=False)
+                              plain_pytorch=plain, steps=args.steps, checkpointing=True, model_name=args.size,
+                              untimed_steps=3, progress=False)
         rows.append({"name": name, "micro_batch": mb, "tokens_per_s": r.tokens_per_s, "peak_vram_gib": r.peak_vram_gib,
                      "loss_last": r.losses[-1]})
         print(f"{name:<40}{r.tokens_per_s:>10,.0f} tok/s {r.peak_vram_gib:>7.2f} GiB", flush=True)

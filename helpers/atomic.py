@@ -17,6 +17,8 @@ import uuid
 from pathlib import Path
 from typing import Callable, Iterable
 
+__all__ = ["check_replaceable", "needs_writing", "write_atomically"]
+
 
 def _pid_alive(pid: int) -> bool:
     try:

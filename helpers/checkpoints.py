@@ -1,4 +1,4 @@
-"""ZeRO-3 done right, and checkpoints that survive (notebook 02).
+"""ZeRO-3 done right, and checkpoints that survive (notebook 02); saved ZeRO-3 weights checked (notebook 04).
 
 - A model meant for ZeRO-3 is built *partitioned* (``deepspeed.zero.Init``) through the Hugging Face
   integration: create ``HfDeepSpeedConfig(ds_config)`` first and keep it alive; ``from_pretrained`` /
@@ -6,6 +6,9 @@
   Hugging Face way. A bare ``zero.Init`` around ``from_config`` skips that initialisation.
 - ``engine.save_checkpoint`` writes partitioned states; ``zero_to_fp32`` consolidates them into one fp32
   state dict, which becomes an ordinary Hugging Face checkpoint.
+- Under ZeRO-3 a plain ``state_dict()`` holds shape-[0] placeholders (`placeholder_tensors`); `check_saved_weights`
+  compares a saved folder with the engine's gathered weights, tensor by tensor, and `logits_for` compares a
+  reloaded model with the engine.
 """
 from __future__ import annotations
 
@@ -15,6 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from helpers.atomic import check_replaceable, write_atomically
+
+__all__ = ["build_zero3_model", "release_zero3", "save_checkpoint", "resume_checkpoint", "consolidate_to_hf",
+           "placeholder_tensors", "check_saved_weights", "logits_for"]
 
 
 def build_zero3_model(ds_config: dict[str, Any], name_or_path: str | None = None, config: Any = None,
@@ -116,3 +122,71 @@ def consolidate_to_hf(checkpoint_dir: str | Path, model_config: Any, out_dir: st
                            f"unexpected {sorted(unexpected)}")
     model.tie_weights()
     return write_atomically(out_dir, lambda tmp: model.save_pretrained(str(tmp)))
+
+
+# ---------------------------------------------------------------- saved ZeRO-3 weights, checked (notebook 04)
+
+def placeholder_tensors(state_dict: dict[str, Any]) -> tuple[int, int]:
+    """(empty tensors, all tensors) in a state dict: ZeRO-3 leaves its partitioned parameters as shape [0]."""
+    empty = sum(1 for t in state_dict.values() if hasattr(t, "numel") and t.numel() == 0)
+    return empty, len(state_dict)
+
+
+def check_saved_weights(directory: str | Path, engine: Any) -> dict[str, Any]:
+    """Compare a saved model folder with the engine's (gathered) ZeRO-3 weights, tensor by tensor.
+
+    Returns {"file", "tensors", "empty", "shape_mismatches", "max_abs_diff"}; a folder without weights
+    raises FileNotFoundError naming the fix.
+    """
+    from safetensors.torch import load_file
+
+    files = sorted(Path(directory).glob("*.safetensors"))
+    if not files:
+        listing = sorted(p.name for p in Path(directory).iterdir()) if Path(directory).is_dir() else []
+        raise FileNotFoundError(f"no *.safetensors weights in {directory} (it holds {listing}). Under ZeRO-3 "
+                                "Trainer writes weights only with stage3_gather_16bit_weights_on_model_save: true; "
+                                "otherwise recover them from the DeepSpeed checkpoint with zero_to_fp32.")
+    saved: dict[str, Any] = {}
+    for f in files:
+        saved.update(load_file(str(f)))
+    module = getattr(engine, "module", engine)
+    named = dict(module.named_parameters())
+    empty = sum(1 for t in saved.values() if t.numel() == 0)
+    mismatches, worst = [], 0.0
+    for key, tensor in saved.items():
+        param = named.get(key)
+        if param is None:
+            continue
+        full = _full_tensor(param)
+        if tuple(full.shape) != tuple(tensor.shape):
+            mismatches.append(f"{key}: saved {tuple(tensor.shape)} vs model {tuple(full.shape)}")
+            continue
+        worst = max(worst, float((tensor.float() - full).abs().max()) if full.numel() else 0.0)
+    return {"file": ", ".join(f.name for f in files), "tensors": len(saved), "empty": empty,
+            "shape_mismatches": mismatches, "max_abs_diff": worst}
+
+
+def _full_tensor(param: Any) -> Any:
+    """The whole parameter in fp32 on the CPU; a ZeRO-3 partition is gathered (and released again) for it."""
+    import deepspeed
+    import torch
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+    if getattr(param, "ds_status", None) == ZeroParamStatus.NOT_AVAILABLE:
+        with deepspeed.zero.GatheredParameters([param], modifier_rank=None):
+            return param.detach().to("cpu", torch.float32).clone()
+    return param.detach().to("cpu", torch.float32).clone()  # whole already (persistent, or not ZeRO-3)
+
+
+def logits_for(model: Any, ids: Any) -> Any:
+    """Logits of `model` (an engine or a plain model) for `ids`, in fp32 on the CPU, without gradients."""
+    import torch
+
+    was_training = model.training
+    model.eval()
+    device = next(getattr(model, "module", model).parameters()).device
+    with torch.no_grad():
+        out = model(input_ids=ids.to(device)).logits.float().cpu()
+    if was_training:
+        model.train()
+    return out

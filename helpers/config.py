@@ -3,73 +3,44 @@
 Notebook 00 writes its first config literally; from notebook 01 on, `build_ds_config` writes them.
 Every bad input raises `ConfigError` with a message that says the fix; the result is then
 validated by DeepSpeed's own config classes (`validate_ds_config`).
-The files in ``configs/`` are `write_course_configs()` output (Colab T4 target: fp16);
+`NAMED_CONFIGS` is the one list of the course's named configs (plain PyTorch, ZeRO 0-3, the offload
+configs of notebook 02 and the ladder), with the label each is shown under; `course_config(name, runtime)`
+builds one. The files in ``configs/`` are `write_course_configs()` output (Colab T4 target: fp16);
 a test regenerates them and checks they are equal.
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
-import math
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Mapping
 
 from helpers.atomic import write_atomically
+from helpers.checks import ConfigError, check_number, check_offload_device
+from helpers.memory import estimate_for_config
 
 if TYPE_CHECKING:
     from helpers.hardware import Runtime
 
-OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+__all__ = ["COURSE_CONFIGS", "COURSE_CONFIG_PRECISION", "LADDER_CONFIGS", "NAMED_CONFIGS", "NVME_MIN_FREE_BYTES",
+           "OFFLOAD_KINDS", "NamedConfig", "activation_checkpointing_hint", "build_ds_config", "check_nvme_buffers",
+           "check_nvme_path", "course_config", "named_config", "nvme_buffer_size_for", "offload_config",
+           "validate_ds_config", "write_course_configs"]
+
 PRECISIONS = ("auto", "fp16", "bf16", "fp32")
 OPTIMIZERS = ("AdamW", "Adam")
 SCHEDULERS = (None, "WarmupLR", "WarmupDecayLR")
-
-
-class ConfigError(ValueError):
-    """A DeepSpeed config that cannot work here; the message says how to fix it."""
 
 
 def _check_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ConfigError(f"{name} must be a positive integer (got {value!r}). Fix: pass {name}=1 or more; "
                           "to fit less memory per step, lower micro_batch_size and raise grad_accum_steps.")
-
-
-def _as_number(value: Any) -> float | None:
-    """`value` as a float when it is a real number (not a bool, not a string), else None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
-def check_number(name: str, value: Any, *, positive: bool, integer: bool, example: Any, hint: str = "") -> None:
-    """Refuse anything but a positive (or non-negative) number, an int where `integer`, with ConfigError whose fix
-    (`example`, or the value itself when it was a number in a string) passes this check; `hint` is appended."""
-    def passes(v: Any) -> bool:
-        number = _as_number(v)
-        return (number is not None and (isinstance(v, int) or not integer)
-                and (number > 0 if positive else number >= 0))
-
-    if passes(value):
-        return
-    fix = f"{name}={example!r}"
-    candidate: Any = None
-    if isinstance(value, str):
-        with contextlib.suppress(ValueError):
-            candidate = float(value)
-    elif isinstance(value, float):
-        candidate = value
-    if isinstance(candidate, float) and integer and candidate.is_integer():
-        candidate = int(candidate)
-    if candidate is not None and passes(candidate):
-        fix = f"{name}={candidate!r}" + (" (a number, not a string)" if isinstance(value, str) else " (an int)")
-    kind = ("a positive " if positive else "a non-negative ") + ("integer" if integer else "number")
-    got = repr(value) if _as_number(value) is not None else f"{value!r}, a {type(value).__name__}"
-    raise ConfigError(f"{name} must be {kind} (got {got}). Fix: {fix}{hint}.")
 
 
 def _check_stage(stage: Any) -> None:
@@ -80,15 +51,6 @@ def _check_stage(stage: Any) -> None:
         fix = f"stage={int(stage)} (an int)"
     raise ConfigError(f"ZeRO stage must be 0, 1, 2 or 3 (got {stage!r}). Stage 1 partitions optimizer "
                       f"states, 2 also gradients, 3 also parameters. Fix: {fix}.")
-
-
-def check_offload_device(name: str, device: Any) -> None:
-    """`device` must be one of OFFLOAD_DEVICES (also for the estimators in helpers.memory)."""
-    if device in OFFLOAD_DEVICES:
-        return
-    fix = f"{name}={device.lower()!r}" if isinstance(device, str) and device.lower() in OFFLOAD_DEVICES else \
-        f"{name}='none' (keeps it on the GPU), 'cpu' or 'nvme'"
-    raise ConfigError(f"{name} must be one of {OFFLOAD_DEVICES} (got {device!r}). Fix: {fix}.")
 
 
 # NVMe offload writes optimizer states (16 bytes/param) and, with parameters, the 16-bit weights: GPT-2 124M
@@ -366,24 +328,106 @@ def build_ds_config(
                                               "synchronize_checkpoint_boundary": False}
     if uses_nvme and check_paths:
         if not nvme_bytes_needed and n_params:
-            from helpers.memory import estimate_for_config
-
             nvme_bytes_needed = estimate_for_config(config, n_params, largest_layer_params=largest_param).nvme_total
         check_nvme_path(nvme_path, nvme_bytes_needed)
     return config
 
 
-OFFLOAD_KINDS: dict[str, dict[str, Any]] = {
-    "zero2_offload_cpu": {"stage": 2, "offload_optimizer": "cpu"},
-    "zero3_offload_cpu": {"stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"},
+@dataclass(frozen=True)
+class NamedConfig:
+    """One of the course's named configs: `kwargs` are `build_ds_config` arguments, `label` the text shown for it.
+
+    `plain`: plain PyTorch AMP, no DeepSpeed engine (train_run gets ds_config=None); its kwargs build the stage-0
+    config whose batch and schedule fields a plain run reads. `in_configs_dir`: written to configs/<name>.json.
+    `ladder`: a column of benchmarks/ladder.py and of notebook 02's pre-flight tables.
+    """
+
+    name: str
+    label: str
+    kwargs: Mapping[str, Any]
+    plain: bool = False
+    in_configs_dir: bool = False
+    ladder: bool = False
+
+    @property
+    def offload(self) -> bool:
+        """Optimizer states or parameters leave the GPU."""
+        return "cpu" in self.devices or "nvme" in self.devices
+
+    @property
+    def uses_nvme(self) -> bool:
+        return "nvme" in self.devices
+
+    @property
+    def nvme_params(self) -> bool:
+        """Parameters on NVMe: swap buffers must hold the model's largest tensor (`offload_config` sizes them)."""
+        return self.kwargs.get("offload_param") == "nvme"
+
+    @property
+    def devices(self) -> tuple[str, str]:
+        """(optimizer offload device, parameter offload device)."""
+        return self.kwargs.get("offload_optimizer", "none"), self.kwargs.get("offload_param", "none")
+
+
+def _named(name: str, label: str, plain: bool = False, in_configs_dir: bool = False, ladder: bool = False,
+           **kwargs: Any) -> tuple[str, NamedConfig]:
+    return name, NamedConfig(name, label, MappingProxyType(kwargs), plain=plain, in_configs_dir=in_configs_dir,
+                             ladder=ladder)
+
+
+# THE list of the course's named configs (notebooks 00-05, configs/, benchmarks/ladder.py), cheapest first.
+# configs/*.json are the `in_configs_dir` ones, written for the Colab T4 target (fp16): notebooks rebuild them for
+# their own runtime with `course_config(name, runtime)`, which changes only the precision.
+NAMED_CONFIGS: dict[str, NamedConfig] = dict([
+    _named("plain", "plain PyTorch AMP", plain=True, ladder=True, stage=0),
+    _named("zero0", "ZeRO-0 (data parallel, nothing partitioned)", in_configs_dir=True, stage=0),
+    _named("zero1", "ZeRO-1 (optimizer states partitioned)", in_configs_dir=True, stage=1),
+    _named("zero2", "ZeRO-2 (optimizer states and gradients partitioned)", in_configs_dir=True, stage=2),
+    _named("zero3", "ZeRO-3 (optimizer states, gradients and parameters partitioned)", in_configs_dir=True, stage=3),
+    _named("zero2_offload_cpu", "ZeRO-2 + CPU optimizer", in_configs_dir=True, ladder=True,
+           stage=2, offload_optimizer="cpu"),
+    _named("zero3_offload_cpu", "ZeRO-3 + CPU params+optimizer", in_configs_dir=True, ladder=True,
+           stage=3, offload_optimizer="cpu", offload_param="cpu"),
     # the fp16 params stay on the GPU (a T4 has more VRAM than Colab has RAM), only the optimizer goes to NVMe
-    "zero3_nvme_optimizer_gpu_params": {"stage": 3, "offload_optimizer": "nvme"},
-    "zero3_nvme_optimizer": {"stage": 3, "offload_optimizer": "nvme", "offload_param": "cpu"},
-    "zero3_nvme_all": {"stage": 3, "offload_optimizer": "nvme", "offload_param": "nvme"},
-}
+    _named("zero3_nvme_optimizer_gpu_params", "ZeRO-3, params on GPU, optimizer on NVMe", ladder=True,
+           stage=3, offload_optimizer="nvme"),
+    _named("zero3_nvme_optimizer", "ZeRO-3, optimizer on NVMe", ladder=True,
+           stage=3, offload_optimizer="nvme", offload_param="cpu"),
+    _named("zero3_nvme_all", "ZeRO-3, params+optimizer on NVMe", ladder=True,
+           stage=3, offload_optimizer="nvme", offload_param="nvme"),
+    # zero3_nvme_optimizer with Colab's NVMe folder written in: the JSON file a learner can copy
+    _named("zero3_nvme", "ZeRO-3, optimizer on NVMe (/content/nvme)", in_configs_dir=True,
+           stage=3, offload_optimizer="nvme", offload_param="cpu", nvme_path="/content/nvme"),
+])
+COURSE_CONFIG_PRECISION = "fp16"
+# views of NAMED_CONFIGS in its order, not lists of their own: the configs/ files, the ladder's columns, and the
+# offload configs (name -> build_ds_config arguments) that `offload_config` sizes and pre-flight suggests
+COURSE_CONFIGS: tuple[str, ...] = tuple(n for n, c in NAMED_CONFIGS.items() if c.in_configs_dir)
+LADDER_CONFIGS: tuple[str, ...] = tuple(n for n, c in NAMED_CONFIGS.items() if c.ladder)
+OFFLOAD_KINDS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
+    {n: NAMED_CONFIGS[n].kwargs for n in LADDER_CONFIGS if NAMED_CONFIGS[n].offload})
 
 
-def offload_config(kind: str, runtime: "Runtime", *, largest_param: int = 0, nvme_path: str | None = None,
+def named_config(name: str) -> NamedConfig:
+    """NAMED_CONFIGS[name], or ConfigError naming the choices."""
+    if name not in NAMED_CONFIGS:
+        raise ConfigError(f"unknown course config {name!r}. Fix: one of {sorted(NAMED_CONFIGS)}.")
+    return NAMED_CONFIGS[name]
+
+
+def course_config(name: str, runtime: Runtime | None = None, **overrides: Any) -> dict[str, Any]:
+    """The named config (NAMED_CONFIGS) as a DeepSpeed dict; with `runtime`, precision follows it (fp32 on CPU,
+    fp16 on T4), without it the Colab T4's fp16 of configs/. NVMe folders are not checked (`offload_config` does,
+    and sizes NVMe parameter buffers for a model). "plain" gives the stage-0 config a plain PyTorch run reads."""
+    kwargs: dict[str, Any] = {"precision": COURSE_CONFIG_PRECISION, "check_paths": False,
+                              **named_config(name).kwargs}
+    if runtime is not None:
+        kwargs.update(precision="auto", runtime=runtime)
+    kwargs.update(overrides)
+    return build_ds_config(**kwargs)
+
+
+def offload_config(kind: str, runtime: Runtime, *, largest_param: int = 0, nvme_path: str | None = None,
                    n_params: int = 0, **overrides: Any) -> dict[str, Any]:
     """The offload config `kind` (OFFLOAD_KINDS) sized for a model whose largest tensor has `largest_param` elements.
 
@@ -393,11 +437,12 @@ def offload_config(kind: str, runtime: "Runtime", *, largest_param: int = 0, nvm
     """
     if kind not in OFFLOAD_KINDS:
         raise ConfigError(f"unknown offload config {kind!r}. Fix: one of {sorted(OFFLOAD_KINDS)}.")
-    kwargs: dict[str, Any] = {**OFFLOAD_KINDS[kind], "runtime": runtime, "largest_param": largest_param,
+    named = NAMED_CONFIGS[kind]
+    kwargs: dict[str, Any] = {**named.kwargs, "runtime": runtime, "largest_param": largest_param,
                               "n_params": n_params}
-    if "nvme" in OFFLOAD_KINDS[kind].values():
+    if named.uses_nvme:
         kwargs["nvme_path"] = nvme_path
-    if OFFLOAD_KINDS[kind].get("offload_param") == "nvme":
+    if named.nvme_params:
         if largest_param <= 0:
             raise ConfigError("NVMe parameter offload needs the model's largest tensor (largest_param=...) to size "
                               "its swap buffers. Fix: largest_param=helpers.model_shape(model).largest_layer_params.")
@@ -429,41 +474,14 @@ def validate_ds_config(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-# The configs the notebooks load, written for the Colab T4 target (fp16). Notebooks rebuild them
-# for their own runtime with `course_config(name, runtime)`, which changes only the precision.
-COURSE_CONFIGS: dict[str, dict[str, Any]] = {
-    "zero0": {"stage": 0},
-    "zero1": {"stage": 1},
-    "zero2": {"stage": 2},
-    "zero3": {"stage": 3},
-    "zero2_offload_cpu": {"stage": 2, "offload_optimizer": "cpu"},
-    "zero3_offload_cpu": {"stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"},
-    "zero3_nvme": {"stage": 3, "offload_optimizer": "nvme", "offload_param": "cpu",
-                   "nvme_path": "/content/nvme"},
-}
-COURSE_CONFIG_PRECISION = "fp16"
-
-
-def course_config(name: str, runtime: "Runtime | None" = None, **overrides: Any) -> dict[str, Any]:
-    """The named course config; with `runtime`, precision follows it (fp32 on CPU, fp16 on T4)."""
-    if name not in COURSE_CONFIGS:
-        raise ConfigError(f"unknown course config {name!r}. Fix: one of {sorted(COURSE_CONFIGS)}.")
-    kwargs: dict[str, Any] = {"precision": COURSE_CONFIG_PRECISION, "check_paths": False,
-                              **COURSE_CONFIGS[name]}
-    if runtime is not None:
-        kwargs.update(precision="auto", runtime=runtime)
-    kwargs.update(overrides)
-    return build_ds_config(**kwargs)
-
-
 def write_course_configs(directory: str | os.PathLike[str] = "configs") -> list[Path]:
-    """Write every COURSE_CONFIGS entry as configs/<name>.json (run: python -m helpers.config)."""
+    """Write every `in_configs_dir` entry of NAMED_CONFIGS as configs/<name>.json (run: python -m helpers.config)."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name in COURSE_CONFIGS:
         text = json.dumps(course_config(name), indent=2) + "\n"
-        written.append(write_atomically(out / f"{name}.json", lambda tmp: tmp.write_text(text)))
+        written.append(write_atomically(out / f"{name}.json", lambda tmp, text=text: tmp.write_text(text)))
     return written
 
 

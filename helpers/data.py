@@ -13,6 +13,9 @@ from typing import Any
 
 from helpers.atomic import needs_writing, write_atomically
 
+__all__ = ["EOS", "LOCAL_CORPUS", "TOKENIZER_FILES", "block_loader", "corpus_files", "load_text_dataset",
+           "load_tokenizer", "pack_blocks", "tokenizer_folder_problem", "train_tokenizer"]
+
 ROOT = Path(__file__).resolve().parent.parent
 LOCAL_CORPUS = ROOT / "data" / "shakespeare"
 EOS = "<|endoftext|>"

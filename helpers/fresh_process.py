@@ -8,6 +8,9 @@ the child, not your notebook: the kernel reports it and goes on.
 
     r = train_in_fresh_process("ZeRO-3, optimizer on NVMe", ds_config, "gpt2-large", tokenizer_dir=...)
 
+The config is the single source of truth, as for `helpers.train_run`: micro-batch, accumulation, learning rate
+and warm-up come from `ds_config` (`plain_pytorch=True` trains the same numbers without DeepSpeed).
+
 The child runs `helpers.train_run` (the same loop as in the kernel) and sends its progress back line by line;
 the kernel shows it in a progress bar from the first second (building the model, `deepspeed.initialize`, steps).
 """
@@ -28,6 +31,8 @@ from helpers.memory import GB, GiB
 
 if TYPE_CHECKING:
     from helpers.train import RunResult
+
+__all__ = ["train_in_fresh_process", "child_baseline_rss", "run_process_group"]
 
 ROOT = Path(__file__).resolve().parent.parent
 _PROGRESS = "DS_COURSE_PROGRESS "  # prefix of the child's progress lines on stdout
@@ -69,18 +74,19 @@ def _tree_rss(proc: Any) -> int:
     return total
 
 
-def train_in_fresh_process(name: str, ds_config: dict[str, Any] | None, model: str, *, tokenizer_dir: str | Path,
-                           steps: int = 4, micro_batch: int = 2, seq_len: int = 512, lr: float = 3e-4,
+def train_in_fresh_process(name: str, ds_config: dict[str, Any], model: str, *, tokenizer_dir: str | Path,
+                           plain_pytorch: bool = False, steps: int = 4, seq_len: int = 512,
                            nvme_path: str | Path | None = None, dataset: str = "local", max_blocks: int = 256,
-                           checkpointing: bool = True, warmup_steps: int = 1, seed: int = 0,
+                           checkpointing: bool = True, untimed_steps: int = 1, seed: int = 0,
                            mmap_threshold_mib: float = 0.0, cpus: set[int] | None = None,
                            timeout_s: float | None = None, gpu: str | None = None, progress: bool = True,
                            estimated_vram_bytes: int = 0, wrap: list[str] | None = None,
                            env: dict[str, str] | None = None) -> "RunResult":
-    """Train `model` (a helpers.GPT2_LADDER name) with `ds_config` (None: plain PyTorch) in a child process.
+    """Train `model` (a helpers.GPT2_LADDER name) with `ds_config` (`plain_pytorch`: without DeepSpeed) in a child
+    process, through `helpers.train_run`.
 
     Returns the child's RunResult. If the child dies (out-of-memory killer, a crash inside DeepSpeed's C++ code,
-    the time limit), `error` says how, and `peak_rss_gib` is the peak seen from outside. Interrupting the cell kills
+    the time limit), `error` says how, and `peak_rss_gb` is the peak seen from outside. Interrupting the cell kills
     the child and its NVMe files stay for the caller to remove. `wrap` is put before the child's command line and
     `env` added to its environment (benchmarks/ladder.py --emulate starts it inside a Colab enclosure that way).
     """
@@ -91,10 +97,10 @@ def train_in_fresh_process(name: str, ds_config: dict[str, Any] | None, model: s
 
     with tempfile.TemporaryDirectory(prefix="ds-course-child-") as tmp:
         spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
-        spec = {"name": name, "ds_config": ds_config, "model": model, "tokenizer_dir": str(tokenizer_dir),
-                "steps": steps, "micro_batch": micro_batch, "seq_len": seq_len, "lr": lr,
+        spec = {"name": name, "ds_config": ds_config, "plain_pytorch": plain_pytorch, "model": model,
+                "tokenizer_dir": str(tokenizer_dir), "steps": steps, "seq_len": seq_len,
                 "nvme_path": str(nvme_path) if nvme_path else None, "dataset": dataset, "max_blocks": max_blocks,
-                "checkpointing": checkpointing, "warmup_steps": warmup_steps, "seed": seed,
+                "checkpointing": checkpointing, "untimed_steps": untimed_steps, "seed": seed,
                 "mmap_threshold_mib": mmap_threshold_mib, "result": str(result_path),
                 "estimated_vram_bytes": int(estimated_vram_bytes)}
         spec_path.write_text(json.dumps(spec))
@@ -161,11 +167,13 @@ def train_in_fresh_process(name: str, ds_config: dict[str, Any] | None, model: s
         seconds = time.perf_counter() - started
         if result_path.exists() and proc.returncode == 0:
             result = RunResult.from_dict(json.loads(result_path.read_text()))
-            result.peak_rss_gib = round(max(result.peak_rss_gib, state["peak_rss"] / GiB), 3)
+            result.peak_rss_gb = round(max(result.peak_rss_gb, state["peak_rss"] / GB), 3)
             return result
-        result = RunResult(name=name, model=model, params=0, config=name, precision="", micro_batch=micro_batch,
-                           grad_accum=1, seq_len=seq_len, steps=steps, checkpointing=checkpointing, runtime="",
-                           seconds=round(seconds, 1), peak_rss_gib=round(state["peak_rss"] / GiB, 3),
+        result = RunResult(name=name, model=model, params=0, config="plain PyTorch" if plain_pytorch else name,
+                           precision="", micro_batch=int(ds_config["train_micro_batch_size_per_gpu"]),
+                           grad_accum=int(ds_config.get("gradient_accumulation_steps", 1)), seq_len=seq_len,
+                           steps=steps, checkpointing=checkpointing, runtime="", seconds=round(seconds, 1),
+                           peak_rss_gb=round(state["peak_rss"] / GB, 3),
                            estimated_vram_gib=round(estimated_vram_bytes / GiB, 3))
         result.error = _death(proc.returncode, timed_out, timeout_s, state, stderr_tail)
         return result
@@ -272,7 +280,7 @@ def _child(spec_path: str) -> int:
 
     def build() -> Any:
         _say(phase="building the model")
-        if cfg is not None and cfg.get("zero_optimization", {}).get("stage") == 3:
+        if not spec["plain_pytorch"] and cfg.get("zero_optimization", {}).get("stage") == 3:
             return build_zero3_model(cfg, config=config, seed=spec["seed"])
         import torch
         from transformers import AutoModelForCausalLM
@@ -286,9 +294,10 @@ def _child(spec_path: str) -> int:
     def on_step(step: int, loss: float) -> None:
         _say(phase="training", step=step + 1, loss=loss)
 
-    r = helpers.train_run(spec["name"], build, blocks, runtime=runtime, ds_config=cfg, steps=spec["steps"],
-                          micro_batch=spec["micro_batch"], lr=spec["lr"], checkpointing=spec["checkpointing"],
-                          warmup_steps=spec["warmup_steps"], seed=spec["seed"], model_name=spec["model"],
+    r = helpers.train_run(spec["name"], build, blocks, runtime=runtime, ds_config=cfg,
+                          plain_pytorch=spec["plain_pytorch"], steps=spec["steps"],
+                          checkpointing=spec["checkpointing"], untimed_steps=spec["untimed_steps"], seed=spec["seed"],
+                          model_name=spec["model"],
                           nvme_path=spec["nvme_path"], progress=False, on_step=on_step, on_phase=on_phase,
                           estimated_bytes=spec["estimated_vram_bytes"])
     tmp = Path(spec["result"]).with_suffix(".part")

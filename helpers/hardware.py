@@ -18,6 +18,13 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
+__all__ = ["BF16_MIN_CAPABILITY", "COLAB_CPUS", "COLAB_NVME_BUDGET_BYTES", "COLAB_PROFILE_ENV",
+           "COLAB_RAM_BUDGET_BYTES", "COLAB_RAM_GB", "COLAB_RESERVED_BYTES", "COLAB_VM_RAM_BYTES", "EMULATION_ENV",
+           "NVME_DIR_ENV", "T4_BUDGET_ENV", "T4_VRAM_GIB", "NoGPUError", "Runtime", "apply_t4_budget",
+           "cgroup_cpu_limit", "cgroup_memory_limit", "choose_precision", "colab_profile_requested",
+           "colab_ram_budget", "colab_t4_profile", "default_nvme_path", "detect_runtime", "emulation_mechanism",
+           "in_colab", "ram_limit", "require_gpu", "sized", "smoke_size", "t4_budget_requested", "usable_cpus"]
+
 GiB = 1024**3
 GB = 1000**3
 T4_VRAM_GIB = 15.0  # what a Colab T4 lets PyTorch allocate

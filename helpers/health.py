@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from helpers.hardware import Runtime
 
+__all__ = ["HealthCheck", "health_checks", "health_table", "parse_ds_report", "run_ds_report", "verdict"]
+
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 OP_LINE = re.compile(r"^(?P<op>[A-Za-z0-9_]+) \.+ \[(?P<installed>YES|NO)\] \.+ \[(?P<compatible>OKAY|NO)\]")
 NINJA_LINE = re.compile(r"^ninja \.+ \[(?P<status>OKAY|FAIL)\]")

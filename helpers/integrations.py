@@ -10,26 +10,33 @@
   drops DeepSpeed, so `run_accelerate` checks that the model really became a ``DeepSpeedEngine``.
 - Both leave global state behind (transformers' ZeRO-3 config, Accelerate's singleton state, an environment
   variable); `reset_hf_deepspeed_state` clears it so a notebook can run twice in one kernel.
+- `run_trainer` and `run_accelerate` return the record `train_run` returns (`helpers.train.RunResult`); what only
+  these drivers can tell (the config the engine ran, its class) is in its `extras`.
+
+The launch commands for N GPUs are in `helpers.launch`; the launched Trainer program is
+notebooks/programs/trainer_train.py.
 """
 from __future__ import annotations
 
 import copy
 import math
 import os
-import shlex
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from helpers.atomic import write_atomically
-from helpers.config import ConfigError, course_config
-from helpers.memory import GiB, measure_peak
+from helpers.config import ConfigError
+from helpers.memory import GB, GiB, measure_peak
 from helpers.runtime import destroy_engine, reset_peak_stats, setup_single_process, teardown
 from helpers.train import RunResult
 
 if TYPE_CHECKING:
     from helpers.hardware import Runtime
+
+__all__ = ["AUTO_FIELDS", "HIDDEN_SIZE_AUTO", "trainer_ds_config", "auto_table", "config_differences",
+           "training_arguments", "ordered_blocks", "causal_lm_collator", "fix_causal_lm_loss", "loss_token_count",
+           "StepRecorder", "recorded_result", "driver_extras", "run_trainer", "run_accelerate", "accelerate_precision",
+           "hf_deepspeed_state", "reset_hf_deepspeed_state", "teardown_hf", "agreement"]
 
 # DeepSpeed config key -> the TrainingArguments field Trainer writes there when the value is "auto"
 AUTO_FIELDS: dict[str, str] = {
@@ -88,13 +95,6 @@ def _check_config(ds_config: Any) -> None:
     if not isinstance(ds_config, dict) or "zero_optimization" not in ds_config:
         raise ConfigError("expected a DeepSpeed config dict with a 'zero_optimization' section. "
                           "Fix: build one with helpers.course_config('zero2', runtime) or helpers.build_ds_config().")
-
-
-def driver_config(name: str, runtime: "Runtime", *, micro_batch: int, lr: float, steps: int,
-                  **overrides: Any) -> dict[str, Any]:
-    """The course config `name` exactly as `train_run` runs it (warm-up steps//10), for all three drivers."""
-    return course_config(name, runtime, micro_batch_size=micro_batch, lr=lr, warmup_steps=max(1, steps // 10),
-                         **overrides)
 
 
 def trainer_ds_config(ds_config: dict[str, Any], *, auto_buckets: bool = False) -> dict[str, Any]:
@@ -213,22 +213,13 @@ def loss_token_count(trainer: Any, batch: dict[str, Any]) -> int:
     return int(n)
 
 
-@dataclass
-class DriverRun:
-    """A `RunResult` plus what only the Hugging Face drivers can tell: the config the engine ran, its class."""
-
-    result: RunResult
-    driver: str
-    resolved_config: dict[str, Any] = field(default_factory=dict)
-    engine_class: str = ""
-
-
 class StepRecorder:
-    """Per-step losses and tokens/s after `warmup_steps`, from a hand-written loop or as a Trainer callback."""
+    """Per-step losses and tokens/s after the first `untimed_steps`, from a hand-written loop or as a Trainer
+    callback (as `train_run` times its steps)."""
 
-    def __init__(self, tokens_per_step: int, warmup_steps: int = 2, cuda: bool = False):
+    def __init__(self, tokens_per_step: int, untimed_steps: int = 2, cuda: bool = False):
         self.tokens_per_step = tokens_per_step
-        self.warmup_steps = warmup_steps
+        self.untimed_steps = untimed_steps
         self.cuda = cuda
         self.losses: list[float] = []
         self.times: list[float] = []
@@ -252,10 +243,10 @@ class StepRecorder:
 
     @property
     def tokens_per_s(self) -> float:
-        done = len(self.times) - self.warmup_steps
+        done = len(self.times) - self.untimed_steps
         if done <= 0:
             return 0.0
-        t0 = self.times[self.warmup_steps - 1] if self.warmup_steps else self.start
+        t0 = self.times[self.untimed_steps - 1] if self.untimed_steps else self.start
         return done * self.tokens_per_step / max(self.times[-1] - t0, 1e-9)
 
     def trainer_callback(self) -> Any:
@@ -280,8 +271,9 @@ class StepRecorder:
 
 def recorded_result(name: str, recorder: StepRecorder, mem: Any, *, runtime: "Runtime", ds_config: dict[str, Any],
                     dataset: Any, params: int = 0, checkpointing: bool = False, model_name: str = "",
-                    estimated_bytes: int = 0) -> RunResult:
-    """A `RunResult` (the record `train_run` returns) from a StepRecorder and a `measure_peak` measurement."""
+                    estimated_bytes: int = 0, extras: dict[str, Any] | None = None) -> RunResult:
+    """A `RunResult` (the record `train_run` returns) from a StepRecorder and a `measure_peak` measurement;
+    `extras`: what the driver adds (`driver_extras`)."""
     return RunResult(
         name=name, model=model_name, params=params, config=name, precision=runtime.precision,
         micro_batch=int(ds_config["train_micro_batch_size_per_gpu"]),
@@ -289,8 +281,15 @@ def recorded_result(name: str, recorder: StepRecorder, mem: Any, *, runtime: "Ru
         seq_len=int(dataset[0]["input_ids"].shape[-1]), steps=len(recorder.times), checkpointing=checkpointing,
         runtime=runtime.label, losses=list(recorder.losses), tokens_per_s=round(recorder.tokens_per_s, 1),
         peak_vram_gib=round((mem.peak_gpu_allocated - mem.baseline_gpu_allocated) / GiB, 3),
-        peak_reserved_gib=round(mem.peak_gpu_reserved / GiB, 3), peak_rss_gib=round(mem.peak_rss / GiB, 3),
-        estimated_vram_gib=round(estimated_bytes / GiB, 3), seconds=round(mem.seconds, 2))
+        peak_reserved_gib=round(mem.peak_gpu_reserved / GiB, 3), peak_rss_gb=round(mem.peak_rss / GB, 3),
+        baseline_rss_gb=round(mem.baseline_rss / GB, 3), estimated_vram_gib=round(estimated_bytes / GiB, 3),
+        seconds=round(mem.seconds, 2), extras=dict(extras or {}))
+
+
+def driver_extras(driver: str, engine: Any) -> dict[str, Any]:
+    """What a Hugging Face driver adds to its RunResult: its name, the engine's class and the config it ran."""
+    return {"driver": driver, "engine_class": _check_engine(engine, driver),
+            "resolved_config": copy.deepcopy(engine.config)}
 
 
 def _tokens_per_step(ds_config: dict[str, Any], dataset: Any) -> int:
@@ -314,14 +313,13 @@ def _check_engine(engine: Any, driver: str) -> str:
 
 def run_trainer(name: str, model_factory: Callable[[], Any], dataset: Any, *, runtime: "Runtime",
                 ds_config: dict[str, Any], output_dir: str | Path, steps: int | None = None, seed: int = 0,
-                checkpointing: bool = False, warmup_steps: int = 2, estimated_bytes: int = 0, model_name: str = "",
-                progress: bool = True, auto: bool = True,
-                after: Callable[[Any], Any] | None = None) -> tuple[DriverRun, Any]:
+                checkpointing: bool = False, untimed_steps: int = 2, estimated_bytes: int = 0, model_name: str = "",
+                progress: bool = True, auto: bool = True, after: Callable[[Any], None] | None = None) -> RunResult:
     """Train with transformers' Trainer on `ds_config` and measure it like `train_run` (notebook 04).
 
     TrainingArguments come first, then `model_factory()` (so ZeRO-3 builds it partitioned). `after(trainer)`
-    runs once training is done, before the teardown (e.g. save the model); its return value is returned too.
-    Global DeepSpeed/Accelerate state is reset before and after.
+    runs once training is done, before the teardown (e.g. save the model). Global DeepSpeed/Accelerate state is
+    reset before and after. `extras`: the driver, the engine's class and the config it ran (`driver_extras`).
     """
     from transformers import Trainer
 
@@ -330,9 +328,8 @@ def run_trainer(name: str, model_factory: Callable[[], Any], dataset: Any, *, ru
     setup_single_process()
     reset_hf_deepspeed_state()
     reset_peak_stats()
-    recorder = StepRecorder(_tokens_per_step(ds_config, dataset), warmup_steps, runtime.has_gpu)
+    recorder = StepRecorder(_tokens_per_step(ds_config, dataset), untimed_steps, runtime.has_gpu)
     ns: dict[str, Any] = {}
-    extra = None
     with measure_peak() as mem:
         args = training_arguments(output_dir, ds_config, runtime, steps=steps, seed=seed,
                                   checkpointing=checkpointing, progress=progress, auto=auto)
@@ -344,16 +341,14 @@ def run_trainer(name: str, model_factory: Callable[[], Any], dataset: Any, *, ru
         del model
         ns["trainer"].train()
     trainer = ns["trainer"]
-    engine_class = _check_engine(trainer.model_wrapped, "Trainer")
-    resolved = copy.deepcopy(trainer.model_wrapped.config)
+    extras = driver_extras("Trainer", trainer.model_wrapped)
     if after is not None:
-        extra = after(trainer)
+        after(trainer)
     del trainer
     teardown_hf(ns, "trainer")
-    result = recorded_result(name, recorder, mem, runtime=runtime, ds_config=ds_config, dataset=dataset,
-                             params=params, checkpointing=checkpointing, model_name=model_name,
-                             estimated_bytes=estimated_bytes)
-    return DriverRun(result, "Trainer", resolved, engine_class), extra
+    return recorded_result(name, recorder, mem, runtime=runtime, ds_config=ds_config, dataset=dataset, params=params,
+                           checkpointing=checkpointing, model_name=model_name, estimated_bytes=estimated_bytes,
+                           extras=extras)
 
 
 def _torch_seed(seed: int) -> None:
@@ -365,9 +360,12 @@ def _torch_seed(seed: int) -> None:
 
 def run_accelerate(name: str, model_factory: Callable[[], Any], dataset: Any, *, runtime: "Runtime",
                    ds_config: dict[str, Any], steps: int | None = None, seed: int = 0, checkpointing: bool = False,
-                   warmup_steps: int = 2, estimated_bytes: int = 0, model_name: str = "",
-                   progress: bool = True) -> DriverRun:
-    """Train with Accelerate + DeepSpeedPlugin on the same dict and measure it like `train_run` (notebook 04)."""
+                   untimed_steps: int = 2, estimated_bytes: int = 0, model_name: str = "",
+                   progress: bool = True) -> RunResult:
+    """Train with Accelerate + DeepSpeedPlugin on the same dict and measure it like `train_run` (notebook 04).
+
+    `extras`: the driver, the engine's class and the config it ran (`driver_extras`).
+    """
     import torch
     from accelerate import Accelerator
     from accelerate.utils import DeepSpeedPlugin, DummyOptim, DummyScheduler
@@ -380,7 +378,7 @@ def run_accelerate(name: str, model_factory: Callable[[], Any], dataset: Any, *,
     setup_single_process()
     reset_hf_deepspeed_state()
     reset_peak_stats()
-    recorder = StepRecorder(_tokens_per_step(ds_config, dataset), warmup_steps, runtime.has_gpu)
+    recorder = StepRecorder(_tokens_per_step(ds_config, dataset), untimed_steps, runtime.has_gpu)
     grad_accum = int(ds_config.get("gradient_accumulation_steps", 1))
     ns: dict[str, Any] = {}
     with measure_peak() as mem:
@@ -419,13 +417,11 @@ def run_accelerate(name: str, model_factory: Callable[[], Any], dataset: Any, *,
             recorder.step(step_loss)
             bar.set_postfix(loss=f"{step_loss:.3f}")
         del loss, batch, batches, loader, engine
-    engine_class = _check_engine(ns["engine"], "Accelerate")
-    resolved = copy.deepcopy(ns["engine"].config)
+    extras = driver_extras("Accelerate", ns["engine"])
     teardown_hf(ns, "engine", "optimizer", "scheduler", "accelerator")
-    result = recorded_result(name, recorder, mem, runtime=runtime, ds_config=ds_config, dataset=dataset,
-                             params=params, checkpointing=checkpointing, model_name=model_name,
-                             estimated_bytes=estimated_bytes)
-    return DriverRun(result, "Accelerate", resolved, engine_class)
+    return recorded_result(name, recorder, mem, runtime=runtime, ds_config=ds_config, dataset=dataset, params=params,
+                           checkpointing=checkpointing, model_name=model_name, estimated_bytes=estimated_bytes,
+                           extras=extras)
 
 
 def accelerate_precision(runtime: "Runtime") -> str:
@@ -509,193 +505,6 @@ def teardown_hf(namespace: dict[str, Any], *names: str) -> int:
         del obj, engines, accelerator
     reset_hf_deepspeed_state()
     return teardown(namespace)
-
-
-# ---------------------------------------------------------------- ZeRO-3 saving
-
-def placeholder_tensors(state_dict: dict[str, Any]) -> tuple[int, int]:
-    """(empty tensors, all tensors) in a state dict: ZeRO-3 leaves its partitioned parameters as shape [0]."""
-    empty = sum(1 for t in state_dict.values() if hasattr(t, "numel") and t.numel() == 0)
-    return empty, len(state_dict)
-
-
-def check_saved_weights(directory: str | Path, engine: Any) -> dict[str, Any]:
-    """Compare a saved model folder with the engine's (gathered) ZeRO-3 weights, tensor by tensor.
-
-    Returns {"file", "tensors", "empty", "shape_mismatches", "max_abs_diff"}; a folder without weights
-    raises FileNotFoundError naming the fix.
-    """
-    from safetensors.torch import load_file
-
-    files = sorted(Path(directory).glob("*.safetensors"))
-    if not files:
-        listing = sorted(p.name for p in Path(directory).iterdir()) if Path(directory).is_dir() else []
-        raise FileNotFoundError(f"no *.safetensors weights in {directory} (it holds {listing}). Under ZeRO-3 "
-                                "Trainer writes weights only with stage3_gather_16bit_weights_on_model_save: true; "
-                                "otherwise recover them from the DeepSpeed checkpoint with zero_to_fp32.")
-    saved: dict[str, Any] = {}
-    for f in files:
-        saved.update(load_file(str(f)))
-    module = getattr(engine, "module", engine)
-    named = dict(module.named_parameters())
-    empty = sum(1 for t in saved.values() if t.numel() == 0)
-    mismatches, worst = [], 0.0
-    for key, tensor in saved.items():
-        param = named.get(key)
-        if param is None:
-            continue
-        full = _full_tensor(param)
-        if tuple(full.shape) != tuple(tensor.shape):
-            mismatches.append(f"{key}: saved {tuple(tensor.shape)} vs model {tuple(full.shape)}")
-            continue
-        worst = max(worst, float((tensor.float() - full).abs().max()) if full.numel() else 0.0)
-    return {"file": ", ".join(f.name for f in files), "tensors": len(saved), "empty": empty,
-            "shape_mismatches": mismatches, "max_abs_diff": worst}
-
-
-def _full_tensor(param: Any) -> Any:
-    """The whole parameter in fp32 on the CPU; a ZeRO-3 partition is gathered (and released again) for it."""
-    import deepspeed
-    import torch
-    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
-
-    if getattr(param, "ds_status", None) == ZeroParamStatus.NOT_AVAILABLE:
-        with deepspeed.zero.GatheredParameters([param], modifier_rank=None):
-            return param.detach().to("cpu", torch.float32).clone()
-    return param.detach().to("cpu", torch.float32).clone()  # whole already (persistent, or not ZeRO-3)
-
-
-def logits_for(model: Any, ids: Any) -> Any:
-    """Logits of `model` (an engine or a plain model) for `ids`, in fp32 on the CPU, without gradients."""
-    import torch
-
-    was_training = model.training
-    model.eval()
-    device = next(getattr(model, "module", model).parameters()).device
-    with torch.no_grad():
-        out = model(input_ids=ids.to(device)).logits.float().cpu()
-    if was_training:
-        model.train()
-    return out
-
-
-# ---------------------------------------------------------------- launching on N GPUs
-
-def accelerate_config_yaml(ds_config_path: str | Path, n_gpus: int) -> str:
-    """An `accelerate launch --config_file` YAML that points at the DeepSpeed JSON file (notebook 04).
-
-    Precision, accumulation and clipping come from the JSON alone: with `deepspeed_config_file` set, Accelerate
-    refuses the same settings in its own file (e.g. a `mixed_precision` line).
-    """
-    _check_gpus(n_gpus)
-    return "\n".join([
-        "compute_environment: LOCAL_MACHINE",
-        "distributed_type: DEEPSPEED",
-        "deepspeed_config:",
-        f"  deepspeed_config_file: {ds_config_path}",
-        f"  zero3_init_flag: {'true' if _zero_stage_of(ds_config_path) == 3 else 'false'}",
-        "machine_rank: 0",
-        "num_machines: 1",
-        f"num_processes: {n_gpus}",
-        "main_training_function: main",
-        "rdzv_backend: static",
-        "same_network: true",
-        "use_cpu: false",
-        "",
-    ])
-
-
-def _zero_stage_of(ds_config_path: str | Path) -> int | None:
-    import json
-
-    try:
-        return int(json.loads(Path(ds_config_path).read_text())["zero_optimization"]["stage"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _check_gpus(n_gpus: int) -> None:
-    if isinstance(n_gpus, bool) or not isinstance(n_gpus, int) or n_gpus < 1:
-        raise ValueError(f"n_gpus must be a positive integer (got {n_gpus!r}). Fix: the GPUs on this machine, "
-                         "e.g. torch.cuda.device_count().")
-
-
-def launch_commands(script: str | Path, ds_config_path: str | Path, n_gpus: int,
-                    accelerate_config_path: str | Path | None = None) -> dict[str, str]:
-    """The shell commands that run `script` with this config on `n_gpus` GPUs of one machine.
-
-    The script reads the config itself (a Trainer script: ``--deepspeed <json>``); notebook 05 runs them.
-    """
-    _check_gpus(n_gpus)
-    s, c = shlex.quote(str(script)), shlex.quote(str(ds_config_path))
-    cmds = {
-        "deepspeed launcher": f"deepspeed --num_gpus {n_gpus} {s} --deepspeed {c}",
-        "torchrun": f"torchrun --nproc_per_node {n_gpus} {s} --deepspeed {c}",
-        "accelerate launch (flags)": (f"accelerate launch --use_deepspeed --num_processes {n_gpus} "
-                                      f"--deepspeed_config_file {c} {s} --deepspeed {c}"),
-    }
-    if accelerate_config_path is not None:
-        cmds["accelerate launch (config file)"] = (f"accelerate launch --config_file "
-                                                   f"{shlex.quote(str(accelerate_config_path))} {s} --deepspeed {c}")
-    return cmds
-
-
-LAUNCH_SCRIPT = '''"""Fine-tune a causal LM with Trainer + DeepSpeed, one process per GPU (written by notebook 04).
-
-    deepspeed --num_gpus N {name} --deepspeed configs/zero2.json
-"""
-import argparse
-import json
-import sys
-
-sys.path.insert(0, {root!r})
-import helpers  # noqa: E402
-
-
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--deepspeed", required=True, help="DeepSpeed JSON config (as in configs/)")
-    p.add_argument("--model", default={model!r})
-    p.add_argument("--tokenizer", default={tokenizer!r})
-    p.add_argument("--data", default={data!r})
-    p.add_argument("--seq-len", type=int, default={seq_len})
-    p.add_argument("--steps", type=int, default={steps})
-    p.add_argument("--out", default={out!r})
-    p.add_argument("--local_rank", type=int, default=-1)  # passed by the deepspeed launcher
-    args = p.parse_args()
-    runtime = helpers.detect_runtime()
-    cfg = json.load(open(args.deepspeed))
-    if runtime.precision == "fp32":  # CPU: DeepSpeed refuses fp16 there
-        cfg.pop("fp16", None)
-    tok = helpers.load_tokenizer(args.tokenizer or args.model)
-    blocks = helpers.pack_blocks(helpers.load_text_dataset(args.data)["train"], tok, args.seq_len)
-    # "auto" values: the same file works on any number of GPUs (train_batch_size = GPUs x micro-batch x accum.)
-    targs = helpers.training_arguments(args.out, cfg, runtime, steps=args.steps, progress=False,
-                                       train_sampling_strategy="random")
-    model = helpers.fix_causal_lm_loss(helpers.load_causal_lm(args.model))
-    from transformers import Trainer
-
-    trainer = Trainer(model=model, args=targs, train_dataset=blocks, data_collator=helpers.causal_lm_collator)
-    out = trainer.train()
-    if trainer.is_world_process_zero():
-        print(json.dumps({{"world_size": targs.world_size, "train_loss": out.training_loss,
-                          "engine": type(trainer.model_wrapped).__name__,
-                          "train_batch_size": trainer.model_wrapped.config["train_batch_size"]}}))
-
-
-if __name__ == "__main__":
-    main()
-'''
-
-
-def launch_script(path: str | Path, *, model: str, data: str, tokenizer: str = "", seq_len: int = 512,
-                  steps: int = 20, out: str = "build/launch_out") -> Path:
-    """Write a stand-alone Trainer + DeepSpeed script for the launch commands (notebook 04)."""
-    path = Path(path)
-    root = str(Path(__file__).resolve().parent.parent)
-    text = LAUNCH_SCRIPT.format(name=path.name, root=root, model=model, data=data, tokenizer=tokenizer,
-                                seq_len=seq_len, steps=steps, out=out)
-    return write_atomically(path, lambda tmp: tmp.write_text(text))
 
 
 def agreement(reference: RunResult, other: RunResult) -> float:

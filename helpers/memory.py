@@ -6,24 +6,26 @@ Model states per parameter (the ZeRO paper's 2Ψ + 2Ψ + 12Ψ for mixed-precisio
 gradients, stage 3 also the parameters. Offload moves the optimizer states (and at stage 3
 the parameters) to CPU RAM or an NVMe folder. DeepSpeed's own estimators
 (`estimate_zero2_model_states_mem_needs`, `estimate_zero3_model_states_mem_needs`) are shown
-next to this breakdown by `deepspeed_estimate`.
+next to this breakdown by `deepspeed_estimate`. Comparing an estimate with a runtime's budget (pre-flight) is
+helpers.planner's.
 """
 from __future__ import annotations
 
 import contextlib
 import gc
 import os
-import shutil
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
-if TYPE_CHECKING:
-    from helpers.hardware import Runtime
+from helpers.checks import ConfigError, check_model_size, check_number, check_offload_device
 
-from helpers.config import (OFFLOAD_KINDS, ConfigError, check_number, check_nvme_buffers,  # noqa: E402
-                            check_offload_device)
+__all__ = ["COMPONENTS", "STAGE3_OFFLOAD_STAGING_BYTES_PER_PARAM", "Measurement", "ModelStateEstimate",
+           "RunEstimate", "bytes_per_element", "count_params", "deepspeed_estimate", "estimate_activations",
+           "estimate_for_config", "estimate_model_states", "estimate_peak", "estimate_run",
+           "estimate_step_transient", "folder_bytes", "measure_peak", "model_states_per_gpu", "pinned_bytes",
+           "rss_bytes"]
 
 GiB = 1024**3
 GB = 1000**3
@@ -33,9 +35,6 @@ COMPONENTS = ("params", "grads", "optimizer", "activations", "buffers", "staging
 # heap during initialisation. Measured in fresh processes (reports/ladder.json, H200 capped to T4 budget,
 # fp16, 355M-1.5B, four stage-3 offload configs): 2.9-3.9 bytes/param above the named components.
 STAGE3_OFFLOAD_STAGING_BYTES_PER_PARAM = 3.5
-# Pre-flight keeps this share of the RAM budget free: the RAM estimates of reports/ladder.json are within about 5 %
-# of the measured peaks (both ways), and a Colab kernel that runs out of RAM is killed without a Python error.
-RAM_ESTIMATE_MARGIN = 0.05
 
 
 def pinned_bytes(nbytes: int) -> int:
@@ -133,7 +132,7 @@ def estimate_model_states(
     gradients then live on NVMe beside the optimizer states: 16 Ψ on disk). ZeRO-3 with offload adds
     `STAGE3_OFFLOAD_STAGING_BYTES_PER_PARAM` of host RAM ('staging', measured, see there).
     """
-    _check_model_inputs(n_params, largest_layer_params)
+    check_model_size(n_params, largest_layer_params)
     if stage is not None and (isinstance(stage, bool) or not isinstance(stage, int)):
         fix = f"stage={int(stage)}" if isinstance(stage, float) and stage in (0, 1, 2, 3) else "stage=0..3"
         raise ConfigError(f"stage must be None (plain PyTorch) or an int 0..3 (got {stage!r}). Fix: {fix}.")
@@ -209,14 +208,6 @@ def estimate_model_states(
     if precision:
         parts.append(precision)
     return ModelStateEstimate(" + ".join(parts), psi, n, gpu=gpu, cpu=cpu, nvme=nvme)
-
-
-def _check_model_inputs(n_params: Any, largest_layer_params: Any) -> None:
-    """A parameter count must be a positive number, the largest layer's a non-negative one."""
-    check_number("n_params", n_params, positive=True, integer=False, example=124_439_808,
-                 hint=" (GPT-2 124M; helpers.model_shape(name).n_params gives a model's count)")
-    check_number("largest_layer_params", largest_layer_params, positive=False, integer=False, example=0,
-                 hint=" (unknown), or helpers.model_shape(name).largest_layer_params")
 
 
 def model_states_per_gpu(n_params: int, precision: str = "fp16",
@@ -306,7 +297,7 @@ def count_params(model: Any) -> tuple[int, int]:
 
 # ---------------------------------------------------------------- measurement
 
-def _rss_bytes() -> int:
+def rss_bytes() -> int:
     import psutil
 
     return int(psutil.Process().memory_info().rss)
@@ -374,7 +365,7 @@ def measure_peak(nvme_path: str | os.PathLike[str] | None = None, interval_s: fl
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     m = Measurement(baseline_gpu_allocated=int(torch.cuda.memory_allocated()) if cuda else 0,
-                    baseline_rss=_rss_bytes())
+                    baseline_rss=rss_bytes())
     m.peak_rss = m.baseline_rss
     stop = threading.Event()
     start = time.perf_counter()
@@ -383,7 +374,7 @@ def measure_peak(nvme_path: str | os.PathLike[str] | None = None, interval_s: fl
 
     def sample() -> None:
         now = time.perf_counter()
-        row = {"t": now - start, "rss": float(_rss_bytes())}
+        row = {"t": now - start, "rss": float(rss_bytes())}
         if cuda:
             row["gpu_allocated"] = float(torch.cuda.memory_allocated())
             row["gpu_reserved"] = float(torch.cuda.memory_reserved())
@@ -414,212 +405,6 @@ def measure_peak(nvme_path: str | os.PathLike[str] | None = None, interval_s: fl
         if cuda:
             m.peak_gpu_allocated = int(torch.cuda.max_memory_allocated())
             m.peak_gpu_reserved = int(torch.cuda.max_memory_reserved())
-
-
-# ---------------------------------------------------------------- pre-flight
-
-class BudgetError(RuntimeError):
-    """A config predicted not to fit this runtime; the message names a config that would."""
-
-
-@dataclass
-class PreflightReport:
-    """Estimated need against this runtime's budget (notebooks 00-02).
-
-    `gpu_needed` is the predicted peak: model states + the larger of the activations and the optimizer step's
-    temporaries (`estimate_step_transient`). `ram_needed` includes `ram_in_use` (the process, or the kernel plus a
-    fresh child process). When it does not fit, `suggestion_kind` names the first course config that does
-    (helpers.config.OFFLOAD_KINDS, or "zero2"), checked by the same rules, and `suggestion_report` is its check.
-    """
-
-    estimate: ModelStateEstimate
-    gpu_needed: int
-    gpu_budget: int
-    ram_needed: int
-    ram_budget: int
-    disk_needed: int
-    disk_budget: int
-    suggestion: dict[str, Any] | None = None
-    suggestion_zero_init: bool = False
-    suggestion_kind: str | None = None
-    suggestion_report: "PreflightReport | None" = None
-    smaller_model: str | None = None  # when no course config fits: the largest ladder model that does
-    smaller_model_kind: str | None = None
-    ram_margin: float = RAM_ESTIMATE_MARGIN  # share of the RAM budget kept free for the estimate's error
-
-    @property
-    def problems(self) -> list[str]:
-        out = []
-        if self.gpu_budget and self.gpu_needed > self.gpu_budget:
-            out.append(f"GPU: needs ~{self.gpu_needed / GiB:.2f} GiB, budget {self.gpu_budget / GiB:.2f} GiB")
-        if self.ram_needed > self.ram_budget * (1 - self.ram_margin):
-            margin = f" ({self.ram_margin:.0%} of it kept free for the estimate's error)" if self.ram_margin else ""
-            out.append(f"CPU RAM: needs ~{self.ram_needed / GB:.2f} GB, budget {self.ram_budget / GB:.2f} GB{margin}")
-        if self.disk_needed > self.disk_budget:
-            out.append(f"disk: needs ~{self.disk_needed / GB:.2f} GB, {self.disk_budget / GB:.2f} GB free")
-        return out
-
-    @property
-    def fits(self) -> bool:
-        return not self.problems
-
-    def needs(self) -> str:
-        """'GPU 3.9 GiB, RAM 11.7 GB, disk 24.9 GB' (what this check predicts)."""
-        gpu = f"GPU {self.gpu_needed / GiB:.2f} GiB, " if self.gpu_budget else ""
-        return f"{gpu}RAM {self.ram_needed / GB:.2f} GB" + (f", disk {self.disk_needed / GB:.1f} GB"
-                                                            if self.disk_needed else "")
-
-    def fix(self) -> str:
-        """The fix to print with a refusal: a course config that passes this check, or what would."""
-        if self.suggestion_kind is not None:
-            call = ("helpers.build_ds_config(2, runtime=runtime)" if self.suggestion_kind == "zero2" else
-                    f"helpers.offload_config({self.suggestion_kind!r}, runtime"
-                    + (", nvme_path=..." if "nvme" in self.suggestion_kind else "")
-                    + (", largest_param=..." if self.suggestion_kind == "zero3_nvme_all" else "") + ")")
-            built = (" with the model built under deepspeed.zero.Init (HfDeepSpeedConfig, helpers.build_zero3_model)"
-                     if self.suggestion_zero_init else "")
-            need = f" (predicted: {self.suggestion_report.needs()})" if self.suggestion_report else ""
-            return f"Fix: the course's {self.suggestion_kind!r} config, {call}{built}{need}"
-        if self.smaller_model:
-            return (f"Fix: none of the course's configs fits this model here; a smaller one does: {self.smaller_model} "
-                    f"with {self.smaller_model_kind!r}. Or a machine with more memory")
-        return ("Fix: none of the course's configs fits this model here, nor a smaller GPT-2: train a smaller model, "
-                "shorten sequences or micro-batch, or move to a machine with more memory")
-
-    def __str__(self) -> str:
-        verdict = "fits" if self.fits else "does NOT fit: " + "; ".join(self.problems)
-        gpu = (f"GPU {self.gpu_needed / GiB:.2f} / {self.gpu_budget / GiB:.2f} GiB" if self.gpu_budget
-               else "no GPU (all of it in RAM)")
-        return (f"{self.estimate.label}: {gpu}, "
-                f"RAM {self.ram_needed / GB:.2f} / {self.ram_budget / GB:.2f} GB, "
-                f"disk {self.disk_needed / GB:.2f} / {self.disk_budget / GB:.2f} GB -> {verdict}")
-
-
-# Tried in order when a config does not fit: cheapest in speed first.
-# ZeRO-2 without offload, then the course's offload configs (helpers.config.OFFLOAD_KINDS) in their order.
-FALLBACK_LADDER: tuple[tuple[str | None, dict[str, Any]], ...] = (
-    (None, {"stage": 2}), *OFFLOAD_KINDS.items())
-
-
-def _report(est: ModelStateEstimate, runtime: "Runtime", activation_bytes: int, nvme_path: Any,
-            ram_in_use: int, transient: int = 0) -> PreflightReport:
-    if runtime.has_gpu:
-        gpu_needed, ram_needed = est.gpu_total + max(activation_bytes, transient), est.cpu_total + ram_in_use
-    else:  # on CPU what would sit on the GPU sits in RAM, and the model built on CPU is not copied
-        cpu_total = est.cpu_total - est.cpu.get("model copy", 0)
-        gpu_needed, ram_needed = 0, est.gpu_total + cpu_total + max(activation_bytes, transient) + ram_in_use
-    disk_budget = int(shutil.disk_usage(nvme_path).free) if (nvme_path and os.path.isdir(nvme_path)) \
-        else runtime.disk_free_bytes
-    return PreflightReport(est, gpu_needed, runtime.vram_budget_bytes, ram_needed, runtime.ram_budget_bytes,
-                           est.nvme_total, disk_budget)
-
-
-def _check(config: dict[str, Any], n_params: int, runtime: "Runtime", largest_layer_params: int,
-           activation_bytes: int, nvme_path: Any, zero_init: bool, ram_in_use: int) -> PreflightReport:
-    """Pre-flight of one config, without suggestions."""
-    est = estimate_for_config(config, n_params, largest_layer_params=largest_layer_params, zero_init=zero_init)
-    zero = config.get("zero_optimization", {})
-    transient = estimate_step_transient(n_params, int(zero.get("stage", 0)), precision=est.label.rsplit(" + ", 1)[-1],
-                                        offload_optimizer=zero.get("offload_optimizer", {}).get("device", "none"))
-    return _report(est, runtime, activation_bytes, nvme_path, ram_in_use, transient)
-
-
-def _candidates(runtime: "Runtime", precision: str, largest_layer_params: int, nvme_path: Any
-                ) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
-    """(kind name, build_ds_config arguments, config) for each course config, in FALLBACK_LADDER's order."""
-    from helpers.config import build_ds_config, offload_config
-
-    out = []
-    common = dict(check_paths=False, nvme_path=nvme_path or "/nvme")
-    for kind, candidate in FALLBACK_LADDER:
-        if kind is None:
-            cfg = build_ds_config(**candidate, precision=precision, **common)
-        else:
-            cfg = offload_config(kind, runtime, largest_param=max(largest_layer_params, 1), precision=precision,
-                                 **common)
-        out.append((kind or "zero2", dict(candidate), cfg))
-    return out
-
-
-def _check_preflight_inputs(config: Any, n_params: Any, runtime: Any, largest_layer_params: Any,
-                            activation_bytes: Any) -> None:
-    """preflight's arguments, and the NVMe parameter swap buffers of `config`, before anything is estimated."""
-    if not isinstance(config, dict):
-        raise ConfigError(f"preflight needs a DeepSpeed config dict (got {config!r}). Fix: "
-                          "preflight(helpers.build_ds_config(2, runtime=runtime), n_params, runtime).")
-    if not hasattr(runtime, "ram_budget_bytes"):
-        raise ConfigError(f"preflight needs the runtime to compare with (got {runtime!r}). "
-                          "Fix: runtime=helpers.detect_runtime().")
-    _check_model_inputs(n_params, largest_layer_params)
-    check_number("activation_bytes", activation_bytes, positive=False, integer=False, example=0,
-                 hint=", or helpers.estimate_activations(...)")
-    offload_param = (config.get("zero_optimization") or {}).get("offload_param") or {}
-    if offload_param.get("device") == "nvme":
-        fp32 = not (config.get("fp16", {}).get("enabled") or config.get("bf16", {}).get("enabled"))
-        check_nvme_buffers(offload_param.get("buffer_count", 5), offload_param.get("buffer_size", 100_000_000),
-                           element_bytes=4 if fp32 else 2, largest_param=int(largest_layer_params))
-
-
-def preflight(config: dict[str, Any], n_params: int, runtime: "Runtime", *, largest_layer_params: int = 0,
-              activation_bytes: int = 0, nvme_path: str | None = None, zero_init: bool = False,
-              ram_in_use: int | None = None, raise_on_failure: bool = True) -> PreflightReport:
-    """Compare the estimate for `config` with this runtime's VRAM/RAM/disk before allocating anything.
-
-    `ram_in_use` is the RAM already taken beside the run (default: this process's RSS; notebook 02 passes the
-    kernel's RSS plus a fresh child process's). Raises BudgetError (when `raise_on_failure`) naming each overflow
-    and the first course config that passes this same check (`PreflightReport.fix`), or, when none does, the
-    largest GPT-2 that one of them fits.
-    A config with parameters on NVMe has its swap buffers checked first (`check_nvme_buffers`, against
-    `largest_layer_params` when given).
-    """
-    _check_preflight_inputs(config, n_params, runtime, largest_layer_params, activation_bytes)
-    if ram_in_use is None:
-        ram_in_use = _rss_bytes()
-    nvme_path = nvme_path or config.get("zero_optimization", {}).get("offload_optimizer", {}).get("nvme_path") \
-        or config.get("zero_optimization", {}).get("offload_param", {}).get("nvme_path")
-    report = _check(config, n_params, runtime, largest_layer_params, activation_bytes, nvme_path, zero_init,
-                    ram_in_use)
-    if report.fits:
-        return report
-    est = report.estimate
-    precision = est.label.rsplit(" + ", 1)[-1]
-    for kind, args, cand_cfg in _candidates(runtime, precision, largest_layer_params, nvme_path):
-        cand_init = zero_init or args["stage"] == 3
-        cand = _check(cand_cfg, n_params, runtime, largest_layer_params, activation_bytes, nvme_path, cand_init,
-                      ram_in_use)
-        if cand.fits:
-            report.suggestion, report.suggestion_zero_init = args, cand_init
-            report.suggestion_kind, report.suggestion_report = kind, cand
-            break
-    if report.suggestion is None:
-        report.smaller_model, report.smaller_model_kind = _smaller_model_that_fits(
-            n_params, runtime, precision, activation_bytes, nvme_path, ram_in_use)
-    if raise_on_failure:
-        ram_problem = any(p.startswith("CPU RAM") for p in report.problems)
-        model_copy_counted = runtime.has_gpu and est.cpu.get("model copy", 0) > 0
-        hint = "" if not (ram_problem and model_copy_counted) else (
-            " (it counts the fp32 model built on CPU before deepspeed.initialize"
-            + (": build it under deepspeed.zero.Init / HfDeepSpeedConfig to avoid that)"
-               if int(config.get("zero_optimization", {}).get("stage", 0)) == 3 else ")"))
-        raise BudgetError(f"{est.label} is predicted not to fit this runtime ({runtime.label}): "
-                          + "; ".join(report.problems) + hint + ". " + report.fix() + ".")
-    return report
-
-
-def _smaller_model_that_fits(n_params: int, runtime: "Runtime", precision: str, activation_bytes: int,
-                             nvme_path: Any, ram_in_use: int) -> tuple[str | None, str | None]:
-    """The largest GPT-2 of the course's ladder, smaller than `n_params`, that a course config fits (and which)."""
-    from helpers.models import GPT2_LADDER, model_shape
-
-    for name in reversed(list(GPT2_LADDER)):
-        shape = model_shape(name)
-        if shape.n_params >= n_params:
-            continue
-        for kind, args, cfg in _candidates(runtime, precision, shape.largest_layer_params, nvme_path):
-            if _check(cfg, shape.n_params, runtime, shape.largest_layer_params, activation_bytes, nvme_path,
-                      args["stage"] == 3, ram_in_use).fits:
-                return name, kind
-    return None, None
 
 
 def estimate_step_transient(n_params: int, stage: int | None, *, precision: str = "fp16", n_gpus: int = 1,

@@ -16,6 +16,9 @@ from typing import Any
 
 from helpers.atomic import needs_writing, write_atomically
 
+__all__ = ["GPT2_CONTEXT", "GPT2_LADDER", "GPT2_VOCAB", "MODEL_FILES", "ModelShape", "gpt2_config",
+           "load_causal_lm", "model_folder_problem", "model_shape", "parse_param_count", "save_model_from_config"]
+
 # name -> (hidden size, layers, heads); vocab 50257, context 1024 as in GPT-2
 GPT2_LADDER: dict[str, tuple[int, int, int]] = {
     "gpt2-tiny": (64, 2, 2),  # 3.3M with GPT-2's vocabulary: CPU smoke runs

@@ -1,11 +1,10 @@
 """Mixture of Experts with DeepSpeed MoE, measured (notebook 03).
 
-A small GPT-style causal LM whose MLP is ``deepspeed.moe.layer.MoE`` in every other block, and its
-*dense twin*: the same model with an ordinary MLP everywhere. Each expert is ``ffn // k`` wide, so a
-token routed to its top-k experts goes through exactly as many MLP weights as in the dense twin (equal
-active compute); the MoE model only *holds* more parameters. Also here: total / active parameter
-counts, the optimizer parameter groups DeepSpeed needs for MoE, expert load and dropped tokens read
-from the gate (forward hooks on ``TopKGate``), a measured training run and the ZeRO-3 refusal.
+The model is the course GPT (`helpers.gpt`, MoE layers when `GPTConfig.num_experts` > 0) and its *dense
+twin*. Here: total / active parameter counts, the optimizer parameter groups DeepSpeed needs for MoE, FLOPs
+per token, expert capacity, expert load and dropped tokens read from the gate (forward hooks on
+``TopKGate``), `MoEHooks` (what a MoE run adds to `helpers.train_run`), the comparison table and the ZeRO-3
+refusal. Light to import: torch, deepspeed and helpers.gpt are imported inside the functions.
 
 DeepSpeed's gate returns, per forward, the expert each token's routes go to (-1 where the expert was
 already full: a *dropped* route, the token then skips the MLP and keeps only its residual) and
@@ -15,241 +14,23 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import math
-import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from helpers.memory import GiB, measure_peak
-from helpers.runtime import reset_peak_stats, setup_single_process, teardown
+from helpers.runtime import setup_single_process, teardown
+from helpers.train import RunResult, TrainHooks
 
 if TYPE_CHECKING:
-    from matplotlib.figure import Figure
-
+    from helpers.gpt import GPTConfig
     from helpers.hardware import Runtime
 
+__all__ = ["ZERO3_REFUSAL", "ParamCounts", "count_moe_params", "moe_param_groups", "describe_param_groups",
+           "measure_flops_per_token", "expert_capacity", "analytic_flops_per_token", "RoutingRecorder",
+           "RoutingSummary", "set_capacity_factor", "MoEHooks", "moe_table", "evaluate_moe", "capacity_sweep",
+           "moe_ds_config", "zero3_refusal", "expert_parallel_summary", "quiet_deepspeed"]
+
 ZERO3_REFUSAL = "Native DeepSpeed MoE is not supported with ZeRO Stage 3"
-
-
-@dataclass(frozen=True)
-class MoEConfig:
-    """Shape of the course's GPT-style model; num_experts=0 is the dense model (notebook 03)."""
-
-    vocab_size: int = 8192
-    seq_len: int = 256
-    hidden: int = 256
-    layers: int = 4
-    heads: int = 4
-    ffn: int = 1024  # dense MLP width; each expert is ffn // k wide (equal active compute)
-    num_experts: int = 0  # 0: dense, no MoE layer
-    k: int = 1  # experts per token (top-1 or top-2 gating)
-    capacity_factor: float = 1.25  # expert capacity = ceil(k * tokens / experts * capacity_factor)
-    eval_capacity_factor: float = 2.0
-    min_capacity: int = 4
-    moe_every: int = 2  # blocks 1, 3, 5 ... get experts ("every other block", as in GShard / Switch)
-    aux_loss_coef: float = 0.01  # loss = LM loss + aux_loss_coef * sum of the gates' load-balancing losses
-    ep_size: int = 1  # expert-parallel ranks: each holds num_experts // ep_size experts
-    drop_tokens: bool = True
-    dropout: float = 0.0
-
-    @property
-    def is_moe(self) -> bool:
-        return self.num_experts > 0
-
-    @property
-    def expert_ffn(self) -> int:
-        return self.ffn // self.k if self.is_moe else self.ffn
-
-    @property
-    def moe_layers(self) -> tuple[int, ...]:
-        """Indices of the blocks whose MLP is a MoE layer."""
-        if not self.is_moe:
-            return ()
-        return tuple(i for i in range(self.layers) if i % self.moe_every == self.moe_every - 1)
-
-    @property
-    def label(self) -> str:
-        if not self.is_moe:
-            return "dense"
-        return f"MoE top-{self.k}, {self.num_experts} experts"
-
-    def dense_twin(self) -> "MoEConfig":
-        """The same model with a dense MLP in every block: equal active compute per token."""
-        return dataclasses.replace(self, num_experts=0, k=1, ep_size=1)
-
-    def replace(self, **changes: Any) -> "MoEConfig":
-        return dataclasses.replace(self, **changes)
-
-    def check(self) -> "MoEConfig":
-        """Raise ValueError with the fix when this shape cannot be built."""
-        if self.hidden % self.heads:
-            raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads}). "
-                             "Fix: pick heads that divide hidden, e.g. hidden 256 with 4 heads.")
-        if not self.is_moe:
-            return self
-        if self.k < 1 or self.k > self.num_experts:
-            raise ValueError(f"k={self.k} experts per token with {self.num_experts} experts. "
-                             "Fix: k=1 (Switch-style) or k=2 (GShard-style), at most num_experts.")
-        if self.ffn % self.k:
-            raise ValueError(f"ffn ({self.ffn}) must be divisible by k ({self.k}): each expert is ffn // k wide "
-                             "so that active compute matches the dense model. Fix: an even ffn for k=2.")
-        if self.num_experts % self.ep_size:
-            raise ValueError(f"num_experts ({self.num_experts}) must be divisible by ep_size ({self.ep_size}): "
-                             "each expert-parallel rank holds the same number of experts. Fix: e.g. 8 experts "
-                             "on ep_size 2 (4 per rank).")
-        if not self.moe_layers:
-            raise ValueError(f"no MoE block with layers={self.layers} and moe_every={self.moe_every}. "
-                             "Fix: layers >= moe_every.")
-        return self
-
-
-class GPTOutput(NamedTuple):
-    """What the model returns: the loss to train on and its two parts."""
-
-    loss: Any  # lm_loss + aux_loss_coef * aux_loss (None without labels): what to call backward on
-    lm_loss: Any  # next-token cross-entropy
-    aux_loss: Any  # sum of the gates' load-balancing losses (0 for the dense model)
-    logits: Any
-
-
-@functools.cache
-def _classes() -> dict[str, type]:
-    """The torch modules, defined on first use so that importing helpers stays light."""
-    import torch
-    import torch.nn.functional as F
-    from torch import nn
-
-    class MLP(nn.Module):
-        def __init__(self, hidden: int, width: int) -> None:
-            super().__init__()
-            # no biases: k experts of width ffn/k then hold exactly the weights of one dense MLP of width ffn
-            self.up = nn.Linear(hidden, width, bias=False)
-            self.down = nn.Linear(width, hidden, bias=False)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.down(F.gelu(self.up(x)))
-
-    class Attention(nn.Module):
-        def __init__(self, cfg: MoEConfig) -> None:
-            super().__init__()
-            self.head_dim = cfg.hidden // cfg.heads
-            self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
-            self.out = nn.Linear(cfg.hidden, cfg.hidden)
-            self.dropout = cfg.dropout
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            b, s, _ = x.shape
-            # heads counted from qkv's output: under tensor parallelism (notebook 05) each rank holds some of them
-            q, k, v = self.qkv(x).view(b, s, 3, -1, self.head_dim).permute(2, 0, 3, 1, 4)
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                               dropout_p=self.dropout if self.training else 0.0)
-            return self.out(y.transpose(1, 2).reshape(b, s, -1))
-
-    class Block(nn.Module):
-        def __init__(self, cfg: MoEConfig, moe: bool) -> None:
-            super().__init__()
-            self.ln1 = nn.LayerNorm(cfg.hidden)
-            self.attn = Attention(cfg)
-            self.ln2 = nn.LayerNorm(cfg.hidden)
-            self.is_moe = moe
-            if moe:
-                from deepspeed.moe.layer import MoE
-
-                self.mlp = MoE(hidden_size=cfg.hidden, expert=MLP(cfg.hidden, cfg.expert_ffn),
-                               num_experts=cfg.num_experts, ep_size=cfg.ep_size, k=cfg.k,
-                               capacity_factor=cfg.capacity_factor, eval_capacity_factor=cfg.eval_capacity_factor,
-                               min_capacity=cfg.min_capacity, drop_tokens=cfg.drop_tokens)
-            else:
-                self.mlp = MLP(cfg.hidden, cfg.ffn)
-            self.drop = nn.Dropout(cfg.dropout)
-
-        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-            x = x + self.drop(self.attn(self.ln1(x)))
-            if self.is_moe:
-                # DeepSpeed's MoE returns (output, l_aux, exp_counts)
-                out, l_aux, _ = self.mlp(self.ln2(x))
-            else:
-                out, l_aux = self.mlp(self.ln2(x)), None
-            return x + self.drop(out), l_aux
-
-    class GPTMoE(nn.Module):
-        def __init__(self, cfg: MoEConfig) -> None:
-            super().__init__()
-            self.cfg = cfg.check()
-            self.tok = nn.Embedding(cfg.vocab_size, cfg.hidden)
-            self.pos = nn.Embedding(cfg.seq_len, cfg.hidden)
-            self.blocks = nn.ModuleList(Block(cfg, i in cfg.moe_layers) for i in range(cfg.layers))
-            self.ln_f = nn.LayerNorm(cfg.hidden)
-            self.aux_loss_coef = cfg.aux_loss_coef
-
-        def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> GPTOutput:
-            s = input_ids.shape[1]
-            if s > self.cfg.seq_len:
-                raise ValueError(f"sequence of {s} tokens, the model has {self.cfg.seq_len} positions. "
-                                 "Fix: pack blocks of at most seq_len tokens.")
-            x = self.tok(input_ids) + self.pos(torch.arange(s, device=input_ids.device))
-            aux = torch.zeros((), device=x.device, dtype=torch.float32)
-            for block in self.blocks:
-                x, l_aux = block(x)
-                if l_aux is not None:
-                    aux = aux + l_aux.float()
-            logits = F.linear(self.ln_f(x), self.tok.weight)  # output layer tied to the embedding, as GPT-2
-            if labels is None:
-                return GPTOutput(None, None, aux, logits)
-            lm_loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]),
-                                      labels[:, 1:].reshape(-1))
-            return GPTOutput(lm_loss + self.aux_loss_coef * aux, lm_loss, aux, logits)
-
-    return {"MLP": MLP, "Attention": Attention, "Block": Block, "GPTMoE": GPTMoE}
-
-
-def build_gpt_moe(cfg: MoEConfig, seed: int = 0) -> Any:
-    """A fresh GPT-style model for `cfg` (dense if cfg.num_experts == 0), weights drawn from `seed`.
-
-    Every expert gets weights of its own, drawn from (seed, block, global expert id): DeepSpeed copies one
-    expert module num_experts times, so without this all experts would start equal. Global expert e holds
-    the same weights whatever the ep_size, so an expert-parallel model is the same model, split.
-    """
-    import torch
-    from torch import nn
-
-    cfg.check()
-    torch.manual_seed(seed)
-    model = _classes()["GPTMoE"](cfg)
-    n_resid = 2 * cfg.layers
-    for name, module in model.named_modules():
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            std = 0.02 / math.sqrt(n_resid) if name.endswith((".out", ".down")) else 0.02
-            nn.init.normal_(module.weight, 0.0, std)
-            if getattr(module, "bias", None) is not None:
-                nn.init.zeros_(module.bias)
-    rank = _ep_rank(cfg.ep_size)
-    for layer in cfg.moe_layers:
-        experts = model.blocks[layer].mlp.deepspeed_moe.experts.deepspeed_experts
-        for local, expert in enumerate(experts):
-            global_id = rank * len(experts) + local
-            gen = torch.Generator().manual_seed(seed * 1_000_003 + layer * 1_009 + global_id)
-            with torch.no_grad():
-                expert.up.weight.copy_(torch.randn(expert.up.weight.shape, generator=gen) * 0.02)
-                expert.down.weight.copy_(torch.randn(expert.down.weight.shape, generator=gen)
-                                         * (0.02 / math.sqrt(n_resid)))
-    return model
-
-
-def _ep_rank(ep_size: int) -> int:
-    """This process's position in its expert-parallel group (ranks are grouped consecutively)."""
-    if ep_size <= 1:
-        return 0
-    import torch.distributed as dist
-
-    world = dist.get_world_size() if dist.is_initialized() else 0
-    if world < ep_size or world % ep_size:
-        raise RuntimeError(f"ep_size={ep_size} needs torch.distributed initialised with a multiple of {ep_size} "
-                           f"processes before the model is built (found {world or 'none'}). Fix: call "
-                           "deepspeed.init_distributed() first, under a launcher (torchrun / deepspeed) "
-                           f"with {ep_size} or a multiple of {ep_size} processes.")
-    return dist.get_rank() % ep_size
 
 
 # ---------------------------------------------------------------- parameters
@@ -341,7 +122,7 @@ def measure_flops_per_token(model: Any, input_ids: Any) -> float:
     return counter.get_total_flops() / input_ids.numel()
 
 
-def expert_capacity(cfg: MoEConfig, tokens: int) -> int:
+def expert_capacity(cfg: "GPTConfig", tokens: int) -> int:
     """Slots per expert for `tokens` tokens at training time, as DeepSpeed's gate computes them.
 
     ceil(tokens / num_experts x capacity_factor x k), at least min_capacity (float32, like the gate).
@@ -354,7 +135,7 @@ def expert_capacity(cfg: MoEConfig, tokens: int) -> int:
     return int(torch.maximum(c, torch.tensor(cfg.min_capacity)))
 
 
-def analytic_flops_per_token(cfg: MoEConfig, tokens: int | None = None) -> float:
+def analytic_flops_per_token(cfg: "GPTConfig", tokens: int | None = None) -> float:
     """Forward matmul FLOPs per token, counted from the shapes: 2 x multiply-adds of every linear layer.
 
     Without `tokens`: each token through its k experts only (the "active compute"). With `tokens` (tokens
@@ -532,69 +313,21 @@ def set_capacity_factor(model: Any, factor: float) -> None:
 # ---------------------------------------------------------------- training
 
 
-@dataclass
-class MoERun:
-    """One measured training run of a dense or MoE model (a row of reports/moe.json)."""
-
-    name: str
-    kind: str  # "dense", "top-1", "top-2"
-    num_experts: int
-    k: int
-    capacity_factor: float
-    aux_loss_coef: float
-    params_total: int
-    params_active: int
-    flops_per_token: float  # measured forward FLOPs per token (FlopCounterMode)
-    precision: str
-    micro_batch: int
-    seq_len: int
-    steps: int
-    runtime: str
-    losses: list[float] = field(default_factory=list)  # training loss (LM + coef x aux)
-    lm_losses: list[float] = field(default_factory=list)
-    aux_losses: list[float] = field(default_factory=list)
-    val_losses: list[tuple[int, float]] = field(default_factory=list)
-    tokens_per_s: float = 0.0
-    peak_vram_gib: float = 0.0
-    peak_rss_gib: float = 0.0
-    seconds: float = 0.0
-    routing: dict[str, Any] = field(default_factory=dict)  # RoutingSummary.as_dict()
-    probe: Any = None  # what train_moe's `probe(model)` returned after training
-    load_history: list[list[int]] = field(default_factory=list)  # first MoE layer: kept routes per expert per step
-
-    @property
-    def val_loss(self) -> float:
-        return self.val_losses[-1][1] if self.val_losses else math.nan
-
-    def as_dict(self, with_curves: bool = True) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["val_loss"] = self.val_loss
-        d["expert_load"] = self.routing.get("load", [])
-        d.pop("probe")
-        if not with_curves:
-            for key in ("losses", "lm_losses", "aux_losses", "load_history"):
-                d.pop(key)
-        return d
-
-
-def moe_table(runs: Sequence[MoERun]) -> str:
-    """Fixed-width comparison: parameters, FLOPs, tokens/s, peak VRAM, losses, dropped share."""
+def moe_table(runs: Sequence[RunResult]) -> str:
+    """Fixed-width comparison of MoE runs (`train_run` with `MoEHooks`): parameters, FLOPs, tokens/s, peak VRAM,
+    LM losses, validation loss, dropped share."""
     head = (f"{'run':<24}{'total M':>9}{'active M':>9}{'MFLOP/tok':>10}{'tokens/s':>10}{'peak GiB':>9}"
             f"{'loss0':>7}{'lossN':>7}{'val':>7}{'dropped':>8}")
     lines = [head, "-" * len(head)]
     for r in runs:
-        dropped = r.routing.get("dropped_fraction")
-        lines.append(f"{r.name:<24}{r.params_total / 1e6:>9.3f}{r.params_active / 1e6:>9.3f}"
-                     f"{r.flops_per_token / 1e6:>10.2f}{r.tokens_per_s:>10,.0f}{r.peak_vram_gib:>9.3f}"
-                     f"{r.lm_losses[0]:>7.3f}{sum(r.lm_losses[-5:]) / len(r.lm_losses[-5:]):>7.3f}"
+        e = r.extras
+        lm = e["lm_losses"]
+        dropped = e["routing"].get("dropped_fraction")
+        lines.append(f"{r.name:<24}{e['params_total'] / 1e6:>9.3f}{e['params_active'] / 1e6:>9.3f}"
+                     f"{e['flops_per_token'] / 1e6:>10.2f}{r.tokens_per_s:>10,.0f}{r.peak_vram_gib:>9.3f}"
+                     f"{lm[0]:>7.3f}{sum(lm[-5:]) / len(lm[-5:]):>7.3f}"
                      f"{r.val_loss:>7.3f}" + (f"{100 * dropped:>7.1f}%" if dropped is not None else f"{'-':>8}"))
     return "\n".join(lines)
-
-
-def _autocast_dtype(precision: str) -> Any:
-    import torch
-
-    return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
 
 
 def evaluate_moe(model: Any, blocks: Any, batches: int = 4, batch_size: int = 8, seed: int = 0) -> float:
@@ -656,108 +389,73 @@ def moe_ds_config(runtime: "Runtime", *, stage: int = 2, micro_batch: int = 8, l
     return cfg
 
 
-def train_moe(name: str, cfg: MoEConfig, train_blocks: Any, *, runtime: "Runtime", ds_config: dict[str, Any],
-              val_blocks: Any = None, steps: int = 50, eval_every: int = 0, eval_batches: int = 4,
-              warmup_steps: int = 2, seed: int = 0, progress: bool = True,
-              probe: Callable[[Any], Any] | None = None) -> MoERun:
-    """Train a fresh model of shape `cfg` with DeepSpeed for `steps` steps; measure it and tear it down.
+class MoEHooks(TrainHooks):
+    """What a dense-or-MoE run of the course GPT adds to `helpers.train_run` (notebook 03, benchmarks/moe.py).
 
-    The optimizer gets `moe_param_groups`; the loss is LM loss + cfg.aux_loss_coef x aux loss; the gates'
-    routing is recorded every step. Peak GPU memory is measured above the idle baseline, tokens/s after
-    `warmup_steps`. `probe(model)`, if given, runs on the trained model before the teardown (e.g. a
-    `capacity_sweep`); its result is kept in `MoERun.probe`.
+        r = helpers.train_run(name, lambda: build_gpt(cfg, seed), blocks, runtime=rt, ds_config=cfg_ds,
+                              hooks=MoEHooks(cfg), val_blocks=val, eval_every=10)
+
+    The optimizer gets `moe_param_groups`; the model's loss (LM loss + cfg.aux_loss_coef x aux loss) is trained
+    and its two parts kept per step; the gates' routing is recorded every step; validation is `evaluate_moe`
+    (LM loss only). `probe(model)`, if given, runs on the trained model before the teardown (e.g. a
+    `capacity_sweep`). The record is the `RunResult`; `RunResult.extras` holds kind, num_experts, k,
+    capacity_factor, aux_loss_coef, params_total, params_active, flops_per_token (measured forward FLOPs per
+    token), lm_losses, aux_losses, routing (`RoutingSummary.as_dict()`, {} for the dense model), load_history
+    (first MoE layer: kept routes per expert per step) and probe (what `probe` returned, if given).
     """
-    import torch
 
-    micro_batch = int(ds_config["train_micro_batch_size_per_gpu"])
-    seq_len = int(train_blocks[0]["input_ids"].shape[-1])
-    setup_single_process()
-    reset_peak_stats()
-    run = MoERun(name=name, kind=f"top-{cfg.k}" if cfg.is_moe else "dense", num_experts=cfg.num_experts,
-                 k=cfg.k if cfg.is_moe else 0, capacity_factor=cfg.capacity_factor if cfg.is_moe else 0.0,
-                 aux_loss_coef=cfg.aux_loss_coef if cfg.is_moe else 0.0, params_total=0, params_active=0,
-                 flops_per_token=0.0, precision=runtime.precision, micro_batch=micro_batch, seq_len=seq_len,
-                 steps=steps, runtime=runtime.label)
-    ns: dict[str, Any] = {}
-    try:
-        with measure_peak() as mem:
-            _train_moe(ns, run, cfg, train_blocks, runtime, ds_config, val_blocks, steps, eval_every, eval_batches,
-                       warmup_steps, seed, progress)
-        if probe is not None:
-            run.probe = probe(ns["engine"].module)
-    finally:  # an interrupted run is torn down too
-        if ns.get("recorder") is not None:
-            ns["recorder"].remove()
-        teardown(ns, "recorder", "engine", "optimizer", "model")
-    if torch.cuda.is_available():
-        run.peak_vram_gib = round((mem.peak_gpu_allocated - mem.baseline_gpu_allocated) / GiB, 4)
-    run.peak_rss_gib = round(mem.peak_rss / GiB, 3)
-    return run
+    def __init__(self, cfg: "GPTConfig", *, seed: int = 0, probe: Callable[[Any], Any] | None = None) -> None:
+        self.cfg, self.seed, self.probe = cfg, seed, probe
+        self.recorder: RoutingRecorder | None = None
+        self._parts: list[tuple[float, float]] = []
 
+    def on_model(self, model: Any, result: RunResult, train_blocks: Any) -> None:
+        cfg = self.cfg
+        counts = count_moe_params(model)
+        result.extras.update(
+            kind=f"top-{cfg.k}" if cfg.is_moe else "dense", num_experts=cfg.num_experts, k=cfg.k if cfg.is_moe else 0,
+            capacity_factor=cfg.capacity_factor if cfg.is_moe else 0.0,
+            aux_loss_coef=cfg.aux_loss_coef if cfg.is_moe else 0.0, params_total=counts.total,
+            params_active=counts.active,
+            flops_per_token=round(measure_flops_per_token(model, train_blocks[:2]["input_ids"]), 1),
+            lm_losses=[], aux_losses=[], routing={}, load_history=[])
+        self.recorder = RoutingRecorder(model)
 
-def _train_moe(ns: dict[str, Any], run: MoERun, cfg: MoEConfig, train_blocks: Any, runtime: "Runtime",
-               ds_config: dict[str, Any], val_blocks: Any, steps: int, eval_every: int, eval_batches: int,
-               warmup_steps: int, seed: int, progress: bool) -> None:
-    """The loop of `train_moe`; every object it makes is kept in `ns`, for the teardown."""
-    import deepspeed
-    import torch
-    from tqdm.auto import tqdm
+    def param_groups(self, model: Any) -> list[dict[str, Any]]:
+        return moe_param_groups(model)
 
-    from helpers.data import block_loader
+    def after_forward(self, output: Any) -> None:
+        self._parts.append((output.lm_loss.item(), output.aux_loss.item()))
 
-    device = "cuda" if runtime.has_gpu else "cpu"
-    batches = block_loader(train_blocks, run.micro_batch, seed=seed)
-    ns["model"] = model = build_gpt_moe(cfg, seed=seed)
-    counts = count_moe_params(model)
-    run.params_total, run.params_active = counts.total, counts.active
-    run.flops_per_token = round(measure_flops_per_token(model, train_blocks[:2]["input_ids"]), 1)
-    ns["recorder"] = recorder = RoutingRecorder(model)
-    ns["engine"], ns["optimizer"], _, _ = deepspeed.initialize(model=model, model_parameters=moe_param_groups(model),
-                                                               config=ds_config)
-    del model
-    engine = ns["engine"]
-    engine.train()
-    tokens_per_step = run.micro_batch * run.seq_len
-    timed_from = None
-    bar = tqdm(range(steps), desc=run.name, disable=not progress)
-    start = time.perf_counter()
-    for step in bar:
-        if step == warmup_steps:
-            if runtime.has_gpu:
-                torch.cuda.synchronize()
-            timed_from = time.perf_counter()
-        ids = next(batches)["input_ids"].to(device)
-        out = engine(input_ids=ids, labels=ids)
-        engine.backward(out.loss)
-        engine.step()
-        recorder.end_step()
-        run.losses.append(out.loss.item())
-        run.lm_losses.append(out.lm_loss.item())
-        run.aux_losses.append(out.aux_loss.item())
-        postfix = {"loss": f"{run.lm_losses[-1]:.3f}"}
-        if cfg.is_moe:
-            postfix["aux"] = f"{run.aux_losses[-1]:.3f}"
-        if timed_from is not None and step > warmup_steps:
-            postfix["tok_s"] = f"{(step - warmup_steps) * tokens_per_step / (time.perf_counter() - timed_from):,.0f}"
-        bar.set_postfix(postfix)
-        del out, ids
-        if val_blocks is not None and ((eval_every and (step + 1) % eval_every == 0) or step + 1 == steps):
-            run.val_losses.append((step + 1, evaluate_moe(engine.module, val_blocks, eval_batches, run.micro_batch,
-                                                          seed)))
-            engine.train()
-    if runtime.has_gpu:
-        torch.cuda.synchronize()
-    end = time.perf_counter()
-    if timed_from is not None and steps > warmup_steps:
-        run.tokens_per_s = round((steps - warmup_steps) * tokens_per_step / (end - timed_from), 1)
-    run.seconds = round(end - start, 2)
-    if cfg.is_moe:
-        summary = recorder.summary()
-        run.routing = summary.as_dict()
-        run.load_history = [step[0] for step in recorder.history()["kept"]]
+    def after_step(self, step: int, result: RunResult) -> dict[str, str]:
+        assert self.recorder is not None
+        self.recorder.end_step()
+        n = len(self._parts)
+        lm, aux = sum(p[0] for p in self._parts) / n, sum(p[1] for p in self._parts) / n
+        self._parts = []
+        result.extras["lm_losses"].append(lm)
+        result.extras["aux_losses"].append(aux)
+        return {"loss": f"{lm:.3f}", **({"aux": f"{aux:.3f}"} if self.cfg.is_moe else {})}
+
+    def evaluate(self, model: Any, blocks: Any, runtime: "Runtime", batches: int, batch_size: int,
+                 autocast: bool) -> float:
+        return evaluate_moe(getattr(model, "module", model), blocks, batches, batch_size, self.seed)
+
+    def finish(self, model: Any, result: RunResult) -> None:
+        if self.cfg.is_moe and self.recorder is not None:
+            result.extras["routing"] = self.recorder.summary().as_dict()
+            result.extras["load_history"] = [step[0] for step in self.recorder.history()["kept"]]
+        if self.probe is not None:
+            result.extras["probe"] = self.probe(model)
+
+    def close(self) -> None:
+        if self.recorder is not None:
+            self.recorder.remove()
+            self.recorder = None
 
 
-def zero3_refusal(cfg: MoEConfig, runtime: "Runtime", micro_batch: int = 2) -> str:
+
+def zero3_refusal(cfg: "GPTConfig", runtime: "Runtime", micro_batch: int = 2) -> str:
     """Try deepspeed.initialize on a MoE model with ZeRO stage 3; return DeepSpeed's refusal message.
 
     Raises RuntimeError if DeepSpeed accepts it (a newer version may): the notebook then says so.
@@ -766,8 +464,10 @@ def zero3_refusal(cfg: MoEConfig, runtime: "Runtime", micro_batch: int = 2) -> s
 
     from helpers.config import course_config
 
+    from helpers.gpt import build_gpt
+
     setup_single_process()
-    ns: dict[str, Any] = {"model": build_gpt_moe(cfg)}
+    ns: dict[str, Any] = {"model": build_gpt(cfg)}
     config = course_config("zero3", runtime, micro_batch_size=micro_batch)
     try:
         ns["engine"], ns["optimizer"], _, _ = deepspeed.initialize(model=ns["model"],
@@ -793,6 +493,8 @@ def expert_parallel_summary(model: Any) -> dict[str, Any]:
     import torch.distributed as dist
     from deepspeed.moe.layer import MoE
 
+    from helpers.gpt import ep_rank
+
     net = getattr(model, "module", model)
     counts = count_moe_params(net)
     layers = {}
@@ -800,89 +502,10 @@ def expert_parallel_summary(model: Any) -> dict[str, Any]:
         if isinstance(m, MoE):
             n_local = m.num_local_experts
             group = m.deepspeed_moe.ep_group  # set by deepspeed.initialize
-            rank_in_group = _ep_rank(m.ep_size) if group is None or m.ep_size == 1 else dist.get_rank(group=group)
+            rank_in_group = ep_rank(m.ep_size) if group is None or m.ep_size == 1 else dist.get_rank(group=group)
             layers[name] = list(range(rank_in_group * n_local, (rank_in_group + 1) * n_local))
     return {"experts_held": layers, "params_local": counts.local, "expert_params_local": counts.local_experts,
             "shared_params": counts.shared, "params_total": counts.total, "expert_params_total": counts.experts}
-
-
-# ---------------------------------------------------------------- plots
-
-
-def _figure(width: float = 7.0, height: float = 3.8) -> "Figure":
-    from matplotlib.figure import Figure
-
-    return Figure(figsize=(width, height), layout="constrained")
-
-
-def plot_expert_load(history: Sequence[Sequence[int]], title: str = "Tokens per expert over training",
-                     capacity: float | None = None) -> "Figure":
-    """Routes each expert processed per step (one line per expert), with the capacity as a dashed line."""
-    fig = _figure()
-    ax = fig.add_subplot()
-    steps = range(1, len(history) + 1)
-    for e in range(len(history[0]) if history else 0):
-        ax.plot(steps, [row[e] for row in history], label=f"expert {e}", linewidth=1.2)
-    if capacity:
-        ax.axhline(capacity, color="#C44E52", linestyle="--", label="capacity per step")
-    ax.set_xlabel("step")
-    ax.set_ylabel("routes processed")
-    ax.set_title(title)
-    ax.legend(fontsize=7, ncol=2)
-    return fig
-
-
-def plot_capacity_sweep(rows: Sequence[dict[str, float]], title: str = "Capacity factor") -> "Figure":
-    """Dropped share of routes (bars) and validation loss (line) against the capacity factor."""
-    fig = _figure()
-    ax = fig.add_subplot()
-    x = [str(r["capacity_factor"]) for r in rows]
-    ax.bar(x, [100 * r["dropped_fraction"] for r in rows], color="#DD8452", label="dropped routes %")
-    ax.set_xlabel("capacity factor")
-    ax.set_ylabel("dropped routes (%)")
-    ax2 = ax.twinx()
-    ax2.plot(x, [r["val_loss"] for r in rows], color="#4C72B0", marker="o", label="validation loss")
-    ax2.set_ylabel("validation loss")
-    ax2.ticklabel_format(axis="y", useOffset=False)
-    ax.set_title(title)
-    handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
-    ax.legend(handles, [h.get_label() for h in handles], loc="upper right", fontsize=8)
-    return fig
-
-
-def plot_balance(runs: Sequence[MoERun], title: str = "Share of routes per expert") -> "Figure":
-    """For each run: the share of routes each expert was asked for (first MoE layer), as grouped bars."""
-    fig = _figure()
-    ax = fig.add_subplot()
-    n = len(runs)
-    width = 0.8 / max(n, 1)
-    for i, r in enumerate(runs):
-        row = r.routing["demand"][0]
-        total = sum(row) or 1
-        ax.bar([e + (i - (n - 1) / 2) * width for e in range(len(row))], [100 * c / total for c in row], width,
-               label=r.name)
-    if runs:
-        ax.axhline(100 / runs[0].num_experts, color="#555555", linestyle="--", label="even")
-    ax.set_xlabel("expert")
-    ax.set_ylabel("% of routes")
-    ax.set_title(title)
-    ax.legend(fontsize=8)
-    return fig
-
-
-def plot_params(names: Sequence[str], total: Sequence[int], active: Sequence[int],
-                title: str = "Parameters: held vs used per token") -> "Figure":
-    """Total (held) and active (per token) parameters per model, side by side, in millions."""
-    fig = _figure(6, 3.5)
-    ax = fig.add_subplot()
-    x = range(len(names))
-    ax.bar([i - 0.2 for i in x], [t / 1e6 for t in total], 0.4, label="total (held)", color="#4C72B0")
-    ax.bar([i + 0.2 for i in x], [a / 1e6 for a in active], 0.4, label="active (per token)", color="#55A868")
-    ax.set_xticks(list(x), list(names))
-    ax.set_ylabel("million parameters")
-    ax.set_title(title)
-    ax.legend()
-    return fig
 
 
 @contextlib.contextmanager

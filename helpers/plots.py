@@ -1,6 +1,8 @@
-"""Matplotlib figures of memory: measured vs estimated, breakdown, over time (notebooks 00-05).
+"""Every figure of the course: memory measured vs estimated, its breakdown and timeline, speed vs memory, losses,
+MoE's parameters, expert load, capacity and balance, ZeRO's per-rank scaling (notebooks 00-05).
 
-Records in, Figure out; no torch or deepspeed here and no global style changes.
+Records in (`helpers.RunResult`s where a figure plots runs), a matplotlib Figure out; matplotlib is imported
+inside the functions, no torch or deepspeed here and no global style changes.
 """
 from __future__ import annotations
 
@@ -10,6 +12,10 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from helpers.memory import ModelStateEstimate
+    from helpers.train import RunResult
+
+__all__ = ["plot_peak_vram", "plot_memory_breakdown", "plot_memory_timeline", "plot_losses", "plot_speed_vs_memory",
+           "plot_expert_load", "plot_capacity_sweep", "plot_balance", "plot_params", "plot_zero_scaling"]
 
 GiB = 1024**3
 GB = 1000**3
@@ -24,15 +30,17 @@ def _figure(width: float = 7.0, height: float = 4.0) -> "Figure":
     return Figure(figsize=(width, height), layout="constrained")
 
 
-def plot_peak_vram(names: Sequence[str], measured_gib: Sequence[float], estimated_gib: Sequence[float],
-                   budget_gib: float | None = None, title: str = "Peak GPU memory per config") -> "Figure":
-    """Bars of measured peak VRAM beside the estimate, with the budget as a dashed line."""
+def plot_peak_vram(runs: Sequence["RunResult"], budget_gib: float | None = None,
+                   title: str = "Peak GPU memory per config") -> "Figure":
+    """Bars of each run's measured peak VRAM beside its estimate, with the budget as a dashed line."""
     fig = _figure()
     ax = fig.add_subplot()
+    names = [r.name for r in runs]
     x = range(len(names))
     w = 0.38
-    ax.bar([i - w / 2 for i in x], measured_gib, w, label="measured peak", color="#4C72B0")
-    ax.bar([i + w / 2 for i in x], estimated_gib, w, label="estimate", color="#BBBBBB", edgecolor="#555555")
+    ax.bar([i - w / 2 for i in x], [r.peak_vram_gib for r in runs], w, label="measured peak", color="#4C72B0")
+    ax.bar([i + w / 2 for i in x], [r.estimated_vram_gib for r in runs], w, label="estimate", color="#BBBBBB",
+           edgecolor="#555555")
     if budget_gib:
         ax.axhline(budget_gib, color="#C44E52", linestyle="--", label=f"budget {budget_gib:.1f} GiB")
     ax.set_xticks(list(x), list(names), rotation=20, ha="right")
@@ -102,13 +110,17 @@ def plot_losses(losses: Sequence[float], title: str = "Training loss", **named: 
     return fig
 
 
-def plot_speed_vs_memory(names: Sequence[str], peak_vram_gib: Sequence[float], tokens_per_s: Sequence[float],
-                         peak_rss_gb: Sequence[float], ram_budget_gb: float | None = None,
-                         title: str = "Speed for scale") -> "Figure":
-    """Left: peak VRAM vs tokens/s per config (scatter); right: peak CPU RSS per config (notebook 02)."""
+def plot_speed_vs_memory(runs: Sequence["RunResult"], ram_gb: Sequence[float] | None = None,
+                         ram_budget_gb: float | None = None, title: str = "Speed for scale") -> "Figure":
+    """Left: peak VRAM vs tokens/s per run (scatter); right: RAM per run (notebook 02).
+
+    `ram_gb`: the RAM to show per run (e.g. with the notebook kernel's share added); default each run's peak RSS.
+    """
     fig = _figure(11, 4)
     ax, ax2 = fig.subplots(1, 2)
-    for i, (name, x, y) in enumerate(zip(names, peak_vram_gib, tokens_per_s)):
+    names = [r.name for r in runs]
+    peak_rss_gb = list(ram_gb) if ram_gb is not None else [r.peak_rss_gb for r in runs]
+    for i, (name, x, y) in enumerate(zip(names, [r.peak_vram_gib for r in runs], [r.tokens_per_s for r in runs])):
         ax.scatter([x], [y], s=60, color=f"C{i}", label=name)
         ax.annotate(name, (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
     ax.set_xlabel("peak GPU memory (GiB)")
@@ -122,4 +134,111 @@ def plot_speed_vs_memory(names: Sequence[str], peak_vram_gib: Sequence[float], t
     ax2.set_xticks(range(len(names)), list(names), rotation=20, ha="right", fontsize=8)
     ax2.set_ylabel("peak process RSS (GB)")
     ax2.set_title("CPU RAM")
+    return fig
+
+
+# ---------------------------------------------------------------- Mixture of Experts (notebook 03)
+
+
+def plot_expert_load(history: Sequence[Sequence[int]], title: str = "Tokens per expert over training",
+                     capacity: float | None = None) -> "Figure":
+    """Routes each expert processed per step (one line per expert), with the capacity as a dashed line."""
+    fig = _figure(7.0, 3.8)
+    ax = fig.add_subplot()
+    steps = range(1, len(history) + 1)
+    for e in range(len(history[0]) if history else 0):
+        ax.plot(steps, [row[e] for row in history], label=f"expert {e}", linewidth=1.2)
+    if capacity:
+        ax.axhline(capacity, color="#C44E52", linestyle="--", label="capacity per step")
+    ax.set_xlabel("step")
+    ax.set_ylabel("routes processed")
+    ax.set_title(title)
+    ax.legend(fontsize=7, ncol=2)
+    return fig
+
+
+def plot_capacity_sweep(rows: Sequence[dict[str, float]], title: str = "Capacity factor") -> "Figure":
+    """Dropped share of routes (bars) and validation loss (line) against the capacity factor (`capacity_sweep`)."""
+    fig = _figure(7.0, 3.8)
+    ax = fig.add_subplot()
+    x = [str(r["capacity_factor"]) for r in rows]
+    ax.bar(x, [100 * r["dropped_fraction"] for r in rows], color="#DD8452", label="dropped routes %")
+    ax.set_xlabel("capacity factor")
+    ax.set_ylabel("dropped routes (%)")
+    ax2 = ax.twinx()
+    ax2.plot(x, [r["val_loss"] for r in rows], color="#4C72B0", marker="o", label="validation loss")
+    ax2.set_ylabel("validation loss")
+    ax2.ticklabel_format(axis="y", useOffset=False)
+    ax.set_title(title)
+    handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
+    ax.legend(handles, [h.get_label() for h in handles], loc="upper right", fontsize=8)
+    return fig
+
+
+def plot_balance(runs: Sequence["RunResult"], title: str = "Share of routes per expert") -> "Figure":
+    """For each MoE run (`helpers.moe.MoEHooks`): the share of routes each expert was asked for (first MoE layer),
+    as grouped bars."""
+    fig = _figure(7.0, 3.8)
+    ax = fig.add_subplot()
+    n = len(runs)
+    width = 0.8 / max(n, 1)
+    for i, r in enumerate(runs):
+        row = r.extras["routing"]["demand"][0]
+        total = sum(row) or 1
+        ax.bar([e + (i - (n - 1) / 2) * width for e in range(len(row))], [100 * c / total for c in row], width,
+               label=r.name)
+    if runs:
+        ax.axhline(100 / runs[0].extras["num_experts"], color="#555555", linestyle="--", label="even")
+    ax.set_xlabel("expert")
+    ax.set_ylabel("% of routes")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def plot_params(names: Sequence[str], total: Sequence[int], active: Sequence[int],
+                title: str = "Parameters: held vs used per token") -> "Figure":
+    """Total (held) and active (per token) parameters per model, side by side, in millions."""
+    fig = _figure(6, 3.5)
+    ax = fig.add_subplot()
+    x = range(len(names))
+    ax.bar([i - 0.2 for i in x], [t / 1e6 for t in total], 0.4, label="total (held)", color="#4C72B0")
+    ax.bar([i + 0.2 for i in x], [a / 1e6 for a in active], 0.4, label="active (per token)", color="#55A868")
+    ax.set_xticks(list(x), list(names))
+    ax.set_ylabel("million parameters")
+    ax.set_title(title)
+    ax.legend()
+    return fig
+
+
+# ---------------------------------------------------------------- scaling out (notebook 05)
+
+
+def plot_zero_scaling(rows: Sequence[dict[str, Any]], title: str = "Model states per rank") -> "Figure":
+    """Per-rank bytes of each part against N, one panel per ZeRO stage; dashed: the estimator."""
+    from matplotlib.figure import Figure
+
+    from helpers.scale_out import estimate_parts
+
+    stages = sorted({r["stage"] for r in rows})
+    fig = Figure(figsize=(3.2 * len(stages), 3.4), layout="constrained")
+    axes = fig.subplots(1, len(stages), sharey=True, squeeze=False)[0]
+    colors = {"params": "tab:blue", "grads_peak": "tab:orange", "optimizer": "tab:green"}
+    labels = {"params": "params", "grads_peak": "grads (peak)", "optimizer": "optimizer"}
+    for ax, stage in zip(axes, stages):
+        mine = sorted((r for r in rows if r["stage"] == stage), key=lambda r: r["world"])
+        ns = [r["world"] for r in mine]
+        for key, color in colors.items():
+            ax.plot(ns, [r[key] / 1e6 for r in mine], "o-", color=color, label=f"{labels[key]}, measured")
+            part = "grads" if key == "grads_peak" else key
+            ax.plot(ns, [estimate_parts(r["n_params"], stage, r["world"], r["precision"])[part] / 1e6 for r in mine],
+                    "--", color=color, alpha=0.6, label=f"{part}, estimate")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)  # 1/N: a straight line down; not partitioned: flat
+        ax.set_xticks(ns, [str(n) for n in ns])
+        ax.set_title(f"ZeRO-{stage}")
+        ax.set_xlabel("ranks N")
+    axes[0].set_ylabel("MB per rank (log scale)")
+    axes[-1].legend(fontsize=7)
+    fig.suptitle(title)
     return fig

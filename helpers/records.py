@@ -1,7 +1,10 @@
-"""Figures a notebook measured, collected for the GPU check and the reports (notebooks 00-05).
+"""Figures a notebook measured, collected for the GPU check and the reports (notebooks 00-05), and reading
+committed reports' rows whatever their age.
 
 `record_figure("peak_vram_gib", 2.9)` keeps the value in this kernel and, when the environment
 variable DS_COURSE_FIGURES names a JSON file (scripts/gpu_check.py sets it), writes it there too.
+`report_gb(row, "peak_rss")` reads a report row's host RAM or disk figure in GB (rows written before
+issue 14 hold it in GiB as `peak_rss_gib`).
 """
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from helpers.atomic import write_atomically
+
+__all__ = ["FIGURES_ENV", "record_figure", "recorded_figures", "report_gb"]
 
 FIGURES_ENV = "DS_COURSE_FIGURES"
 _FIGURES: dict[str, Any] = {}
@@ -33,3 +38,13 @@ def record_figure(name: str, value: Any) -> Any:
 def recorded_figures() -> dict[str, Any]:
     """A copy of every figure recorded in this kernel."""
     return dict(_FIGURES)
+
+
+def report_gb(row: dict[str, Any], name: str) -> float:
+    """`row[name + "_gb"]`, or the older `row[name + "_gib"]` converted to GB (1e9 bytes); 0.0 without either.
+
+    Host RAM and disk are recorded in GB, the unit of their budgets; reports committed before that used GiB.
+    """
+    if f"{name}_gb" in row:
+        return float(row[f"{name}_gb"])
+    return float(row.get(f"{name}_gib", 0.0)) * 2**30 / 1e9

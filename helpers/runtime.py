@@ -11,6 +11,10 @@ import os
 import socket
 from typing import Any
 
+__all__ = ["DIST_ENV_VARS", "clean_slate", "destroy_engine", "free_port", "gpu_allocated_bytes", "live_engines",
+           "mmap_large_allocations", "release_host_memory", "release_nvme_swappers", "release_zero3_globals",
+           "require", "reset_peak_stats", "setup_single_process", "teardown", "warm_up_cuda", "warm_up_deepspeed"]
+
 DIST_ENV_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
 
 

@@ -1,21 +1,33 @@
-"""One training run, DeepSpeed engine or plain PyTorch, measured: the loop behind notebooks 01-05.
+"""THE training loop of the course and THE record of a run (notebooks 01-04, the benchmarks).
 
 Notebook 01 writes the DeepSpeed loop out once; afterwards `train_run` carries it and returns a
-`RunResult`, the record that flows into reports/*.json and the plots.
+`RunResult`, the record that flows into reports/*.json and the plots. The DeepSpeed config is the single
+source of truth for micro-batch, gradient accumulation, learning rate and warm-up: `train_run` reads them
+from it (`RunSettings.from_config`), for a DeepSpeed engine and for plain PyTorch AMP alike
+(`plain_pytorch=True`), so a baseline and a ZeRO run are comparable by construction. What one kind of
+model adds to the loop (MoE's parameter groups, loss parts and routing: `helpers.moe.MoEHooks`) comes in
+as a `TrainHooks` object and lands in `RunResult.extras`.
+
+Units: GPU memory in GiB (the VRAM budget's unit), host RAM and disk in GB = 1e9 bytes (the RAM and disk
+budgets' unit, `helpers.hardware`).
 """
 from __future__ import annotations
 
-import copy
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Callable
 
-from helpers.memory import GiB, measure_peak
+from helpers.memory import GB, GiB, measure_peak
 from helpers.runtime import reset_peak_stats, setup_single_process, teardown
 
 if TYPE_CHECKING:
     from helpers.hardware import Runtime
+
+__all__ = ["RunResult", "RunSettings", "TrainHooks", "train_run", "evaluate", "results_table"]
+
+# fields written in GiB by reports before issue 14, now in GB (what `RunResult.from_dict` converts)
+_GIB_TO_GB = {"peak_rss_gib": "peak_rss_gb", "baseline_rss_gib": "baseline_rss_gb", "disk_gib": "disk_gb"}
 
 
 @dataclass
@@ -39,12 +51,12 @@ class RunResult:
     peak_vram_gib: float = 0.0  # peak GPU allocated above the idle baseline
     peak_reserved_gib: float = 0.0
     estimated_vram_gib: float = 0.0
-    peak_rss_gib: float = 0.0  # peak process RSS (GiB)
-    baseline_rss_gib: float = 0.0  # process RSS when the run started (what the kernel already held)
-    disk_gib: float = 0.0
+    peak_rss_gb: float = 0.0  # peak process RSS (GB = 1e9 bytes, as the RAM budget)
+    baseline_rss_gb: float = 0.0  # process RSS when the run started (what the kernel already held)
+    disk_gb: float = 0.0  # peak bytes in the NVMe folder (GB, as the disk budget)
     seconds: float = 0.0
     error: str = ""
-    # peak process RSS (GiB) while the model is built, while deepspeed.initialize runs, and while training
+    # peak process RSS (GB) while the model is built, while deepspeed.initialize runs, and while training
     rss_by_phase: dict[str, float] = field(default_factory=dict)
     # what one kind of run adds (MoE routing, a Trainer's or Accelerate's own numbers), JSON-serialisable
     extras: dict[str, Any] = field(default_factory=dict)
@@ -55,6 +67,11 @@ class RunResult:
         return self.peak_vram_gib / self.estimated_vram_gib if self.estimated_vram_gib and self.peak_vram_gib \
             else math.nan
 
+    @property
+    def val_loss(self) -> float:
+        """The last validation loss (nan without one)."""
+        return self.val_losses[-1][1] if self.val_losses else math.nan
+
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["ratio"] = None if math.isnan(self.ratio) else round(self.ratio, 3)
@@ -62,10 +79,14 @@ class RunResult:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RunResult":
-        """The record `as_dict` wrote (a child process's run, a report row)."""
-        import dataclasses
-
-        names = {f.name for f in dataclasses.fields(cls)}
+        """The record `as_dict` wrote (a child process's run, a report row); older GiB fields are converted."""
+        d = dict(d)
+        old = [k for k in _GIB_TO_GB if k in d]
+        for k in old:
+            d.setdefault(_GIB_TO_GB[k], round(d.pop(k) * GiB / GB, 3))
+        if "peak_rss_gib" in old and "rss_by_phase" in d:
+            d["rss_by_phase"] = {k: round(v * GiB / GB, 3) for k, v in d["rss_by_phase"].items()}
+        names = {f.name for f in fields(cls)}
         kept = {k: v for k, v in d.items() if k in names}
         kept["val_losses"] = [tuple(v) for v in kept.get("val_losses", [])]
         return cls(**kept)
@@ -73,16 +94,77 @@ class RunResult:
     def row(self, width: int = 22) -> str:
         """One line of a fixed-width table (see `results_table`)."""
         return (f"{self.name:<{width}}{self.peak_vram_gib:>9.2f}{self.estimated_vram_gib:>9.2f}{self.ratio:>7.2f}"
-                f"{self.tokens_per_s:>10.0f}{self.peak_rss_gib:>9.2f}"
+                f"{self.tokens_per_s:>10.0f}{self.peak_rss_gb:>9.2f}"
                 f"{self.losses[0] if self.losses else math.nan:>8.3f}{self.losses[-1] if self.losses else math.nan:>8.3f}")
 
 
 def results_table(results: list[RunResult]) -> str:
     """Measured peak VRAM, estimate, ratio, tokens/s, RSS and first/last loss per run."""
     width = max([22] + [len(r.name) + 1 for r in results])
-    head = (f"{'run':<{width}}{'peak GiB':>9}{'est GiB':>9}{'ratio':>7}{'tokens/s':>10}{'RSS GiB':>9}"
+    head = (f"{'run':<{width}}{'peak GiB':>9}{'est GiB':>9}{'ratio':>7}{'tokens/s':>10}{'RSS GB':>9}"
             f"{'loss0':>8}{'lossN':>8}")
     return "\n".join([head, "-" * len(head)] + [r.row(width) for r in results])
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What `train_run` reads from a DeepSpeed config: batch, accumulation, optimizer and warm-up."""
+
+    micro_batch: int
+    grad_accum: int
+    lr: float
+    warmup_steps: int  # linear learning-rate warm-up (the scheduler's warmup_num_steps; 0: none)
+    weight_decay: float
+    gradient_clipping: float | None
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "RunSettings":
+        """The settings of `config` (a helpers.course_config / build_ds_config dict)."""
+        if not isinstance(config, dict) or "train_micro_batch_size_per_gpu" not in config:
+            raise ValueError("train_run reads micro-batch, accumulation, lr and warm-up from a DeepSpeed config "
+                             "with 'train_micro_batch_size_per_gpu'. Fix: ds_config=helpers.course_config('zero2', "
+                             "runtime, micro_batch_size=..., lr=..., warmup_steps=...) (also for plain_pytorch=True).")
+        opt = config.get("optimizer", {}).get("params", {})
+        sched = config.get("scheduler", {}).get("params", {})
+        return cls(micro_batch=int(config["train_micro_batch_size_per_gpu"]),
+                   grad_accum=int(config.get("gradient_accumulation_steps", 1)),
+                   lr=float(opt.get("lr", 1e-3)), warmup_steps=int(sched.get("warmup_num_steps", 0)),
+                   weight_decay=float(opt.get("weight_decay", 0.01)),
+                   gradient_clipping=config.get("gradient_clipping"))
+
+
+class TrainHooks:
+    """What one kind of model adds to `train_run`; this base adds nothing (`helpers.moe.MoEHooks` adds MoE's).
+
+    Called in this order: `on_model` once the model is built, `param_groups` for the optimizer, per micro-batch
+    `after_forward`, per optimizer step `after_step`, `evaluate` for validation losses, `finish` on the trained
+    model (outside the measurement, skipped when the run failed), `close` always (an interrupt included).
+    """
+
+    def on_model(self, model: Any, result: RunResult, train_blocks: Any) -> None:
+        """The fresh model, before the optimizer exists (count parameters, install forward hooks)."""
+
+    def param_groups(self, model: Any) -> Any:
+        """What the optimizer gets: `model.parameters()` or a list of parameter groups."""
+        return model.parameters()
+
+    def after_forward(self, output: Any) -> None:
+        """The model's output for one micro-batch (read loss parts here; `.item()` them, keep no tensors)."""
+
+    def after_step(self, step: int, result: RunResult) -> dict[str, str]:
+        """One optimizer step is done; returns extra fields for the progress bar."""
+        return {}
+
+    def evaluate(self, model: Any, blocks: Any, runtime: "Runtime", batches: int, batch_size: int,
+                 autocast: bool) -> float:
+        """Validation loss of `model` (the engine, or the plain model) on `blocks`."""
+        return evaluate(model, blocks, runtime, batches, batch_size, autocast=autocast)
+
+    def finish(self, model: Any, result: RunResult) -> None:
+        """The trained model (unwrapped from its engine), before the teardown: summaries, probes."""
+
+    def close(self) -> None:
+        """Remove what `on_model` installed."""
 
 
 def _autocast(runtime: "Runtime") -> Any:
@@ -119,150 +201,189 @@ def evaluate(model: Any, blocks: Any, runtime: "Runtime", batches: int = 4, batc
 
 
 def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *, runtime: "Runtime",
-              ds_config: dict[str, Any] | None = None, val_blocks: Any = None, steps: int = 20,
-              micro_batch: int = 4, grad_accum: int = 1, lr: float = 3e-4, checkpointing: bool = False,
-              eval_every: int = 0, eval_batches: int = 4, warmup_steps: int = 2, seed: int = 0,
-              estimated_bytes: int = 0, model_name: str = "", nvme_path: str | None = None,
-              progress: bool = True, on_step: Callable[[int, float], None] | None = None,
+              ds_config: dict[str, Any], plain_pytorch: bool = False, val_blocks: Any = None, steps: int = 20,
+              checkpointing: bool = False, eval_every: int = 0, eval_batches: int = 4, untimed_steps: int = 2,
+              seed: int = 0, estimated_bytes: int = 0, model_name: str = "", nvme_path: str | None = None,
+              progress: bool = True, hooks: TrainHooks | None = None,
+              on_step: Callable[[int, float], None] | None = None,
               on_phase: Callable[[str], None] | None = None) -> RunResult:
-    """Train a fresh model for `steps` optimizer steps and measure it (ds_config None: plain PyTorch AMP).
+    """Train a fresh model for `steps` optimizer steps with `ds_config` and measure it.
 
-    `model_factory()` returns the model, or (model, keep_alive) for a model built under ZeRO-3
-    (`helpers.build_zero3_model`). Peak GPU memory is measured above the idle baseline, tokens/s after
-    `warmup_steps`, bytes in `nvme_path` while it runs. CUDA out-of-memory is caught and reported in
-    `RunResult.error`. Everything is torn down before returning, so runs can follow one another.
-    `on_phase(name)` and `on_step(step, loss)` report progress (a child process sends them to the notebook).
+    Micro-batch, gradient accumulation, learning rate, weight decay, clipping and warm-up come from
+    `ds_config` (`RunSettings`). `plain_pytorch=True` trains the same numbers without DeepSpeed: torch AdamW,
+    a linear warm-up, AMP with a GradScaler (the baseline). `model_factory()` returns the model, or
+    (model, keep_alive) for a model built under ZeRO-3 (`helpers.build_zero3_model`). Peak GPU memory is
+    measured above the idle baseline, tokens/s after the first `untimed_steps` steps, bytes in `nvme_path`
+    while it runs. `hooks` add what one kind of model needs (`helpers.moe.MoEHooks`). CUDA out-of-memory is
+    caught and reported in `RunResult.error`. Everything is torn down before returning, so runs can follow
+    one another. `on_phase(name)` and `on_step(step, loss)` report progress (a child process sends them on).
     """
     import torch
 
+    settings = RunSettings.from_config(ds_config)
+    hooks = hooks or TrainHooks()
     torch.manual_seed(seed)
     setup_single_process()
     reset_peak_stats()
     seq_len = int(train_blocks[0]["input_ids"].shape[-1])
-    result = RunResult(name=name, model=model_name, params=0, config="plain PyTorch" if ds_config is None else name,
-                       precision=runtime.precision, micro_batch=micro_batch, grad_accum=grad_accum, seq_len=seq_len,
-                       steps=steps, checkpointing=checkpointing, runtime=runtime.label)
-    ns: dict[str, Any] = {}
+    result = RunResult(name=name, model=model_name, params=0, config="plain PyTorch" if plain_pytorch else name,
+                       precision=runtime.precision, micro_batch=settings.micro_batch, grad_accum=settings.grad_accum,
+                       seq_len=seq_len, steps=steps, checkpointing=checkpointing, runtime=runtime.label)
+    loop = _Loop(result, settings, runtime, hooks, ds_config, plain_pytorch,
+                 on_step or (lambda step, loss: None), on_phase or (lambda phase: None))
     try:
         with measure_peak(nvme_path=nvme_path) as mem:
             try:
-                _train(ns, result, model_factory, train_blocks, runtime, ds_config, val_blocks, steps, micro_batch,
-                       grad_accum, lr, checkpointing, eval_every, eval_batches, warmup_steps, seed, progress,
-                       on_step or (lambda step, loss: None), on_phase or (lambda phase: None))
+                loop.run(model_factory, train_blocks, val_blocks, steps, checkpointing, eval_every, eval_batches,
+                         untimed_steps, seed, progress)
             except torch.OutOfMemoryError as exc:
                 result.error = "CUDA out of memory: " + str(exc).split("\n")[0][:300]
+        if not result.error:
+            loop.finish()
     finally:  # an interrupted run (KeyboardInterrupt) is torn down too: its engine must not outlive the cell
-        zero3 = ns.get("keep_alive") is not None
-        teardown(ns, "engine", "optimizer", "model", "keep_alive")
+        hooks.close()
+        zero3 = loop.ns.get("keep_alive") is not None
+        teardown(loop.ns, "engine", "scheduler", "scaler", "optimizer", "model", "keep_alive")
         if zero3:
             from helpers.checkpoints import release_zero3
 
             release_zero3()
+    ns = loop.ns
     marks = [("build model", ns.get("t_start")), ("initialize", ns.get("t_built")), ("train", ns.get("t_ready")),
              ("end", time.perf_counter())]
     for (phase, t0), (_, t1) in zip(marks, marks[1:]):
         if t0 is not None and t1 is not None:
-            result.rss_by_phase[phase] = round(mem.peak_between("rss", t0 - mem.started, t1 - mem.started) / GiB, 3)
+            result.rss_by_phase[phase] = round(mem.peak_between("rss", t0 - mem.started, t1 - mem.started) / GB, 3)
     result.peak_vram_gib = round((mem.peak_gpu_allocated - mem.baseline_gpu_allocated) / GiB, 3)
     result.peak_reserved_gib = round(mem.peak_gpu_reserved / GiB, 3)
-    result.peak_rss_gib = round(mem.peak_rss / GiB, 3)
-    result.baseline_rss_gib = round(mem.baseline_rss / GiB, 3)
-    result.disk_gib = round(mem.peak_nvme_bytes / GiB, 3)
+    result.peak_rss_gb = round(mem.peak_rss / GB, 3)
+    result.baseline_rss_gb = round(mem.baseline_rss / GB, 3)
+    result.disk_gb = round(mem.peak_nvme_bytes / GB, 3)
     result.estimated_vram_gib = round(estimated_bytes / GiB, 3)
     return result
 
 
-def _train(ns: dict[str, Any], result: RunResult, model_factory: Callable[[], Any], train_blocks: Any,
-           runtime: "Runtime", ds_config: dict[str, Any] | None, val_blocks: Any, steps: int, micro_batch: int,
-           grad_accum: int, lr: float, checkpointing: bool, eval_every: int, eval_batches: int,
-           warmup_steps: int, seed: int, progress: bool, on_step: Callable[[int, float], None],
-           on_phase: Callable[[str], None]) -> None:
+class _Loop:
     """The loop of `train_run`; every object it makes is kept in `ns`, for the teardown."""
-    import torch
-    from tqdm.auto import tqdm
 
-    from helpers.data import block_loader
+    def __init__(self, result: RunResult, settings: RunSettings, runtime: "Runtime", hooks: TrainHooks,
+                 ds_config: dict[str, Any], plain: bool, on_step: Callable[[int, float], None],
+                 on_phase: Callable[[str], None]) -> None:
+        self.result, self.settings, self.runtime, self.hooks = result, settings, runtime, hooks
+        self.ds_config, self.plain, self.on_step, self.on_phase = ds_config, plain, on_step, on_phase
+        self.ns: dict[str, Any] = {}
 
-    batches = block_loader(train_blocks, micro_batch, seed=seed)
-    device = "cuda" if runtime.has_gpu else "cpu"
-    tokens_per_step = micro_batch * grad_accum * result.seq_len
-    lr_warmup = max(1, steps // 10)
-    ns["t_start"] = time.perf_counter()
-    made = model_factory()
-    ns["t_built"] = time.perf_counter()
-    model, ns["keep_alive"] = made if isinstance(made, tuple) else (made, None)
-    del made
-    ns["model"] = model
-    result.params = sum({id(p): getattr(p, "ds_numel", p.numel()) for p in model.parameters()}.values())
-    if checkpointing:
-        model.gradient_checkpointing_enable()
-    model.config.use_cache = False
-    if ds_config is None:
-        model.to(device)
-        ns["optimizer"] = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-        # the same linear warm-up as the DeepSpeed configs get below
-        scheduler = torch.optim.lr_scheduler.LambdaLR(ns["optimizer"], lambda s: min(1.0, s / lr_warmup))
-        scaler = torch.amp.GradScaler(device, enabled=runtime.precision == "fp16")
-    else:
-        import deepspeed
+    def build(self, model_factory: Callable[[], Any], checkpointing: bool, train_blocks: Any) -> None:
+        """Model, then the optimizer: a DeepSpeed engine, or AdamW + warm-up + GradScaler for plain PyTorch."""
+        import torch
 
-        cfg = copy.deepcopy(ds_config)
-        cfg.update(train_micro_batch_size_per_gpu=micro_batch, gradient_accumulation_steps=grad_accum,
-                   train_batch_size=micro_batch * grad_accum)
-        if "optimizer" in cfg:
-            cfg["optimizer"]["params"]["lr"] = lr
-        if "scheduler" in cfg:
-            cfg["scheduler"]["params"].update(warmup_max_lr=lr, warmup_num_steps=lr_warmup, warmup_type="linear")
-        on_phase("deepspeed.initialize")
-        ns["engine"], ns["optimizer"], _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                                                   config=cfg)
-    del model
-    on_phase("training")
-    ns["t_ready"] = time.perf_counter()
-    net = ns.get("engine") or ns["model"]
-    net.train()
-    start = time.perf_counter()
-    timed_from = None
-    bar = tqdm(range(steps), desc=result.name, disable=not progress)
-    for step in bar:
-        if step == warmup_steps:
-            if runtime.has_gpu:
-                torch.cuda.synchronize()
-            timed_from = time.perf_counter()
+        ns, s = self.ns, self.settings
+        ns["t_start"] = time.perf_counter()
+        made = model_factory()
+        ns["t_built"] = time.perf_counter()
+        model, ns["keep_alive"] = made if isinstance(made, tuple) else (made, None)
+        del made
+        ns["model"] = model
+        self.result.params = sum({id(p): getattr(p, "ds_numel", p.numel()) for p in model.parameters()}.values())
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+        if hasattr(model, "config") and hasattr(model.config, "use_cache"):  # a Hugging Face model
+            model.config.use_cache = False
+        self.hooks.on_model(model, self.result, train_blocks)
+        if self.plain:
+            device = "cuda" if self.runtime.has_gpu else "cpu"
+            model.to(device)
+            ns["optimizer"] = torch.optim.AdamW(self.hooks.param_groups(model), lr=s.lr, weight_decay=s.weight_decay)
+            warmup = s.warmup_steps
+            # the same linear warm-up as DeepSpeed's WarmupLR in the config
+            ns["scheduler"] = torch.optim.lr_scheduler.LambdaLR(
+                ns["optimizer"], lambda step: min(1.0, step / warmup) if warmup else 1.0)
+            ns["scaler"] = torch.amp.GradScaler(device, enabled=self.runtime.precision == "fp16")
+        else:
+            import deepspeed
+
+            self.on_phase("deepspeed.initialize")
+            ns["engine"], ns["optimizer"], _, _ = deepspeed.initialize(
+                model=model, model_parameters=self.hooks.param_groups(model), config=self.ds_config)
+        del model
+
+    def finish(self) -> None:
+        """`hooks.finish` on the trained model, unwrapped from its engine."""
+        net = self.ns.get("engine") or self.ns.get("model")
+        self.hooks.finish(getattr(net, "module", net), self.result)
+
+    def step(self, net: Any, batches: Any, device: str) -> float:
+        """One optimizer step over `grad_accum` micro-batches; returns its loss."""
+        import torch
+
+        accum = self.settings.grad_accum
         step_loss = 0.0
-        for _ in range(grad_accum):
+        for _ in range(accum):
             ids = next(batches)["input_ids"].to(device)
-            if ds_config is None:
-                with _autocast(runtime):
-                    loss = net(input_ids=ids, labels=ids).loss / grad_accum
-                scaler.scale(loss).backward()
+            if self.plain:
+                with _autocast(self.runtime):
+                    out = net(input_ids=ids, labels=ids)
+                    loss = out.loss / accum
+                self.ns["scaler"].scale(loss).backward()
                 step_loss += loss.item()
             else:
-                loss = net(input_ids=ids, labels=ids).loss
+                out = net(input_ids=ids, labels=ids)
+                loss = out.loss
                 net.backward(loss)
                 net.step()
-                step_loss += loss.item() / grad_accum
-        if ds_config is None:
-            scaler.unscale_(ns["optimizer"])
-            torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
-            scaler.step(ns["optimizer"])
+                step_loss += loss.item() / accum
+            self.hooks.after_forward(out)
+            del out, loss, ids
+        if self.plain:
+            optimizer, scaler = self.ns["optimizer"], self.ns["scaler"]
+            scaler.unscale_(optimizer)
+            if self.settings.gradient_clipping:
+                torch.nn.utils.clip_grad_norm_(net.parameters(), self.settings.gradient_clipping)
+            scaler.step(optimizer)
             scaler.update()
-            scheduler.step()
-            ns["optimizer"].zero_grad(set_to_none=True)
-        del loss, ids
-        result.losses.append(step_loss)
-        on_step(step, step_loss)
-        if timed_from is not None and step > warmup_steps:
-            rate = (step - warmup_steps) * tokens_per_step / (time.perf_counter() - timed_from)
-            bar.set_postfix(loss=f"{step_loss:.3f}", tok_s=f"{rate:,.0f}")
-        else:
-            bar.set_postfix(loss=f"{step_loss:.3f}")
-        if val_blocks is not None and eval_every and ((step + 1) % eval_every == 0 or step + 1 == steps):
-            result.val_losses.append((step + 1, evaluate(net, val_blocks, runtime, eval_batches, micro_batch,
-                                                         autocast=ds_config is None)))
-    if runtime.has_gpu:
-        torch.cuda.synchronize()
-    end = time.perf_counter()
-    if timed_from is not None and steps > warmup_steps:
-        result.tokens_per_s = round((steps - warmup_steps) * tokens_per_step / (end - timed_from), 1)
-    result.seconds = round(end - start, 2)
+            self.ns["scheduler"].step()
+            optimizer.zero_grad(set_to_none=True)
+        return step_loss
+
+    def run(self, model_factory: Callable[[], Any], train_blocks: Any, val_blocks: Any, steps: int,
+            checkpointing: bool, eval_every: int, eval_batches: int, untimed_steps: int, seed: int,
+            progress: bool) -> None:
+        import torch
+        from tqdm.auto import tqdm
+
+        from helpers.data import block_loader
+
+        result, runtime, s = self.result, self.runtime, self.settings
+        batches = block_loader(train_blocks, s.micro_batch, seed=seed)
+        device = "cuda" if runtime.has_gpu else "cpu"
+        tokens_per_step = s.micro_batch * s.grad_accum * result.seq_len
+        self.build(model_factory, checkpointing, train_blocks)
+        self.on_phase("training")
+        self.ns["t_ready"] = time.perf_counter()
+        net = self.ns.get("engine") or self.ns["model"]
+        net.train()
+        start = time.perf_counter()
+        timed_from = None
+        bar = tqdm(range(steps), desc=result.name, disable=not progress)
+        for step in bar:
+            if step == untimed_steps:
+                if runtime.has_gpu:
+                    torch.cuda.synchronize()
+                timed_from = time.perf_counter()
+            step_loss = self.step(net, batches, device)
+            result.losses.append(step_loss)
+            self.on_step(step, step_loss)
+            postfix = {"loss": f"{step_loss:.3f}", **self.hooks.after_step(step, result)}
+            if timed_from is not None and step > untimed_steps:
+                rate = (step - untimed_steps) * tokens_per_step / (time.perf_counter() - timed_from)
+                postfix["tok_s"] = f"{rate:,.0f}"
+            bar.set_postfix(postfix)
+            if val_blocks is not None and eval_every and ((step + 1) % eval_every == 0 or step + 1 == steps):
+                result.val_losses.append((step + 1, self.hooks.evaluate(net, val_blocks, runtime, eval_batches,
+                                                                        s.micro_batch, autocast=self.plain)))
+        if runtime.has_gpu:
+            torch.cuda.synchronize()
+        end = time.perf_counter()
+        if timed_from is not None and steps > untimed_steps:
+            result.tokens_per_s = round((steps - untimed_steps) * tokens_per_step / (end - timed_from), 1)
+        result.seconds = round(end - start, 2)

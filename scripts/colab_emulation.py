@@ -32,13 +32,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from helpers.hardware import (COLAB_CPUS, COLAB_PROFILE_ENV, COLAB_RAM_BUDGET_BYTES, COLAB_RESERVED_BYTES,  # noqa: E402
+from helpers.hardware import (COLAB_CPUS, COLAB_PROFILE_ENV, COLAB_RAM_BUDGET_BYTES, COLAB_RESERVED_BYTES,
                               EMULATION_ENV, GB, GiB, NVME_DIR_ENV, T4_BUDGET_ENV, T4_VRAM_GIB, COLAB_NVME_BUDGET_BYTES,
                               _cgroup_mounts)
-from helpers.memory import folder_bytes  # noqa: E402
+from helpers.memory import folder_bytes
+
+ROOT = Path(__file__).resolve().parent.parent
 
 KERNEL_NAME = "ds-course-colab"
 
@@ -468,8 +467,7 @@ def run_notebook(path: Path, *, out_dir: Path | None = None, figures_file: Path 
                  limits: ColabLimits | None = None, cpus: list[int] | None = None, nvme_dir: str | None = None,
                  mechanism: str | None = None, timeout_s: int = 1800, twice: bool = False) -> dict[str, Any]:
     """Execute one notebook with its kernel inside an Enclosure; returns run_notebooks.execute's dict + the stats."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from run_notebooks import execute
+    from run_notebooks import execute  # scripts/ is on sys.path: the script's folder, or pytest's pythonpath
 
     limits = limits or ColabLimits()
     with tempfile.TemporaryDirectory(prefix="ds-course-kernel-") as tmp:

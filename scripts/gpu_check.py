@@ -20,9 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from colab_emulation import ColabLimits, probe, run_notebook  # noqa: E402
-from run_notebooks import ROOT, execute  # noqa: E402
+from colab_emulation import ColabLimits, probe, run_notebook  # scripts/ (this file's folder) is on sys.path
+from run_notebooks import ROOT, execute
 
 # A T4 computes fp16 at ~65 TFLOP/s and reads memory at 320 GB/s; an H200 ~990 TFLOP/s (dense) and 4.8 TB/s: both ~15x.
 H200_OVER_T4 = 15.0

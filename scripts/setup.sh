@@ -4,6 +4,7 @@
 #    CPU build torch==2.13.0 (set TORCH_INDEX=https://download.pytorch.org/whl/cpu to force the small CPU
 #    wheel where PyPI would hand you a CUDA one).
 #  - everything else from requirements.txt, with torch pinned so nothing replaces it.
+#  - helpers itself, editable (pip install -e .), so scripts, benchmarks, tests and launched programs import it.
 #  - libaio (NVMe offload) through apt-get when run as root; otherwise the command to run is printed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,8 +28,12 @@ mkdir -p build
 echo "torch==$TORCH_INSTALLED" > build/torch-constraint.txt
 echo "== installing requirements.txt (torch pinned to $TORCH_INSTALLED)"
 "${PIP[@]}" install -q -r requirements.txt -c build/torch-constraint.txt 2>&1 | grep -v "^WARNING: Location" || true
-"$VENV/bin/python" -c "import deepspeed, transformers, datasets, nbmake" >/dev/null 2>&1 \
+"$VENV/bin/python" -c "import deepspeed, transformers, datasets" >/dev/null 2>&1 \
   || { echo "requirements did not install; see the pip output above" >&2; exit 1; }
+echo "== installing helpers (editable)"
+# with setuptools in the venv, no isolated build environment to download
+NO_ISOLATION=$("$VENV/bin/python" -c "import setuptools" >/dev/null 2>&1 && echo --no-build-isolation || true)
+"${PIP[@]}" install -q --no-deps $NO_ISOLATION -e .
 
 if ! ldconfig -p 2>/dev/null | grep -q "libaio.so "; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

@@ -2,15 +2,13 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from helpers.hardware import COLAB_RAM_BUDGET_BYTES, COLAB_VM_RAM_BYTES, GiB, Runtime
 
-from helpers.hardware import COLAB_RAM_BUDGET_BYTES, COLAB_VM_RAM_BYTES, GiB, Runtime  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def fake_runtime(**overrides) -> Runtime:

@@ -10,9 +10,9 @@ import pytest
 
 from conftest import fake_runtime
 from helpers.config import ConfigError, build_ds_config, check_nvme_path, nvme_buffer_size_for, offload_config
-from helpers.memory import BudgetError, estimate_activations, estimate_model_states, preflight
+from helpers.memory import estimate_activations, estimate_model_states
 from helpers.models import model_shape
-from helpers.planner import plan
+from helpers.planner import BudgetError, plan, preflight
 
 GPT2_EMBEDDING = 50257 * 768  # GPT-2 124M's largest tensor
 

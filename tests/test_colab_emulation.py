@@ -12,8 +12,7 @@ import pytest
 
 from conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "scripts"))
-import colab_emulation as emu  # noqa: E402
+import colab_emulation as emu  # scripts/ is on pytest's pythonpath (pyproject.toml)
 
 MECHANISM, WHY = emu.probe()
 needs_cgroup = pytest.mark.skipif(not MECHANISM.startswith("cgroup"), reason=f"cgroups not writable here: {WHY}")

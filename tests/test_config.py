@@ -168,3 +168,46 @@ def test_configs_folder_matches_the_builder(tmp_path):
     assert committed == sorted(p.name for p in written), "run: python -m helpers.config"
     for path in written:
         assert json.loads((ROOT / "configs" / path.name).read_text()) == json.loads(path.read_text()), path.name
+
+
+# ---- the one registry of named configs
+
+def test_named_configs_are_the_one_list_every_view_reads():
+    from helpers.config import LADDER_CONFIGS, NAMED_CONFIGS, OFFLOAD_KINDS
+
+    assert all(name == c.name for name, c in NAMED_CONFIGS.items())
+    assert COURSE_CONFIGS == ("zero0", "zero1", "zero2", "zero3", "zero2_offload_cpu", "zero3_offload_cpu",
+                              "zero3_nvme")
+    # the ladder's columns, cheapest first: plain PyTorch, then the offload configs pre-flight falls back to
+    assert LADDER_CONFIGS == ("plain", "zero2_offload_cpu", "zero3_offload_cpu", "zero3_nvme_optimizer_gpu_params",
+                              "zero3_nvme_optimizer", "zero3_nvme_all")
+    assert list(OFFLOAD_KINDS) == list(LADDER_CONFIGS[1:])
+    assert [n for n, c in NAMED_CONFIGS.items() if c.plain] == ["plain"]
+    assert len({c.label for c in NAMED_CONFIGS.values()}) == len(NAMED_CONFIGS), "labels tell configs apart"
+    # the labels notebook 02 and reports/gpu_check.json key their rows by
+    assert NAMED_CONFIGS["zero3_nvme_optimizer_gpu_params"].label == "ZeRO-3, params on GPU, optimizer on NVMe"
+    assert NAMED_CONFIGS["zero3_nvme_all"].label == "ZeRO-3, params+optimizer on NVMe"
+    with pytest.raises(TypeError):
+        NAMED_CONFIGS["zero2"].kwargs["stage"] = 3  # a shared entry cannot be changed by one caller
+
+
+@pytest.mark.parametrize("name", ["plain", "zero2", "zero3_offload_cpu", "zero3_nvme_optimizer_gpu_params",
+                                  "zero3_nvme_all"])
+def test_course_config_builds_every_named_config_as_its_kwargs_say(name, cpu):
+    from helpers.config import NAMED_CONFIGS
+
+    named = NAMED_CONFIGS[name]
+    c = validate_ds_config(course_config(name, nvme_path="/nvme"))
+    zero = c["zero_optimization"]
+    assert zero["stage"] == named.kwargs["stage"]
+    assert zero.get("offload_optimizer", {}).get("device", "none") == named.devices[0]
+    assert zero.get("offload_param", {}).get("device", "none") == named.devices[1]
+    assert ("aio" in c) == named.uses_nvme and c["fp16"]["enabled"] is True
+    assert "fp16" not in course_config(name, cpu, nvme_path="/nvme")  # precision follows the runtime
+
+
+def test_offload_config_refuses_a_name_that_is_not_an_offload_config(t4):
+    from helpers.config import offload_config
+
+    with pytest.raises(ConfigError, match="unknown offload config 'zero2'"):
+        offload_config("zero2", t4)

@@ -1,24 +1,24 @@
-"""One config, three drivers (raw engine, Trainer, Accelerate), ZeRO-3 saving with Trainer, global state (CPU)."""
+"""One config, three drivers (raw engine, Trainer, Accelerate), ZeRO-3 saving with Trainer, global state, the
+launched Trainer program (CPU)."""
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from conftest import ROOT
+from helpers.checkpoints import check_saved_weights, logits_for, placeholder_tensors
 from helpers.config import ConfigError, course_config
 from helpers.data import load_text_dataset, pack_blocks, train_tokenizer
 from helpers.hardware import detect_runtime
-from helpers.integrations import (AUTO_FIELDS, accelerate_config_yaml, agreement, auto_table, causal_lm_collator,
-                                  check_saved_weights, config_differences, driver_config, fix_causal_lm_loss,
-                                  hf_deepspeed_state, launch_commands, launch_script, logits_for, loss_token_count,
-                                  ordered_blocks, placeholder_tensors, reset_hf_deepspeed_state, run_accelerate,
-                                  run_trainer, teardown_hf, trainer_ds_config, training_arguments)
+from helpers.integrations import (AUTO_FIELDS, agreement, auto_table, causal_lm_collator, config_differences,
+                                  fix_causal_lm_loss, hf_deepspeed_state, loss_token_count, ordered_blocks,
+                                  reset_hf_deepspeed_state, run_accelerate, run_trainer, teardown_hf,
+                                  trainer_ds_config, training_arguments)
+from helpers.launch import PROGRAMS, accelerate_config_yaml, launch_commands, run_ranks
 from helpers.models import load_causal_lm, save_model_from_config
-from helpers.runtime import DIST_ENV_VARS, free_port, setup_single_process
+from helpers.runtime import DIST_ENV_VARS, setup_single_process
 from helpers.train import train_run
 
 VOCAB = 1024
@@ -27,6 +27,12 @@ MB = 4
 STEPS = 6
 LR = 3e-3
 NO_DROPOUT = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+
+
+def config(name, steps=STEPS, **overrides):
+    """The one config every driver gets (as notebook 04 builds it): warm-up a tenth of the steps."""
+    return course_config(name, detect_runtime(), micro_batch_size=MB, lr=LR, warmup_steps=max(1, steps // 10),
+                         **overrides)
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +75,7 @@ def test_trainer_config_marks_exactly_the_trainer_owned_keys_auto():
 def test_training_arguments_fill_the_auto_values_with_the_config_values(work):
     root, _, _ = work
     rt = detect_runtime()
-    cfg = driver_config("zero2", rt, micro_batch=MB, lr=LR, steps=STEPS)
+    cfg = config("zero2")
     args = training_arguments(root / "out", cfg, rt, steps=STEPS)
     filled = args.hf_deepspeed_config.config
     for key in ("train_micro_batch_size_per_gpu", "train_batch_size", "gradient_clipping", "optimizer",
@@ -82,7 +88,7 @@ def test_training_arguments_fill_the_auto_values_with_the_config_values(work):
 def test_trainer_refuses_a_concrete_value_that_disagrees_with_its_arguments(work):
     root, _, model_dir = work
     rt = detect_runtime()
-    cfg = driver_config("zero2", rt, micro_batch=MB, lr=LR, steps=STEPS)
+    cfg = config("zero2")
     args = training_arguments(root / "out", cfg, rt, steps=STEPS, auto=False, learning_rate=LR / 10)
     with pytest.raises(ValueError, match="optimizer.params.lr"):
         args.hf_deepspeed_config.trainer_config_finalize(args, load_causal_lm(model_dir), STEPS)
@@ -104,29 +110,30 @@ def test_ordered_blocks_are_the_batches_train_run_draws(work):
 def test_raw_engine_trainer_and_accelerate_follow_the_same_loss_trajectory(work, stage, accum):
     root, blocks, model_dir = work
     rt = detect_runtime()
-    cfg = driver_config(f"zero{stage}", rt, micro_batch=MB, lr=LR, steps=STEPS, grad_accum_steps=accum)
+    cfg = config(f"zero{stage}", grad_accum_steps=accum)
     if stage == 3:
         from helpers.checkpoints import build_zero3_model
 
         raw_factory = lambda: build_zero3_model(cfg, model_dir)  # noqa: E731
     else:
         raw_factory = lambda: load_causal_lm(model_dir)  # noqa: E731
-    raw = train_run("raw", raw_factory, blocks, runtime=rt, ds_config=cfg, steps=STEPS, micro_batch=MB, lr=LR,
-                    grad_accum=accum, progress=False)
+    raw = train_run("raw", raw_factory, blocks, runtime=rt, ds_config=cfg, steps=STEPS, progress=False)
     data = ordered_blocks(blocks, MB, STEPS * accum)
-    trainer, _ = run_trainer("Trainer", lambda: load_causal_lm(model_dir), data, runtime=rt, ds_config=cfg,
-                             steps=STEPS, output_dir=root / f"trainer{stage}", progress=False)
+    trainer = run_trainer("Trainer", lambda: load_causal_lm(model_dir), data, runtime=rt, ds_config=cfg,
+                          steps=STEPS, output_dir=root / f"trainer{stage}", progress=False)
     accel = run_accelerate("Accelerate", lambda: load_causal_lm(model_dir), data, runtime=rt, ds_config=cfg,
                            steps=STEPS, progress=False)
     assert raw.losses[-1] < raw.losses[0] - 0.2, raw.losses
-    for run in (trainer, accel):
-        assert run.engine_class == "DeepSpeedEngine"
-        assert len(run.result.losses) == STEPS
-        assert run.result.losses == pytest.approx(raw.losses, rel=1e-4), run.driver
-        assert agreement(raw, run.result) < 1e-3
-        assert run.result.tokens_per_s > 0 and run.result.params == raw.params
+    assert (raw.micro_batch, raw.grad_accum) == (MB, accum)  # read from the config
+    for run, driver in ((trainer, "Trainer"), (accel, "Accelerate")):
+        assert run.extras["driver"] == driver and run.extras["engine_class"] == "DeepSpeedEngine"
+        assert len(run.losses) == STEPS and (run.micro_batch, run.grad_accum) == (MB, accum)
+        assert run.losses == pytest.approx(raw.losses, rel=1e-4), driver
+        assert agreement(raw, run) < 1e-3
+        assert run.tokens_per_s > 0 and run.params == raw.params and run.peak_rss_gb > 0
         # every value of the helpers config is what the engine ran
-        changed = {k: v for k, v in config_differences(cfg, run.resolved_config).items() if v[0] != "<absent>"}
+        changed = {k: v for k, v in config_differences(cfg, run.extras["resolved_config"]).items()
+                   if v[0] != "<absent>"}
         changed.pop("steps_per_print", None)  # Accelerate silences DeepSpeed's own logging
         assert not changed, changed
     assert hf_deepspeed_state()["transformers HfDeepSpeedConfig"] == "none"  # nothing left behind
@@ -135,7 +142,7 @@ def test_raw_engine_trainer_and_accelerate_follow_the_same_loss_trajectory(work,
 def test_trainer_without_the_loss_fix_divides_by_every_token(work):
     root, blocks, model_dir = work
     rt = detect_runtime()
-    cfg = driver_config("zero2", rt, micro_batch=MB, lr=LR, steps=STEPS)
+    cfg = config("zero2")
     from transformers import Trainer
 
     ns = {}
@@ -158,11 +165,12 @@ def test_trainer_without_the_loss_fix_divides_by_every_token(work):
 def test_zero3_trainer_saves_real_weights_that_reload_to_the_same_logits(work):
     root, blocks, model_dir = work
     rt = detect_runtime()
-    cfg = driver_config("zero3", rt, micro_batch=MB, lr=LR, steps=4)
+    cfg = config("zero3", steps=4)
     assert cfg["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True
     cfg["zero_optimization"]["stage3_param_persistence_threshold"] = 0  # partition even the small tensors
     ids = blocks[0:2]["input_ids"]
     out = root / "zero3_saved"
+    saved = {}
 
     def save(trainer):
         engine = trainer.model_wrapped
@@ -171,11 +179,12 @@ def test_zero3_trainer_saves_real_weights_that_reload_to_the_same_logits(work):
         trainer.model.save_pretrained(str(root / "naive"))  # saves the placeholders
         naive = check_saved_weights(root / "naive", engine)
         trainer.save_model(str(out))
-        return {"logits": logits_for(engine, ids), "check": check_saved_weights(out, engine),
-                "placeholders": (empty, total), "naive": naive}
+        saved.update(logits=logits_for(engine, ids), check=check_saved_weights(out, engine),
+                     placeholders=(empty, total), naive=naive)
 
-    run, saved = run_trainer("Trainer ZeRO-3", lambda: load_causal_lm(model_dir), ordered_blocks(blocks, MB, 4),
-                             runtime=rt, ds_config=cfg, output_dir=root / "t3", progress=False, after=save)
+    run = run_trainer("Trainer ZeRO-3", lambda: load_causal_lm(model_dir), ordered_blocks(blocks, MB, 4),
+                      runtime=rt, ds_config=cfg, output_dir=root / "t3", progress=False, after=save)
+    assert len(run.losses) == 4 and run.extras["resolved_config"]["zero_optimization"]["stage"] == 3
     empty, total = saved["placeholders"]
     assert empty == total > 0  # a naive state_dict() under ZeRO-3 holds nothing but placeholders
     assert saved["naive"]["empty"] > 0 and saved["naive"]["shape_mismatches"]
@@ -222,7 +231,7 @@ def test_teardown_frees_the_trainer_model_a_plain_del_keeps(work):
 
     root, blocks, model_dir = work
     rt = detect_runtime()
-    cfg = driver_config("zero2", rt, micro_batch=MB, lr=LR, steps=2)
+    cfg = config("zero2", steps=2)
     refs = []
     for how in ("del", "teardown_hf"):
         ns = {"trainer": Trainer(model=load_causal_lm(model_dir),
@@ -242,12 +251,16 @@ def test_teardown_frees_the_trainer_model_a_plain_del_keeps(work):
 
 def test_launch_commands_and_accelerate_config(tmp_path):
     cfg_path = ROOT / "configs" / "zero3.json"
-    cmds = launch_commands("train.py", cfg_path, 4, accelerate_config_path="acc.yaml")
-    assert cmds["deepspeed launcher"] == f"deepspeed --num_gpus 4 train.py --deepspeed {cfg_path}"
-    assert "--nproc_per_node 4" in cmds["torchrun"]
-    assert "--config_file acc.yaml" in cmds["accelerate launch (config file)"]
+    program = PROGRAMS / "trainer_train.py"
+    cmds = launch_commands(program, 4, args=["--deepspeed", cfg_path], accelerate_config="acc.yaml")
+    assert cmds["deepspeed"] == ("deepspeed --num_gpus 4 --master_port 29500 notebooks/programs/trainer_train.py "
+                                 "--deepspeed configs/zero3.json")
+    assert cmds["torchrun"].startswith("torchrun --nproc_per_node 4 --master_port 29500 notebooks/programs/")
+    assert cmds["accelerate"].startswith("accelerate launch --multi_gpu --num_processes 4 --main_process_port 29500")
+    assert cmds["accelerate (config file)"].startswith("accelerate launch --config_file acc.yaml ")
+    assert all(c.endswith("trainer_train.py --deepspeed configs/zero3.json") for c in cmds.values())
     with pytest.raises(ValueError, match="positive integer"):
-        launch_commands("train.py", cfg_path, 0)
+        launch_commands(program, 0)
     text = accelerate_config_yaml(cfg_path, 4)
     assert "mixed_precision" not in text  # Accelerate refuses it next to a deepspeed_config_file
     path = tmp_path / "acc.yaml"
@@ -261,27 +274,20 @@ def test_launch_commands_and_accelerate_config(tmp_path):
     assert "zero3_init_flag: false" in accelerate_config_yaml(ROOT / "configs" / "zero2.json", 2)
 
 
-@pytest.mark.parametrize("launcher", ["deepspeed launcher", "accelerate launch (config file)"])
-def test_launch_script_runs_under_the_generated_command(work, tmp_path, launcher):
+@pytest.mark.parametrize("launcher", ["deepspeed", "accelerate"])
+def test_trainer_program_runs_under_the_launch_command(work, tmp_path, launcher):
     root, _, model_dir = work
-    script = launch_script(tmp_path / "train_ds.py", model=model_dir, tokenizer=str(root / "tok"), data="local",
-                           seq_len=SEQ, steps=2, out=str(tmp_path / "out"))
     cfg_path = ROOT / "configs" / "zero2.json"
     yaml_path = tmp_path / "accelerate.yaml"
     yaml_path.write_text(accelerate_config_yaml(cfg_path, 1))
-    cmd = launch_commands(script, cfg_path, 1, accelerate_config_path=yaml_path)[launcher]
-    env = {k: v for k, v in os.environ.items() if k not in DIST_ENV_VARS}
-    # on CPU the deepspeed launcher counts accelerators, not GPUs
-    argv = cmd.replace("--num_gpus", "--num_accelerators").split()
-    argv[0] = str(Path(sys.executable).parent / argv[0])  # the launcher of this environment
-    # a free port, not the launchers' default 29500 that another job on this machine may hold
-    at = 1 if launcher.startswith("deepspeed") else 2  # after "deepspeed" / "accelerate launch"
-    argv[at:at] = ["--master_port" if at == 1 else "--main_process_port", str(free_port())]
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    line = [x for x in proc.stdout.splitlines() if x.startswith("{")][-1]
-    report = json.loads(line)
-    assert report["engine"] == "DeepSpeedEngine" and report["world_size"] == 1
+    args = ["--deepspeed", cfg_path, "--model", model_dir, "--tokenizer", root / "tok", "--data", "local",
+            "--seq-len", SEQ, "--steps", 2]
+    ranks = run_ranks(PROGRAMS / "trainer_train.py", 1, tmp_path / "out", device="cpu", launcher=launcher,
+                      args=args, accelerate_config=yaml_path if launcher == "accelerate" else None)
+    report = ranks[0]
+    assert report["command"].startswith("deepspeed --num_accelerators 1 " if launcher == "deepspeed" else
+                                        "accelerate launch --config_file ")
+    assert report["engine"] == "DeepSpeedEngine" and report["world_size"] == 1 and report["train_loss"] > 0
     assert report["train_batch_size"] == 4  # "auto": world size x micro-batch x accumulation
 
 

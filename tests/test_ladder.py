@@ -5,6 +5,7 @@ import json
 import pytest
 
 from conftest import ROOT, fake_runtime
+from helpers.records import report_gb
 
 spec = importlib.util.spec_from_file_location("ladder", ROOT / "benchmarks" / "ladder.py")
 ladder = importlib.util.module_from_spec(spec)
@@ -20,8 +21,8 @@ def fake_measure(fitting):
     def measure(args, name, size, nvme, gpu, cpus=None, timeout_s=None):
         calls.append((name, size))
         ok = (name, size) in fitting
-        return {"peak_vram_gib": 1.0, "peak_rss_gib": 2.0 if ok else 30.0, "disk_gib": 0.0, "tokens_per_s": 10.0,
-                "losses": [11.0, 10.0], "seconds": 1.0, "params": 1, "error": "", "baseline_rss_gib": 1.0}
+        return {"peak_vram_gib": 1.0, "peak_rss_gb": 2.0 if ok else 32.2, "disk_gb": 0.0, "tokens_per_s": 10.0,
+                "losses": [11.0, 10.0], "seconds": 1.0, "params": 1, "error": "", "baseline_rss_gb": 1.0}
 
     return measure, calls
 
@@ -72,12 +73,15 @@ def test_a_rung_predicted_over_budget_is_refused_without_running(run_ladder):
 
 
 def test_verdict_needs_a_falling_loss_and_the_budgets():
-    ok = {"error": "", "losses": [11.0, 10.5], "peak_rss_gib": 5.0, "disk_gib": 1.0}
+    ok = {"error": "", "losses": [11.0, 10.5], "peak_rss_gb": 5.0, "disk_gb": 1.0}
     assert ladder.verdict(ok, 12.7) == (True, "")
     assert ladder.verdict(ok | {"losses": [11.0, 11.2]}, 12.7)[1] == "loss did not fall (11.000 -> 11.200)"
     assert ladder.verdict(ok | {"error": "CUDA out of memory: x"}, 12.7) == (False, "CUDA out of memory: x")
-    assert "RAM budget" in ladder.verdict(ok | {"peak_rss_gib": 12.0}, 12.7)[1]  # 12.0 GiB = 12.9 GB
-    assert "disk budget" in ladder.verdict(ok | {"disk_gib": 60.0}, 12.7)[1]
+    assert ladder.verdict(ok | {"peak_rss_gb": 12.7}, 12.7) == (True, "")  # GB, the budget's unit
+    assert "RAM budget" in ladder.verdict(ok | {"peak_rss_gb": 12.8}, 12.7)[1]
+    assert "disk budget" in ladder.verdict(ok | {"disk_gb": 60.1}, 12.7)[1]
+    old = {"error": "", "losses": [11.0, 10.5], "peak_rss_gib": 12.0, "disk_gib": 1.0}  # a row of an older report
+    assert ladder.verdict(old, 12.7)[1] == "peak RSS 12.9 GB > 12.7 GB RAM budget"  # 12.0 GiB = 12.9 GB
 
 
 def test_lanes_run_columns_on_their_own_gpu(tmp_path, monkeypatch):
@@ -89,9 +93,9 @@ def test_lanes_run_columns_on_their_own_gpu(tmp_path, monkeypatch):
     def measure(args, name, size, nvme, gpu, cpus=None, timeout_s=None):
         seen.append((name, size, gpu, bool(cpus)))
         fits = name == "plain" and size == "gpt2"
-        return {"peak_vram_gib": 1.0, "peak_rss_gib": 2.0, "disk_gib": 0.0, "tokens_per_s": 1.0, "seconds": 1.0,
+        return {"peak_vram_gib": 1.0, "peak_rss_gb": 2.0, "disk_gb": 0.0, "tokens_per_s": 1.0, "seconds": 1.0,
                 "losses": [11.0, 10.0] if fits or name != "plain" else [], "params": 1,
-                "error": "" if fits or name != "plain" else "CUDA out of memory", "baseline_rss_gib": 1.0}
+                "error": "" if fits or name != "plain" else "CUDA out of memory", "baseline_rss_gb": 1.0}
 
     monkeypatch.setattr(ladder, "measure_in_child", measure)
     out = tmp_path / "ladder.json"
@@ -108,14 +112,16 @@ def test_committed_ladder_report_is_consistent():
     report = json.loads((ROOT / "reports" / "ladder.json").read_text())
     assert report["runtime"] == "H200 capped to T4 budget" and report["precision"] == "fp16"
     assert report["budgets"] == {"vram_gib": 15.0, "ram_gb": 12.7, "disk_gb": 60.0}
-    fields = {"model", "params", "config", "fits", "ran", "peak_vram_gib", "peak_rss_gib", "disk_gib", "tokens_per_s",
-              "reason", "predicted_rss_gb", "predicted_disk_gb"}
+    fields = {"model", "params", "config", "fits", "ran", "peak_vram_gib", "tokens_per_s", "reason",
+              "predicted_rss_gb", "predicted_disk_gb"}
     for r in report["rows"]:
         assert fields <= set(r), r["config"]
+        # RAM and disk in GB (peak_rss_gb, disk_gb), or in GiB in rows measured before issue 14
+        assert {"peak_rss_gb", "disk_gb"} <= set(r) or {"peak_rss_gib", "disk_gib"} <= set(r), r["config"]
         assert r["fits"] == (r["reason"] == ""), r
         if r["fits"]:  # a fitting rung ran, its loss fell and it stayed within the budgets
             assert r["ran"] and r["losses"][-1] < r["losses"][0]
-            assert r["peak_rss_gib"] * 2**30 / 1e9 <= 12.7 and r["disk_gib"] * 2**30 / 1e9 <= 60.0
+            assert report_gb(r, "peak_rss") <= 12.7 and report_gb(r, "disk") <= 60.0
     assert report["summary"] == ladder.summary(report["rows"])
     assert (ROOT / "reports" / "ladder.md").read_text() == ladder.markdown(report)
 

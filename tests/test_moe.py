@@ -1,5 +1,5 @@
-"""helpers.moe (notebook 03): counts exact, loss falls with the aux loss added, routing counts add up,
-ZeRO-3 refused with DeepSpeed's message, experts split over 2 processes."""
+"""helpers.gpt and helpers.moe (notebook 03): counts exact, loss falls with the aux loss added through train_run
+and MoEHooks, routing counts add up, ZeRO-3 refused with DeepSpeed's message, experts split over 2 processes."""
 import json
 import math
 import os
@@ -12,12 +12,14 @@ import torch
 from conftest import ROOT
 from helpers.data import load_text_dataset, pack_blocks, train_tokenizer
 from helpers.hardware import detect_runtime
-from helpers.moe import (ZERO3_REFUSAL, MoEConfig, RoutingRecorder, analytic_flops_per_token, build_gpt_moe,
-                         capacity_sweep, count_moe_params, expert_capacity, measure_flops_per_token, moe_ds_config,
-                         moe_param_groups, moe_table, train_moe, zero3_refusal)
+from helpers.gpt import GPTConfig, build_gpt
+from helpers.moe import (ZERO3_REFUSAL, MoEHooks, RoutingRecorder, analytic_flops_per_token, capacity_sweep,
+                         count_moe_params, expert_capacity, measure_flops_per_token, moe_ds_config, moe_param_groups,
+                         moe_table, zero3_refusal)
 from helpers.runtime import DIST_ENV_VARS, setup_single_process
+from helpers.train import RunResult, train_run
 
-TINY = MoEConfig(vocab_size=512, seq_len=32, hidden=32, layers=4, heads=2, ffn=128, num_experts=4, k=1)
+TINY = GPTConfig(vocab_size=512, seq_len=32, hidden=32, layers=4, heads=2, ffn=128, num_experts=4, k=1)
 
 
 @pytest.fixture(autouse=True)
@@ -38,11 +40,11 @@ def blocks(tmp_path_factory):
 
 def test_param_counts_are_exact():
     h, f, e = TINY.hidden, TINY.ffn, TINY.num_experts
-    dense = count_moe_params(build_gpt_moe(TINY.dense_twin()))
+    dense = count_moe_params(build_gpt(TINY.dense_twin()))
     assert dense.total == dense.active == dense.local == dense.shared
     for k in (1, 2):
         cfg = TINY.replace(k=k)
-        model = build_gpt_moe(cfg)
+        model = build_gpt(cfg)
         c = count_moe_params(model)
         n_moe = len(cfg.moe_layers)
         assert cfg.moe_layers == (1, 3)
@@ -59,7 +61,7 @@ def test_measured_flops_match_the_shape_count():
     ids = torch.randint(0, TINY.vocab_size, (2, TINY.seq_len))
     tokens = ids.numel()
     for cfg in (TINY.dense_twin(), TINY, TINY.replace(k=2), TINY.replace(capacity_factor=0.5)):
-        measured = measure_flops_per_token(build_gpt_moe(cfg), ids)
+        measured = measure_flops_per_token(build_gpt(cfg), ids)
         # top-2 gating adds two tiny einsums (2 x 2 x experts FLOPs per token and MoE layer)
         extra = 4 * cfg.num_experts * len(cfg.moe_layers) if cfg.k == 2 else 0
         assert measured == analytic_flops_per_token(cfg, tokens) + extra
@@ -78,14 +80,14 @@ def test_bad_shapes_say_the_fix():
     with pytest.raises(ValueError, match="Fix"):
         TINY.replace(k=5).check()
     with pytest.raises(RuntimeError, match="init_distributed"):
-        build_gpt_moe(TINY.replace(ep_size=2))
+        build_gpt(TINY.replace(ep_size=2))
 
 
 def test_experts_start_different_and_param_groups_split_them():
-    model = build_gpt_moe(TINY)
+    model = build_gpt(TINY)
     experts = model.blocks[1].mlp.deepspeed_moe.experts.deepspeed_experts
     assert not torch.equal(experts[0].up.weight, experts[1].up.weight)
-    assert torch.equal(build_gpt_moe(TINY).blocks[1].mlp.deepspeed_moe.experts.deepspeed_experts[1].up.weight,
+    assert torch.equal(build_gpt(TINY).blocks[1].mlp.deepspeed_moe.experts.deepspeed_experts[1].up.weight,
                        experts[1].up.weight)  # same seed, same model
     groups = moe_param_groups(model)
     moe = [g for g in groups if g.get("moe")]
@@ -93,13 +95,13 @@ def test_experts_start_different_and_param_groups_split_them():
     expert_ids = {id(p) for m in (1, 3) for p in model.blocks[m].mlp.deepspeed_moe.experts.parameters()}
     assert {id(p) for p in moe[0]["params"]} == expert_ids
     assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
-    assert len(moe_param_groups(build_gpt_moe(TINY.dense_twin()))) == 1
+    assert len(moe_param_groups(build_gpt(TINY.dense_twin()))) == 1
 
 
 def test_recorder_counts_add_up_and_drop_above_capacity():
     for k, cf in ((1, 0.5), (2, 0.5), (1, 8.0)):
         cfg = TINY.replace(k=k, capacity_factor=cf)
-        model = build_gpt_moe(cfg, seed=1)
+        model = build_gpt(cfg, seed=1)
         ids = torch.randint(0, cfg.vocab_size, (4, cfg.seq_len))
         tokens = ids.numel()
         with RoutingRecorder(model) as rec:
@@ -125,36 +127,67 @@ def test_recorder_counts_add_up_and_drop_above_capacity():
             assert s.dropped_fraction > 0
 
 
+def moe_run(name, cfg, train, rt, steps, mb, **kwargs):
+    """One MoE run as notebook 03 makes it: train_run with the MoE hooks, the model from build_gpt."""
+    probe = kwargs.pop("probe", None)
+    return train_run(name, lambda: build_gpt(cfg, seed=0), train, runtime=rt, steps=steps, progress=False,
+                     ds_config=moe_ds_config(rt, micro_batch=mb, lr=3e-3, steps=steps),
+                     hooks=MoEHooks(cfg, probe=probe), **kwargs)
+
+
 def test_moe_trains_under_zero2_with_the_aux_loss_added(blocks):
     train, val, vocab = blocks
     rt = detect_runtime()
     cfg = TINY.replace(vocab_size=vocab, k=2, aux_loss_coef=0.1)
     steps, mb = 12, 4
-    run = train_moe("top-2", cfg, train, runtime=rt, val_blocks=val, steps=steps, eval_every=6, progress=False,
-                    ds_config=moe_ds_config(rt, micro_batch=mb, lr=3e-3, steps=steps),
-                    probe=lambda m: capacity_sweep(m, val, [0.25, 1.0, 4.0], batches=2, batch_size=4))
-    assert run.lm_losses[-1] < run.lm_losses[0] - 0.3, run.lm_losses
-    assert [s for s, _ in run.val_losses] == [6, 12] and run.val_losses[-1][1] < run.lm_losses[0]
-    for total, lm, aux in zip(run.losses, run.lm_losses, run.aux_losses):
+    run = moe_run("top-2", cfg, train, rt, steps, mb, val_blocks=val, eval_every=6,
+                  probe=lambda m: capacity_sweep(m, val, [0.25, 1.0, 4.0], batches=2, batch_size=4))
+    e = run.extras
+    assert not run.error and run.micro_batch == mb
+    assert e["lm_losses"][-1] < e["lm_losses"][0] - 0.3, e["lm_losses"]
+    assert [s for s, _ in run.val_losses] == [6, 12] and run.val_loss < e["lm_losses"][0]
+    assert len(run.losses) == len(e["lm_losses"]) == len(e["aux_losses"]) == steps
+    for total, lm, aux in zip(run.losses, e["lm_losses"], e["aux_losses"]):
         assert aux > 0.5  # two MoE layers, each about 1.0
         assert total == pytest.approx(lm + 0.1 * aux, rel=1e-5)
     tokens = steps * mb * cfg.seq_len
-    assert run.routing["tokens"] == [tokens, tokens]
-    assert all(sum(d) == 2 * tokens for d in run.routing["demand"])
-    assert all(sum(l) + d == 2 * tokens for l, d in zip(run.routing["load"], run.routing["dropped_routes"]))
-    assert len(run.load_history) == steps and run.tokens_per_s > 0
-    c = count_moe_params(build_gpt_moe(cfg))
-    assert (run.params_total, run.params_active) == (c.total, c.active)
-    drops = [r["dropped_fraction"] for r in run.probe]
+    assert e["routing"]["tokens"] == [tokens, tokens]
+    assert all(sum(d) == 2 * tokens for d in e["routing"]["demand"])
+    assert all(sum(l) + d == 2 * tokens for l, d in zip(e["routing"]["load"], e["routing"]["dropped_routes"]))
+    assert len(e["load_history"]) == steps and run.tokens_per_s > 0
+    c = count_moe_params(build_gpt(cfg))
+    assert (e["params_total"], e["params_active"], run.params) == (c.total, c.active, c.total)
+    assert e["kind"] == "top-2" and e["num_experts"] == 4
+    drops = [r["dropped_fraction"] for r in e["probe"]]
     assert drops[0] > drops[1] >= drops[2] == 0
-    d = run.as_dict(with_curves=False)
-    assert {"params_total", "params_active", "tokens_per_s", "peak_vram_gib", "val_loss", "expert_load",
-            "runtime"} <= set(d) and "losses" not in d
-    json.dumps(d)
-    dense = train_moe("dense", cfg.dense_twin(), train, runtime=rt, val_blocks=val, steps=4, progress=False,
-                      ds_config=moe_ds_config(rt, micro_batch=mb, lr=3e-3, steps=4))
-    assert dense.aux_losses == [0.0] * 4 and dense.routing == {}
-    assert "dense" in moe_table([dense, run])
+    again = RunResult.from_dict(json.loads(json.dumps(run.as_dict())))  # one serialisation, round trip
+    assert again.extras == e and again.val_losses == run.val_losses
+    dense = moe_run("dense", cfg.dense_twin(), train, rt, 4, mb, val_blocks=val, eval_every=4)
+    assert dense.extras["aux_losses"] == [0.0] * 4 and dense.extras["routing"] == {}
+    assert dense.extras["kind"] == "dense" and len(dense.val_losses) == 1
+    table = moe_table([dense, run])
+    assert "dense" in table and f"{run.val_loss:.3f}" in table
+
+
+def test_an_interrupted_moe_run_removes_its_gate_hooks(blocks):
+    """KeyboardInterrupt mid-run: train_run's teardown closes the hooks (no forward hook left on the gates)."""
+    from deepspeed.moe.sharded_moe import TopKGate
+
+    train, _, vocab = blocks
+    rt = detect_runtime()
+    cfg = TINY.replace(vocab_size=vocab)
+    model = build_gpt(cfg)
+
+    class Stop(MoEHooks):
+        def after_step(self, step, result):
+            super().after_step(step, result)
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train_run("stopped", lambda: model, train, runtime=rt, steps=3, progress=False, hooks=Stop(cfg),
+                  ds_config=moe_ds_config(rt, micro_batch=4, steps=3))
+    gates = [m for m in model.modules() if isinstance(m, TopKGate)]
+    assert gates and all(not g._forward_hooks for g in gates)
 
 
 def test_zero_stages_0_1_2_train_moe_alike():
@@ -164,7 +197,7 @@ def test_zero_stages_0_1_2_train_moe_alike():
     trajectories = []
     for stage in (0, 1, 2):
         setup_single_process()
-        model = build_gpt_moe(TINY.replace(k=2))
+        model = build_gpt(TINY.replace(k=2))
         engine, *_ = deepspeed.initialize(model=model, model_parameters=moe_param_groups(model),
                                           config=moe_ds_config(detect_runtime(), stage=stage, micro_batch=2, lr=3e-3))
         losses = []
@@ -188,7 +221,7 @@ def test_zero3_is_refused_with_deepspeeds_message():
     setup_single_process()
     import deepspeed
 
-    model = build_gpt_moe(TINY)
+    model = build_gpt(TINY)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),  # engine splits the groups
                                       config=moe_ds_config(detect_runtime(), micro_batch=2))
     ids = torch.randint(0, TINY.vocab_size, (2, TINY.seq_len))
@@ -203,7 +236,7 @@ def test_a_client_optimizer_over_mixed_groups_is_refused():
     import deepspeed
 
     setup_single_process()
-    model = build_gpt_moe(TINY)
+    model = build_gpt(TINY)
     with pytest.raises(AssertionError, match="None of the param groups are marked as MoE"):
         deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()),
                              config=moe_ds_config(detect_runtime(), micro_batch=2))
@@ -214,7 +247,7 @@ def test_expert_parallel_script_splits_the_experts_over_two_processes(tmp_path, 
     train, _, vocab = blocks
     train.select(range(64)).save_to_disk(str(tmp_path / "blocks"))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", free_port_env,
-           "scripts/moe_expert_parallel.py", "--out", str(out), "--device", "cpu", "--experts", "4",
+           "notebooks/programs/moe_expert_parallel.py", "--out", str(out), "--device", "cpu", "--experts", "4",
            "--steps", "3", "--hidden", "32", "--blocks", str(tmp_path / "blocks"), "--vocab", str(vocab)]
     env = {k: v for k, v in os.environ.items() if k not in DIST_ENV_VARS}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -273,18 +306,3 @@ def test_committed_report_if_present():
     assert rows["MoE top-1"]["params_total"] > rows["dense"]["params_total"]
     assert rows["MoE top-1"]["params_active"] - rows["dense"]["params_active"] == \
         report["shape"]["hidden"] * report["shape"]["num_experts"] * len(report["moe_layers"])
-
-
-def test_plots_draw_what_they_are_given():
-    from helpers.moe import MoERun, plot_balance, plot_capacity_sweep, plot_expert_load, plot_params
-
-    fig = plot_expert_load([[3, 1], [2, 2], [0, 4]], capacity=3)
-    assert len(fig.axes[0].lines) == 3  # two experts and the capacity line
-    fig = plot_capacity_sweep([{"capacity_factor": 0.5, "dropped_fraction": 0.4, "val_loss": 6.30001},
-                               {"capacity_factor": 2.0, "dropped_fraction": 0.0, "val_loss": 6.3}])
-    assert len(fig.axes) == 2 and len(fig.axes[0].patches) == 2
-    run = MoERun(name="a", kind="top-1", num_experts=2, k=1, capacity_factor=1.0, aux_loss_coef=0.0, params_total=1,
-                 params_active=1, flops_per_token=1.0, precision="fp32", micro_batch=1, seq_len=1, steps=1,
-                 runtime="x", routing={"demand": [[3, 1]]})
-    assert len(plot_balance([run, run]).axes[0].patches) == 4
-    assert len(plot_params(["d", "m"], [10, 30], [10, 10]).axes[0].patches) == 4

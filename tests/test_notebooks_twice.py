@@ -5,14 +5,10 @@ nbmake runs each notebook once (pytest --nbmake notebooks). This runs each the w
 its own with the cells that read its results (a second pass through the notebook), and at the end no DeepSpeed
 engine may be alive.
 """
-import sys
-
 import pytest
 
 from conftest import ROOT
-
-sys.path.insert(0, str(ROOT / "scripts"))
-from run_notebooks import execute_with_habits  # noqa: E402
+from run_notebooks import execute_with_habits  # scripts/ is on pytest's pythonpath (pyproject.toml)
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 

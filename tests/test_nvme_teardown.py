@@ -48,12 +48,12 @@ def test_repeated_nvme_param_offload_runs_keep_rss_flat(tmp_path, clean_dist_env
     blocks = [{"input_ids": torch.randint(0, vocab, (seq_len,), generator=gen)} for _ in range(8)]
     largest = helpers.model_shape(config).largest_layer_params
     cfg = helpers.offload_config("zero3_nvme_all", runtime, largest_param=largest, nvme_path=str(tmp_path),
-                                 micro_batch_size=2)
+                                 micro_batch_size=2, lr=3e-4, warmup_steps=1)
     leak_per_run = 8 * cfg["zero_optimization"]["offload_param"]["buffer_size"] * 2  # 8 x 10M x 2 bytes = 0.16 GB
     rss, locked = [], []
     for i in range(3):
         r = helpers.train_run(f"nvme {i}", lambda: helpers.build_zero3_model(cfg, config=config, seed=0), blocks,
-                              runtime=runtime, ds_config=cfg, steps=2, micro_batch=2, warmup_steps=1, progress=False)
+                              runtime=runtime, ds_config=cfg, steps=2, untimed_steps=1, progress=False)
         assert not r.error, r.error
         rss.append(release_host_memory())
         locked.append(_locked_bytes())
@@ -86,10 +86,10 @@ def test_tearing_down_one_nvme_run_leaves_another_live_engine_working(tmp_path, 
     config = helpers.gpt2_config("gpt2-tiny", vocab_size=vocab, n_positions=32)
     largest = helpers.model_shape(config).largest_layer_params
 
-    def nvme_config(folder: str) -> dict:  # each swapper empties its own folder when it is made: one per engine
+    def nvme_config(folder: str, **run) -> dict:  # each swapper empties its own folder when it is made: one per engine
         (tmp_path / folder).mkdir(exist_ok=True)
         return helpers.offload_config("zero3_nvme_all", runtime, largest_param=largest, micro_batch_size=2,
-                                      nvme_path=str(tmp_path / folder))
+                                      nvme_path=str(tmp_path / folder), **run)
 
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (2, 32), generator=gen)
@@ -109,9 +109,10 @@ def test_tearing_down_one_nvme_run_leaves_another_live_engine_working(tmp_path, 
         return float(loss.detach())
 
     first = step()
-    r = helpers.train_run("other", lambda: helpers.build_zero3_model(nvme_config("other"), config=config, seed=1),
-                          blocks, runtime=runtime, ds_config=nvme_config("other"), steps=2, micro_batch=2,
-                          warmup_steps=1, progress=False)
+    run = dict(lr=3e-4, warmup_steps=1)
+    r = helpers.train_run("other", lambda: helpers.build_zero3_model(nvme_config("other", **run), config=config, seed=1),
+                          blocks, runtime=runtime, ds_config=nvme_config("other", **run), steps=2, untimed_steps=1,
+                          progress=False)
     assert not r.error, r.error
     later = [step() for _ in range(2)]  # the live engine still swaps its parameters in and out
     assert all(torch.isfinite(torch.tensor(later))) and later[-1] < first + 0.5, (first, later)

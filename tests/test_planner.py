@@ -1,5 +1,12 @@
+import dataclasses
+
+import pytest
+
+from conftest import fake_runtime
+from helpers.config import build_ds_config
+from helpers.memory import estimate_activations
 from helpers.models import GPT2_LADDER, model_shape
-from helpers.planner import plan, planner_widget
+from helpers.planner import BudgetError, plan, planner_widget, preflight
 
 
 def test_ladder_sizes_match_the_published_gpt2_family():
@@ -43,3 +50,189 @@ def test_a_bare_size_is_planned_with_the_nearest_rungs_shapes(t4):
     shape = model_shape("1.3B")
     assert shape.n_params == 1_300_000_000 and shape.hidden == 1600 and shape.name == "1.30B params"
     assert not plan("1.3B", 2, runtime=t4).report.fits
+
+
+# ------------------------------------------------------------------ pre-flight (moved here from helpers.memory)
+
+def test_preflight_refuses_gpt2_xl_zero2_on_a_t4_and_names_a_config_that_fits(t4):
+    cfg = build_ds_config(2, runtime=t4)
+    with pytest.raises(BudgetError) as err:  # the rung alone in a fresh runtime, nothing else counted
+        preflight(cfg, 1_557_611_200, t4, largest_layer_params=80_000_000, ram_in_use=0)
+    msg = str(err.value)
+    assert "GPU: needs ~" in msg and "budget 15.00 GiB" in msg
+    # CPU offload would need ~20 bytes/param of RAM (> 12.1 GB): the first course config that fits is ZeRO-Infinity
+    # with the fp16 params kept on the GPU (3.1 GB of the T4's 15 GiB) and only the optimizer on NVMe
+    assert "Fix: the course's 'zero3_nvme_optimizer_gpu_params' config" in msg
+    assert "helpers.offload_config('zero3_nvme_optimizer_gpu_params', runtime, nvme_path=...)" in msg
+
+
+def test_preflight_moves_params_off_the_gpu_when_they_do_not_fit_there(t4):
+    cfg = build_ds_config(2, runtime=t4)
+    act = 4 * 2**30
+    # 2.7B on a T4: 5.3 GB of 16-bit gradients + 9.3 GB of staging do not fit 12.1 GB of RAM in any config;
+    # GPT-2 XL does when nothing else is in RAM, GPT-2 large beside 1 GB of other processes
+    with pytest.raises(BudgetError, match="none of the course's configs fits this model here; a smaller one does: "
+                                          "gpt2-xl with 'zero3_nvme_optimizer_gpu_params'"):
+        preflight(cfg, 2_650_000_000, t4, largest_layer_params=130_000_000, ram_in_use=0, activation_bytes=act)
+    with pytest.raises(BudgetError, match="a smaller one does: gpt2-large with 'zero3_nvme_optimizer_gpu_params'"):
+        preflight(cfg, 2_650_000_000, t4, largest_layer_params=130_000_000, ram_in_use=int(1e9),
+                  activation_bytes=act)
+    # a GPU of 8 GiB with 40 GB of RAM: 5.3 GB of fp16 params + 4 GiB of activations overflow the GPU, so the
+    # parameters go to RAM (ZeRO-3, params on CPU, optimizer on NVMe)
+    small_gpu = fake_runtime(gpu_total_bytes=8 * 2**30, vram_budget_bytes=8 * 2**30, ram_total_bytes=int(40e9),
+                             ram_budget_bytes=int(40e9), is_colab=False)
+    report = preflight(cfg, 2_650_000_000, small_gpu, largest_layer_params=130_000_000, ram_in_use=int(1e9),
+                       activation_bytes=act, raise_on_failure=False)
+    assert report.suggestion == {"stage": 3, "offload_optimizer": "nvme", "offload_param": "cpu"}
+    # the same RAM with a GPU of 24 GiB: the params stay on the GPU
+    big_gpu = dataclasses.replace(small_gpu, gpu_total_bytes=24 * 2**30, vram_budget_bytes=24 * 2**30)
+    report = preflight(cfg, 2_650_000_000, big_gpu, largest_layer_params=130_000_000, ram_in_use=int(1e9),
+                       activation_bytes=act, raise_on_failure=False)
+    assert report.suggestion == {"stage": 3, "offload_optimizer": "nvme"}
+
+
+def test_preflight_catches_the_cpu_ram_wall(t4):
+    cfg = build_ds_config(3, runtime=t4, offload_optimizer="cpu", offload_param="cpu")
+    with pytest.raises(BudgetError, match=r"CPU RAM: needs ~\d+\.\d+ GB, budget 12.13 GB") as err:
+        preflight(cfg, 1_557_611_200, t4, largest_layer_params=80_000_000, ram_in_use=int(1e9))
+    assert "deepspeed.zero.Init" in str(err.value)
+
+
+def test_preflight_catches_too_little_disk(tmp_path):
+    small_disk = fake_runtime(disk_free_bytes=int(5e9), ram_budget_bytes=int(500e9))
+    cfg = build_ds_config(3, precision="fp16", offload_optimizer="nvme", offload_param="nvme",
+                          nvme_path="/nonexistent-nvme", check_paths=False)
+    with pytest.raises(BudgetError, match=r"disk: needs ~\d+\.\d+ GB, 5.00 GB free"):
+        preflight(cfg, 2_000_000_000, small_disk, largest_layer_params=10**8, ram_in_use=0)
+
+
+def test_preflight_passes_a_config_that_fits(t4):
+    report = preflight(build_ds_config(2, runtime=t4), 124_000_000, t4, ram_in_use=int(1e9))
+    assert report.fits and "fits" in str(report)
+
+
+# ------------------------------------------------------------------ every refusal suggests what passes (issue 12)
+
+def _suggested_config(report, runtime, largest, nvme_path="/nvme"):
+    from helpers.config import offload_config
+
+    if report.suggestion_kind == "zero2":
+        return build_ds_config(2, runtime=runtime)
+    return offload_config(report.suggestion_kind, runtime, largest_param=largest, nvme_path=nvme_path,
+                          check_paths=False)
+
+
+def _assert_fix_passes(report, runtime, n_params, largest, act, ram_in_use):
+    assert not report.fits
+    if report.suggestion_kind is not None:
+        cfg = _suggested_config(report, runtime, largest)
+        again = preflight(cfg, n_params, runtime, largest_layer_params=largest, activation_bytes=act,
+                          zero_init=report.suggestion_zero_init, ram_in_use=ram_in_use)
+        assert again.fits, (report.suggestion_kind, str(again))
+    else:
+        from helpers.config import offload_config
+        from helpers.models import model_shape
+
+        assert report.smaller_model, report.fix()
+        shape = model_shape(report.smaller_model)
+        cfg = offload_config(report.smaller_model_kind, runtime, largest_param=shape.largest_layer_params,
+                             nvme_path="/nvme", check_paths=False) if report.smaller_model_kind != "zero2" else \
+            build_ds_config(2, runtime=runtime)
+        assert preflight(cfg, shape.n_params, runtime, largest_layer_params=shape.largest_layer_params,
+                         activation_bytes=act, zero_init=True, ram_in_use=ram_in_use).fits
+
+
+def test_zero2_on_gpt2_large_is_refused_for_its_optimizer_step_not_suggested(t4):
+    """ZeRO-2 without offload on 774M: 16 bytes/param fit 15 GiB, but the optimizer step's fp32 temporaries do not.
+    Pre-flight counted only model states + activations and suggested exactly this config (issue 12)."""
+    from helpers.models import model_shape
+
+    shape = model_shape("gpt2-large")
+    act = estimate_activations(2, 512, shape.hidden, shape.n_layers, shape.vocab, n_heads=shape.n_heads,
+                               precision="fp16", checkpointing=True)
+    ram = int(3e9)  # a kernel plus a fresh child process
+    report = preflight(build_ds_config(2, runtime=t4), shape.n_params, t4, largest_layer_params=shape.largest_layer_params,
+                       activation_bytes=act, ram_in_use=ram, raise_on_failure=False)
+    assert any(p.startswith("GPU") for p in report.problems)
+    assert report.suggestion_kind not in (None, "zero2")
+    _assert_fix_passes(report, t4, shape.n_params, shape.largest_layer_params, act, ram)
+
+
+@pytest.mark.parametrize("kind", ["zero2_offload_cpu", "zero3_offload_cpu"])
+def test_ram_refusals_of_cpu_offload_suggest_a_config_that_passes(t4, kind):
+    """The issue's case: CPU offload of 774M refused for RAM printed 'Fix: build_ds_config(stage=2)'."""
+    from helpers.config import offload_config
+    from helpers.models import model_shape
+
+    shape = model_shape("gpt2-large")
+    act = estimate_activations(2, 512, shape.hidden, shape.n_layers, shape.vocab, n_heads=shape.n_heads,
+                               precision="fp16", checkpointing=True)
+    ram = int(3e9)
+    cfg = offload_config(kind, t4, largest_param=shape.largest_layer_params)
+    with pytest.raises(BudgetError) as err:
+        preflight(cfg, shape.n_params, t4, largest_layer_params=shape.largest_layer_params, activation_bytes=act,
+                  zero_init=True, ram_in_use=ram)
+    assert "CPU RAM" in str(err.value) and "build_ds_config(stage=2)" not in str(err.value)
+    report = preflight(cfg, shape.n_params, t4, largest_layer_params=shape.largest_layer_params, activation_bytes=act,
+                       zero_init=True, ram_in_use=ram, raise_on_failure=False)
+    assert report.suggestion_kind == "zero3_nvme_optimizer_gpu_params"
+    _assert_fix_passes(report, t4, shape.n_params, shape.largest_layer_params, act, ram)
+
+
+def test_disk_refusal_suggests_a_config_that_fits_the_disk():
+    from helpers.config import offload_config
+    from helpers.models import model_shape
+
+    shape = model_shape("gpt2-medium")
+    roomy = fake_runtime(disk_free_bytes=int(2e9), ram_total_bytes=int(64e9), ram_budget_bytes=int(64e9))
+    cfg = offload_config("zero3_nvme_all", roomy, largest_param=shape.largest_layer_params, nvme_path="/nonexistent",
+                         check_paths=False)
+    report = preflight(cfg, shape.n_params, roomy, largest_layer_params=shape.largest_layer_params, zero_init=True,
+                       ram_in_use=int(1e9), raise_on_failure=False)
+    assert [p.split(":")[0] for p in report.problems] == ["disk"]
+    assert "nvme" not in report.suggestion_kind  # the disk is the problem: the fix keeps off it
+    _assert_fix_passes(report, roomy, shape.n_params, shape.largest_layer_params, 0, int(1e9))
+
+
+def test_when_nothing_fits_a_smaller_model_is_named_and_fits(t4):
+    report = preflight(build_ds_config(2, runtime=t4), 6_650_000_000, t4, largest_layer_params=205_000_000,
+                       ram_in_use=int(3e9), activation_bytes=2**30, raise_on_failure=False)
+    assert report.suggestion_kind is None and report.smaller_model in ("gpt2-xl", "gpt2-large")
+    assert report.smaller_model in report.fix()
+    _assert_fix_passes(report, t4, 6_650_000_000, 205_000_000, 2**30, int(3e9))
+
+
+def test_when_not_even_a_small_model_fits_the_fix_says_so():
+    tiny_ram = fake_runtime(ram_total_bytes=int(0.5e9), ram_budget_bytes=int(0.5e9))
+    with pytest.raises(BudgetError, match="nor a smaller GPT-2"):
+        preflight(build_ds_config(2, runtime=tiny_ram), 124_000_000, tiny_ram, ram_in_use=int(1e9))
+
+
+@pytest.mark.parametrize("size", ["gpt2-medium", "gpt2-large", "gpt2-xl", "gpt2-2.7b"])
+@pytest.mark.parametrize("ram_in_use", [int(1e9), int(4e9)])
+def test_every_suggestion_passes_the_check_that_refused(t4, size, ram_in_use):
+    from helpers.config import OFFLOAD_KINDS, offload_config
+    from helpers.models import model_shape
+
+    shape = model_shape(size)
+    act = estimate_activations(2, 512, shape.hidden, shape.n_layers, shape.vocab, n_heads=shape.n_heads,
+                               precision="fp16", checkpointing=True)
+    configs = [build_ds_config(2, runtime=t4)] + [
+        offload_config(k, t4, largest_param=shape.largest_layer_params, nvme_path="/nvme", check_paths=False)
+        for k in OFFLOAD_KINDS]
+    for cfg in configs:
+        report = preflight(cfg, shape.n_params, t4, largest_layer_params=shape.largest_layer_params,
+                           activation_bytes=act, zero_init=True, ram_in_use=ram_in_use, raise_on_failure=False)
+        if not report.fits:
+            _assert_fix_passes(report, t4, shape.n_params, shape.largest_layer_params, act, ram_in_use)
+
+
+def test_ram_margin_keeps_part_of_the_budget_free(t4):
+    from helpers.planner import RAM_ESTIMATE_MARGIN
+
+    cfg = build_ds_config(3, runtime=t4, offload_optimizer="nvme", nvme_path="/nvme", check_paths=False)
+    needed = preflight(cfg, 500_000_000, t4, zero_init=True, ram_in_use=0, raise_on_failure=False).ram_needed
+    edge = int(t4.ram_budget_bytes * (1 - RAM_ESTIMATE_MARGIN)) - needed  # what may still be in use beside it
+    assert preflight(cfg, 500_000_000, t4, zero_init=True, ram_in_use=edge - 10**6, raise_on_failure=False).fits
+    late = preflight(cfg, 500_000_000, t4, zero_init=True, ram_in_use=edge + 10**7, raise_on_failure=False)
+    assert not late.fits and "5% of it kept free" in late.problems[0]

@@ -2,13 +2,21 @@ import matplotlib
 
 from helpers.memory import estimate_model_states
 from helpers.plots import plot_losses, plot_memory_breakdown, plot_memory_timeline, plot_peak_vram
+from helpers.train import RunResult
+
+
+def run(name, **measured):
+    """A RunResult as train_run returns it, with only what a plot reads."""
+    return RunResult(name=name, model="m", params=1, config=name, precision="fp16", micro_batch=1, grad_accum=1,
+                     seq_len=1, steps=1, checkpointing=False, runtime="x", **measured)
 
 
 def test_plots_return_figures_without_touching_global_style():
     before = dict(matplotlib.rcParams)
-    fig = plot_peak_vram(["ZeRO-0", "ZeRO-2"], [2.9, 2.8], [2.5, 2.4], budget_gib=15)
+    fig = plot_peak_vram([run("ZeRO-0", peak_vram_gib=2.9, estimated_vram_gib=2.5),
+                          run("ZeRO-2", peak_vram_gib=2.8, estimated_vram_gib=2.4)], budget_gib=15)
     ax = fig.axes[0]
-    assert len(ax.patches) == 4 and any("budget 15.0 GiB" in t.get_text() for t in ax.get_legend().get_texts())
+    assert len(ax.patches) == 4 and [p.get_height() for p in ax.patches] == [2.9, 2.8, 2.5, 2.4] and any("budget 15.0 GiB" in t.get_text() for t in ax.get_legend().get_texts())
     ests = [estimate_model_states(10**8, s, precision="fp16").with_activations(2**30) for s in (0, 3)]
     fig = plot_memory_breakdown(ests, budget_gib=15)
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
@@ -23,9 +31,37 @@ def test_plots_return_figures_without_touching_global_style():
 def test_speed_vs_memory_has_one_point_per_config_and_the_ram_budget():
     from helpers.plots import plot_speed_vs_memory
 
-    fig = plot_speed_vs_memory(["ZeRO-2 + CPU", "ZeRO-3 NVMe"], [2.9, 1.1], [1400.0, 90.0], [20.5, 9.8],
-                               ram_budget_gb=12.7)
+    runs = [run("ZeRO-2 + CPU", peak_vram_gib=2.9, tokens_per_s=1400.0, peak_rss_gb=20.5),
+            run("ZeRO-3 NVMe", peak_vram_gib=1.1, tokens_per_s=90.0, peak_rss_gb=9.8)]
+    fig = plot_speed_vs_memory(runs, ram_budget_gb=12.7)
     scatter, bars = fig.axes
     assert len(scatter.collections) == 2 and scatter.get_yscale() == "log"
-    assert [p.get_height() for p in bars.patches] == [20.5, 9.8]
+    assert [p.get_height() for p in bars.patches] == [20.5, 9.8]  # the runs' own peak RSS (GB)
     assert bars.lines[0].get_ydata()[0] == 12.7
+    with_kernel = plot_speed_vs_memory(runs, ram_gb=[22.0, 11.0]).axes[1]
+    assert [p.get_height() for p in with_kernel.patches] == [22.0, 11.0]
+
+
+def test_moe_plots_draw_what_they_are_given():
+    from helpers.plots import plot_balance, plot_capacity_sweep, plot_expert_load, plot_params
+
+    fig = plot_expert_load([[3, 1], [2, 2], [0, 4]], capacity=3)
+    assert len(fig.axes[0].lines) == 3  # two experts and the capacity line
+    fig = plot_capacity_sweep([{"capacity_factor": 0.5, "dropped_fraction": 0.4, "val_loss": 6.30001},
+                               {"capacity_factor": 2.0, "dropped_fraction": 0.0, "val_loss": 6.3}])
+    assert len(fig.axes) == 2 and len(fig.axes[0].patches) == 2
+    moe = run("a", extras={"num_experts": 2, "routing": {"demand": [[3, 1]]}})
+    ax = plot_balance([moe, moe]).axes[0]
+    assert len(ax.patches) == 4 and [p.get_height() for p in ax.patches][:2] == [75.0, 25.0]
+    assert ax.lines[0].get_ydata()[0] == 50.0  # an even share of 2 experts
+    assert len(plot_params(["d", "m"], [10, 30], [10, 10]).axes[0].patches) == 4
+
+
+def test_zero_scaling_plots_one_panel_per_stage_with_the_estimate():
+    from helpers.plots import plot_zero_scaling
+
+    rows = [{"stage": s, "world": n, "n_params": 10**6, "precision": "fp16", "params": 2e6, "grads_peak": 2e6 / n,
+             "optimizer": 12e6 / n} for s in (1, 3) for n in (1, 2, 4)]
+    fig = plot_zero_scaling(rows)
+    assert [ax.get_title() for ax in fig.axes] == ["ZeRO-1", "ZeRO-3"]
+    assert len(fig.axes[0].lines) == 6  # measured and estimated, for params, grads and optimizer

@@ -17,3 +17,11 @@ def test_record_figure_keeps_and_writes(tmp_path, monkeypatch):
 def test_record_figure_refuses_what_json_cannot_hold():
     with pytest.raises(TypeError):
         record_figure("bad", object())
+
+
+def test_report_gb_reads_new_rows_and_converts_old_gib_rows():
+    from helpers.records import report_gb
+
+    assert report_gb({"peak_rss_gb": 12.5, "peak_rss_gib": 1.0}, "peak_rss") == 12.5  # GB wins
+    assert report_gb({"peak_rss_gib": 10.0}, "peak_rss") == pytest.approx(10.737, abs=1e-3)  # 10 GiB in GB
+    assert report_gb({}, "disk") == 0.0

@@ -102,3 +102,51 @@ def test_smoke_size_colab_values_are_the_parameters_cells():
                         assert params[kw.arg] == colab_value, (path.name, kw.arg, params[kw.arg], colab_value)
                         checked += 1
     assert checked >= 20
+
+
+# ------------------------------------------------------------------ one notebook bootstrap
+
+def test_every_notebook_opens_with_the_one_bootstrap_cell():
+    """The bootstrap cell is helpers.bootstrap.BOOTSTRAP_CELL word for word (scripts/apply_bootstrap.py writes it),
+    before the parameters cell and before any code cell that uses the course."""
+    from helpers.bootstrap import BOOTSTRAP_CELL
+
+    assert len(NOTEBOOKS) == 6
+    for path in NOTEBOOKS:
+        cells = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+        boot = [i for i, c in enumerate(cells) if c.source == BOOTSTRAP_CELL]
+        assert len(boot) == 1, f"{path.name}: run python scripts/apply_bootstrap.py {path.relative_to(ROOT)}"
+        before = [c.source for c in cells[:boot[0]]]
+        assert not [s for s in before if "helpers" in s or "COURSE_ROOT" in s], f"{path.name}: course code before it"
+        params = next(i for i, c in enumerate(cells) if "parameters" in c.metadata.get("tags", []))
+        assert params > boot[0], f"{path.name}: the parameters cell must come after the bootstrap cell"
+
+
+def test_apply_bootstrap_rewrites_an_old_notebook_once_and_names_what_it_took(tmp_path):
+    from apply_bootstrap import apply
+
+    from helpers.bootstrap import BOOTSTRAP_CELL
+
+    nb = nbformat.v4.new_notebook()
+    old = ('import os, sys, subprocess, pathlib\nCOURSE_REPO = "https://example.org/x"\n\n\ndef find_checkout():\n'
+           '    return pathlib.Path.cwd()\n\n\nCOURSE_ROOT = find_checkout()\nsys.path.insert(0, str(COURSE_ROOT))')
+    imports = ('%matplotlib inline\nimport json, warnings\n\nimport torch\n\nimport helpers\n\n'
+               'warnings.filterwarnings("ignore", category=FutureWarning)\nruntime = helpers.detect_runtime()\n'
+               'print(runtime)\nhelpers.warm_up_deepspeed()  # what the first engine imports\n'
+               '                            # cannot leave them half-imported')
+    nb.cells = [nbformat.v4.new_markdown_cell("# title"), nbformat.v4.new_code_cell(old),
+                nbformat.v4.new_code_cell(imports), nbformat.v4.new_code_cell("SEED = 0"),
+                nbformat.v4.new_code_cell("print(json.dumps(runtime.label), find_checkout(), os.sep)")]
+    nb.cells[1].metadata["tags"] = ["keep-me"]
+    nb.cells[3].metadata["tags"] = ["parameters"]
+    ids = [c.id for c in nb.cells]
+    path = tmp_path / "06_new.ipynb"
+    nbformat.write(nb, path)
+    report = apply(path)
+    assert any("find_checkout" in line for line in report), report  # later cells use what nothing defines now
+    new = nbformat.read(path, as_version=4)
+    assert [c.id for c in new.cells] == ids and new.cells[1].metadata["tags"] == ["keep-me"]
+    assert new.cells[1].source == BOOTSTRAP_CELL
+    assert new.cells[2].source == "import json\n\nimport torch"
+    assert new.cells[3].source == "SEED = 0"
+    assert apply(path) == []  # a second run changes nothing

@@ -1,6 +1,6 @@
-"""helpers.scale_out and the scale-out scripts (notebook 05): what each of 2 CPU ranks holds under ZeRO 0-3, a
-2-stage pipeline that matches the unsplit model, AutoTP ranks holding half of each split layer, launch commands,
-hostfiles, the pipeline schedule, the committed report."""
+"""helpers.scale_out, helpers.launch and the scale-out programs in notebooks/programs/ (notebook 05): what each of
+2 CPU ranks holds under ZeRO 0-3, a 2-stage pipeline that matches the unsplit model, AutoTP ranks holding half of
+each split layer, launch commands, hostfiles, the pipeline schedule, the committed report."""
 import json
 import re
 import subprocess
@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from conftest import ROOT
-from helpers import scale_out
+from helpers import launch, scale_out
+from helpers.launch import PROGRAMS, run_ranks
 
 pytestmark = pytest.mark.usefixtures("clean_dist_env")
 SHAPE = scale_out.SCALE_OUT_SHAPES["cpu"]
@@ -22,13 +23,13 @@ def blocks(tmp_path_factory):
 
 
 def psi() -> int:
-    from helpers.moe import build_gpt_moe
+    from helpers.gpt import build_gpt
 
-    return sum(p.numel() for p in build_gpt_moe(scale_out.gpt_config(**SHAPE)).parameters())
+    return sum(p.numel() for p in build_gpt(scale_out.gpt_config(**SHAPE)).parameters())
 
 
 def test_benchmark_on_two_cpu_ranks_each_rank_holds_its_share(tmp_path):
-    """One deepspeed-launcher run of scripts/scale_out_train.py at N=2 through the benchmark: bytes per stage."""
+    """One deepspeed-launcher run of notebooks/programs/scale_out_train.py at N=2 through the benchmark."""
     out = tmp_path / "scale_out.json"
     proc = subprocess.run([sys.executable, "benchmarks/scale_out.py", "--out", str(out), "--device", "cpu",
                            "--ranks", "2", "--steps", "2", "--no-pipeline-tp", "--work-dir", str(tmp_path / "w")],
@@ -67,8 +68,8 @@ def test_benchmark_on_two_cpu_ranks_each_rank_holds_its_share(tmp_path):
 
 
 def test_pipeline_loss_matches_the_unsplit_model(tmp_path, blocks):
-    ranks = scale_out.run_ranks(ROOT / "scripts" / "pipeline_train.py", 2, tmp_path / "pipe", launcher="torchrun",
-                                args=["--blocks", str(blocks), "--steps", "3", "--micro-batches", "4"])
+    ranks = run_ranks(PROGRAMS / "pipeline_train.py", 2, tmp_path / "pipe", launcher="torchrun",
+                      args=["--blocks", str(blocks), "--steps", "3", "--micro-batches", "4"])
     r0, r1 = ranks
     assert (r0["stage_id"], r1["stage_id"]) == (0, 1) and r0["pipeline_losses"] == r1["pipeline_losses"]
     assert r0["max_loss_gap"] < 1e-5, (r0["pipeline_losses"], r0["plain_losses"])
@@ -80,8 +81,8 @@ def test_pipeline_loss_matches_the_unsplit_model(tmp_path, blocks):
 
 
 def test_autotp_ranks_hold_half_of_each_split_layer(tmp_path, blocks):
-    ranks = scale_out.run_ranks(ROOT / "scripts" / "tp_train.py", 2, tmp_path / "tp", launcher="torchrun",
-                                args=["--blocks", str(blocks), "--steps", "3"])
+    ranks = run_ranks(PROGRAMS / "tp_train.py", 2, tmp_path / "tp", launcher="torchrun",
+                      args=["--blocks", str(blocks), "--steps", "3"])
     for r in ranks:
         assert r["mode"] == "training" and "training_error" not in r
         assert sorted(r["split"]) == sorted(f"blocks.{i}.{name}" for i in range(SHAPE["layers"]) for name in SPLIT)
@@ -94,8 +95,8 @@ def test_autotp_ranks_hold_half_of_each_split_layer(tmp_path, blocks):
 
 
 def test_autotp_inference_fallback_splits_too(tmp_path, blocks):
-    r = scale_out.run_ranks(ROOT / "scripts" / "tp_train.py", 2, tmp_path / "tpi", launcher="torchrun",
-                            args=["--blocks", str(blocks), "--steps", "1", "--mode", "inference"])[0]
+    r = run_ranks(PROGRAMS / "tp_train.py", 2, tmp_path / "tpi", launcher="torchrun",
+                  args=["--blocks", str(blocks), "--steps", "1", "--mode", "inference"])[0]
     assert r["mode"] == "inference" and len(r["split"]) == len(SPLIT) * SHAPE["layers"]
     assert r["params_local"] < r["params_total"] and len(r["tp_losses"]) == 1
 
@@ -108,34 +109,48 @@ def _numel(shape):
 
 
 def test_launch_commands_for_each_launcher():
-    script = ROOT / "scripts" / "scale_out_train.py"
-    argv = scale_out.launch_argv(script, 4, launcher="deepspeed", device="cuda", port=29501, args=["--out", "x"])
+    program = PROGRAMS / "scale_out_train.py"
+    argv = launch.launch_argv(program, 4, launcher="deepspeed", device="cuda", port=29501, args=["--out", "x"])
     assert argv[:3] == [sys.executable, "-m", "deepspeed.launcher.runner"]
-    assert scale_out.shown(argv) == "deepspeed --num_gpus 4 --master_port 29501 scripts/scale_out_train.py --out x"
-    cpu = scale_out.shown(scale_out.launch_argv(script, 2, device="cpu", port=1234))
-    assert cpu == "deepspeed --num_accelerators 2 --master_port 1234 scripts/scale_out_train.py"
-    tr = scale_out.shown(scale_out.launch_argv(script, 2, launcher="torchrun", port=1234))
-    assert tr == "torchrun --nproc_per_node 2 --master_port 1234 scripts/scale_out_train.py"
+    assert launch.shown(argv) == ("deepspeed --num_gpus 4 --master_port 29501 notebooks/programs/scale_out_train.py "
+                                  "--out x")
+    cpu = launch.shown(launch.launch_argv(program, 2, device="cpu", port=1234))
+    assert cpu == "deepspeed --num_accelerators 2 --master_port 1234 notebooks/programs/scale_out_train.py"
+    tr = launch.shown(launch.launch_argv(program, 2, launcher="torchrun", port=1234))
+    assert tr == "torchrun --nproc_per_node 2 --master_port 1234 notebooks/programs/scale_out_train.py"
+    acc = launch.launch_argv(program, 2, launcher="accelerate", port=1234)
+    assert acc[:3] == [sys.executable, "-m", "accelerate.commands.launch"]
+    assert launch.shown(acc) == ("accelerate launch --multi_gpu --num_processes 2 --main_process_port 1234 "
+                                 "notebooks/programs/scale_out_train.py")
     with pytest.raises(ValueError, match="launcher"):
-        scale_out.launch_argv(script, 2, launcher="mpirun")
-    cmds = scale_out.single_node_commands(script, 2)
-    assert cmds["accelerate launch"].startswith("accelerate launch --multi_gpu --num_processes 2 ")
-    assert set(cmds) == {"deepspeed", "torchrun", "accelerate launch"}
+        launch.launch_argv(program, 2, launcher="mpirun")
+    with pytest.raises(ValueError, match="positive integer"):
+        launch.launch_argv(program, 0)
+    cmds = launch.launch_commands(program, 2, args=["--out", "x"])
+    assert set(cmds) == {"deepspeed", "torchrun", "accelerate"}
+    assert all(c.endswith(" 29500 notebooks/programs/scale_out_train.py --out x") for c in cmds.values())
+
+
+def test_function_source_shows_one_function_of_a_program():
+    text = launch.function_source(PROGRAMS / "scale_out_train.py", "train_stage")
+    assert text.startswith("def train_stage(") and "engine.backward(loss)" in text and "def main(" not in text
+    with pytest.raises(ValueError, match="no function"):
+        launch.function_source(PROGRAMS / "scale_out_train.py", "missing")
 
 
 def test_hostfile_round_trip_agrees_with_deepspeeds_parser():
     from deepspeed.launcher.runner import _parse_hostfile
 
     hosts = {"worker-1": 4, "worker-2": 8}
-    text = scale_out.hostfile_text(hosts)
+    text = launch.hostfile_text(hosts)
     assert text == "worker-1 slots=4\nworker-2 slots=8\n"
-    assert scale_out.parse_hostfile("# two nodes\n\n" + text) == hosts == dict(_parse_hostfile(text.splitlines()))
+    assert launch.parse_hostfile("# two nodes\n\n" + text) == hosts == dict(_parse_hostfile(text.splitlines()))
     for bad in ("worker-1 4\n", "worker-1 slots=four\n", "worker-1 slots=4\nworker-1 slots=2\n"):
         with pytest.raises(ValueError, match="hostfile line"):
-            scale_out.parse_hostfile(bad)
+            launch.parse_hostfile(bad)
     with pytest.raises(ValueError, match="slot"):
-        scale_out.hostfile_text({"worker-1": 0})
-    cmds = scale_out.multi_node_commands("train.py", "ds.json", hosts)
+        launch.hostfile_text({"worker-1": 0})
+    cmds = launch.multi_node_commands("train.py", "ds.json", hosts)
     ds = cmds["deepspeed launcher (hostfile, ssh to each node)"]
     assert ds.startswith("deepspeed --hostfile hostfile --num_nodes 2 --num_gpus 4 ") and ds.endswith(
         "train.py --deepspeed_config ds.json")
@@ -161,9 +176,9 @@ def test_topology_puts_tensor_slices_on_neighbouring_ranks():
 
 
 def test_autotp_patterns_name_the_course_gpts_layers():
-    from helpers.moe import build_gpt_moe
+    from helpers.gpt import build_gpt
 
-    names = [n for n, _ in build_gpt_moe(scale_out.gpt_config(**SHAPE)).named_parameters()]
+    names = [n for n, _ in build_gpt(scale_out.gpt_config(**SHAPE)).named_parameters()]
     specs = scale_out.autotp_config(2)["partition_config"]["layer_specs"]
     matched = {n for spec in specs for pat in spec["patterns"] for n in names if re.match(pat, n)}
     assert matched == {n for n in names if n.endswith(("qkv.weight", "up.weight", "out.weight", "down.weight"))}

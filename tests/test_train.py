@@ -11,7 +11,7 @@ from helpers.data import load_text_dataset, pack_blocks, train_tokenizer
 from helpers.hardware import detect_runtime
 from helpers.memory import estimate_peak, estimate_step_transient
 from helpers.models import load_causal_lm, save_model_from_config
-from helpers.train import results_table, train_run
+from helpers.train import RunResult, RunSettings, TrainHooks, results_table, train_run
 
 
 @pytest.fixture(scope="module")
@@ -33,19 +33,55 @@ def test_saved_model_reloads_with_identical_weights(setup):
 def test_zero_stages_follow_the_same_loss_trajectory_and_loss_falls(setup):
     blocks, model_dir = setup
     rt = detect_runtime()
-    runs = [train_run(f"ZeRO-{s}", lambda: load_causal_lm(model_dir), blocks, runtime=rt,
-                      ds_config=course_config(f"zero{s}", rt), steps=8, micro_batch=4, lr=3e-3, progress=False)
-            for s in (0, 2, 3)]
+    def config(name):  # the single source of truth for batch, lr and warm-up
+        return course_config(name, rt, micro_batch_size=4, lr=3e-3, warmup_steps=1)
+
+    runs = [train_run(f"ZeRO-{s}", lambda: load_causal_lm(model_dir), blocks, runtime=rt, ds_config=config(f"zero{s}"),
+                      steps=8, progress=False) for s in (0, 2, 3)]
     for r in runs:
         assert r.losses[-1] < r.losses[0] - 0.3, r.losses
-        assert r.tokens_per_s > 0 and r.params > 0
+        assert r.tokens_per_s > 0 and r.params > 0 and r.micro_batch == 4 and r.grad_accum == 1
     for r in runs[1:]:  # partitioning changes where states live, not the arithmetic
         assert r.losses == pytest.approx(runs[0].losses, rel=1e-4)
-    plain = train_run("plain", lambda: load_causal_lm(model_dir), blocks, runtime=rt, steps=8, micro_batch=4,
-                      lr=3e-3, progress=False, eval_every=4, val_blocks=blocks)
-    assert plain.losses[-1] < plain.losses[0] - 0.3
-    assert [s for s, _ in plain.val_losses] == [4, 8]
-    assert "ZeRO-3" in results_table(runs)
+    plain = train_run("plain", lambda: load_causal_lm(model_dir), blocks, runtime=rt, ds_config=config("plain"),
+                      plain_pytorch=True, steps=8, progress=False, eval_every=4, val_blocks=blocks)
+    assert plain.losses[-1] < plain.losses[0] - 0.3 and plain.config == "plain PyTorch"
+    assert [s for s, _ in plain.val_losses] == [4, 8] and plain.val_loss == plain.val_losses[-1][1]
+    # the same config: the same batches (micro-batch 4) and warm-up (no update in step 0), so the same first losses
+    assert plain.losses[:2] == pytest.approx(runs[0].losses[:2], rel=1e-4)
+    assert "ZeRO-3" in results_table(runs) and "RSS GB" in results_table(runs)
+
+
+def test_the_config_sets_batch_accumulation_lr_and_warmup(setup):
+    blocks, model_dir = setup
+    rt = detect_runtime()
+    cfg = course_config("zero2", rt, micro_batch_size=2, grad_accum_steps=2, lr=5e-4, warmup_steps=3)
+    assert RunSettings.from_config(cfg) == RunSettings(micro_batch=2, grad_accum=2, lr=5e-4, warmup_steps=3,
+                                                       weight_decay=0.01, gradient_clipping=1.0)
+    seen = []
+
+    class Count(TrainHooks):
+        def after_forward(self, output):
+            seen.append(output.logits.shape[0])
+
+    r = train_run("accum", lambda: load_causal_lm(model_dir), blocks, runtime=rt, ds_config=cfg, steps=2,
+                  progress=False, hooks=Count())
+    assert (r.micro_batch, r.grad_accum, len(r.losses)) == (2, 2, 2)
+    assert seen == [2, 2, 2, 2]  # 2 steps x 2 micro-batches of 2 blocks
+    with pytest.raises(ValueError, match="train_micro_batch_size_per_gpu"):
+        train_run("no config", lambda: load_causal_lm(model_dir), blocks, runtime=rt, ds_config=None, steps=1)
+
+
+def test_records_serialise_one_way_and_read_old_gib_fields():
+    r = RunResult(name="a", model="m", params=1, config="zero2", precision="fp16", micro_batch=2, grad_accum=1,
+                  seq_len=8, steps=2, checkpointing=False, runtime="x", losses=[2.0, 1.0], val_losses=[(2, 1.5)],
+                  peak_rss_gb=3.2, rss_by_phase={"train": 3.2}, extras={"kind": "dense"})
+    assert RunResult.from_dict(json.loads(json.dumps(r.as_dict()))) == r
+    old = {k: v for k, v in r.as_dict().items() if k not in ("peak_rss_gb", "baseline_rss_gb", "disk_gb")}
+    old.update(peak_rss_gib=2.0, baseline_rss_gib=1.0, disk_gib=0.5, rss_by_phase={"train": 2.0})
+    back = RunResult.from_dict(old)  # a report row or child result written before RSS was recorded in GB
+    assert (back.peak_rss_gb, back.baseline_rss_gb, back.disk_gb) == (2.147, 1.074, 0.537)
+    assert back.rss_by_phase == {"train": 2.147}
 
 
 def test_step_transient_and_peak_formulas():
@@ -70,7 +106,7 @@ def test_stages_benchmark_smoke(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert [r["config"] for r in report["rows"]] == ["plain", "zero0", "zero1", "zero2", "zero3"]
-    assert {"peak_vram_gib", "estimated_vram_gib", "peak_rss_gib", "tokens_per_s", "runtime", "params"} <= set(
+    assert {"peak_vram_gib", "estimated_vram_gib", "peak_rss_gb", "tokens_per_s", "runtime", "params"} <= set(
         report["rows"][0])
     assert set(report["targets"]["gpt2-tiny"]) >= {"zero2_speed_target_met", "estimate_target_met"}
     assert out.with_suffix(".md").read_text().startswith("# ZeRO stages on one GPU")
@@ -94,7 +130,9 @@ def test_out_of_memory_is_reported_not_raised(setup):
     def too_big():
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
 
-    r = train_run("plain", too_big, blocks, runtime=detect_runtime(), steps=2, progress=False)
+    rt = detect_runtime()
+    r = train_run("plain", too_big, blocks, runtime=rt, ds_config=course_config("plain", rt), plain_pytorch=True,
+                  steps=2, progress=False)
     assert r.error.startswith("CUDA out of memory: CUDA out of memory. Tried to allocate 20.00 GiB")
     assert r.losses == [] and r.tokens_per_s == 0
 

@@ -1,8 +1,8 @@
 """Data parallel + ZeRO stages 0-3 on N ranks: the bytes each rank holds (notebook 05, benchmarks/scale_out.py).
 
-    deepspeed --num_gpus 2 scripts/scale_out_train.py --out build/scale_out/n2                 # 2 GPUs, NCCL
-    deepspeed --num_accelerators 2 scripts/scale_out_train.py --out build/scale_out/n2 --device cpu   # CPU, gloo
-    torchrun --nproc_per_node 2 scripts/scale_out_train.py --out build/scale_out/n2            # either, torchrun
+    deepspeed --num_gpus 2 notebooks/programs/scale_out_train.py --out build/scale_out/n2                # 2 GPUs, NCCL
+    deepspeed --num_accelerators 2 notebooks/programs/scale_out_train.py --out build/scale_out/n2 --device cpu  # gloo
+    torchrun --nproc_per_node 2 notebooks/programs/scale_out_train.py --out build/scale_out/n2           # torchrun
 
 Every rank builds the same model (same seed), trains it on its own share of the data for a few steps, once per
 ZeRO stage asked for, and records what it holds: parameters, gradients (the peak during backward, and what is
@@ -15,21 +15,19 @@ import argparse
 import gc
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from helpers import scale_out  # noqa: E402  (light: DeepSpeed is imported once the device is chosen)
+from helpers import rank  # light: DeepSpeed is imported once the device is chosen
 
 
-def train_stage(stage: int, run: scale_out.RankSetup, args: argparse.Namespace) -> dict:
+def train_stage(stage: int, run: rank.RankSetup, args: argparse.Namespace) -> dict:
     """Train a fresh model under ZeRO `stage` on this rank's data and measure what the rank holds."""
     import deepspeed
     import torch
 
     from helpers.config import build_ds_config
-    from helpers.moe import build_gpt_moe
+    from helpers.gpt import build_gpt
 
-    model = build_gpt_moe(run.cfg, seed=args.seed)  # the same weights on every rank
+    model = build_gpt(run.cfg, seed=args.seed)  # the same weights on every rank
     n_params = sum(p.numel() for p in model.parameters())
     bucket = max(1, int(n_params * args.bucket_fraction))
     config = build_ds_config(stage, precision=run.precision, micro_batch_size=args.micro_batch, world_size=run.world,
@@ -42,24 +40,24 @@ def train_stage(stage: int, run: scale_out.RankSetup, args: argparse.Namespace) 
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
-    batches = scale_out.rank_batches(run.blocks, args.micro_batch, run.rank, run.world, seed=args.seed)
+    batches = rank.rank_batches(run.blocks, args.micro_batch, run.rank, run.world, seed=args.seed)
     losses, held = [], {}
     start = time.perf_counter()
-    with scale_out.GradientPeak(engine) as grad_peak:  # samples the gradient bytes all through backward
+    with rank.GradientPeak(engine) as grad_peak:  # samples the gradient bytes all through backward
         for _ in range(args.steps):
             ids = next(batches).to(engine.device)
             loss = engine(ids, labels=ids).loss
             engine.backward(loss)  # ZeRO-2/3 reduce-scatter gradient buckets here, as they fill
-            held = scale_out.rank_state_bytes(engine)  # what is kept for the step
+            held = rank.rank_state_bytes(engine)  # what is kept for the step
             engine.step()  # ZeRO-1/2 update their optimizer partition, then all-gather the parameters
             losses.append(round(loss.item(), 6))
     seconds = time.perf_counter() - start
-    after = scale_out.rank_state_bytes(engine)
+    after = rank.rank_state_bytes(engine)
     row = {"stage": stage, "world": run.world, "rank": run.rank, "device": run.device, "backend": run.backend,
            "precision": run.precision, "n_params": n_params, "bucket_elements": bucket,
            "params": after["params"], "grads_peak": grad_peak.peak, "grads_held": held["grads"],
            "optimizer": after["optimizer"], "optimizer_master": after["optimizer_master"],
-           "optimizer_moments": after["optimizer_moments"], "peak_gpu_bytes": scale_out.peak_gpu_bytes(),
+           "optimizer_moments": after["optimizer_moments"], "peak_gpu_bytes": rank.peak_gpu_bytes(),
            "losses": losses, "seconds": round(seconds, 2)}
     row["model_states"] = row["params"] + row["grads_peak"] + row["optimizer"]  # the most held at once
     if not after["optimizer_moments"]:
@@ -71,7 +69,7 @@ def train_stage(stage: int, run: scale_out.RankSetup, args: argparse.Namespace) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = scale_out.add_rank_args(argparse.ArgumentParser(
+    parser = rank.add_rank_args(argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
     parser.add_argument("--stages", type=int, nargs="+", default=[0, 1, 2, 3])
     parser.add_argument("--bucket-fraction", type=float, default=0.125,
@@ -81,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
 
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=UserWarning)
-    run = scale_out.setup_rank(args)
+    run = rank.setup_rank(args)
     from helpers.moe import quiet_deepspeed
 
     rows = []
@@ -92,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rank {run.rank}/{run.world} ({run.device}, {run.backend}) ZeRO-{stage}: params {r['params']:,} B, "
               f"grads peak {r['grads_peak']:,} B, optimizer {r['optimizer']:,} B; loss {r['losses'][0]:.4f} -> "
               f"{r['losses'][-1]:.4f}", flush=True)
-    scale_out.finish_rank(args.out, run.rank, {"rank": run.rank, "world": run.world, "device": run.device,
+    rank.finish_rank(args.out, run.rank, {"rank": run.rank, "world": run.world, "device": run.device,
                                                "backend": run.backend, "shape": run.cfg.__dict__, "stages": rows})
     return 0
 

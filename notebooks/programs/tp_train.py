@@ -1,7 +1,7 @@
 """Tensor parallelism with DeepSpeed AutoTP: each linear layer split over the ranks (notebook 05).
 
-    deepspeed --num_gpus 2 scripts/tp_train.py --out build/tp                                 # 2 GPUs, NCCL
-    torchrun --nproc_per_node 2 scripts/tp_train.py --out build/tp --device cpu               # CPU, gloo
+    deepspeed --num_gpus 2 notebooks/programs/tp_train.py --out build/tp                      # 2 GPUs, NCCL
+    torchrun --nproc_per_node 2 notebooks/programs/tp_train.py --out build/tp --device cpu    # CPU, gloo
 
 AutoTP training is switched on by the config alone: ``"tensor_parallel": {"autotp_size": N, ...}`` (no
 ``train_batch_size``: DeepSpeed derives it, the ranks of one tensor-parallel group form one data-parallel replica).
@@ -17,14 +17,12 @@ import argparse
 import copy
 import sys
 import traceback
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from helpers import scale_out  # noqa: E402
+from helpers import rank, scale_out
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = scale_out.add_rank_args(argparse.ArgumentParser(
+    parser = rank.add_rank_args(argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
     parser.add_argument("--mode", choices=("auto", "inference"), default="auto",
                         help="auto: AutoTP training, inference where training fails; inference: skip training")
@@ -34,16 +32,17 @@ def main(argv: list[str] | None = None) -> int:
 
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=UserWarning)
-    run = scale_out.setup_rank(args)
+    run = rank.setup_rank(args)
     import deepspeed
     import torch
 
     from helpers.config import build_ds_config
-    from helpers.moe import build_gpt_moe, quiet_deepspeed
+    from helpers.gpt import build_gpt
+    from helpers.moe import quiet_deepspeed
 
-    reference = build_gpt_moe(run.cfg, seed=args.seed)
+    reference = build_gpt(run.cfg, seed=args.seed)
     full_shapes = {n: list(p.shape) for n, p in reference.named_parameters()}
-    batches = scale_out.rank_batches(run.blocks, args.micro_batch, rank=0, world=1, seed=args.seed)
+    batches = rank.rank_batches(run.blocks, args.micro_batch, rank=0, world=1, seed=args.seed)
     data = [next(batches) for _ in range(args.steps)]  # the same micro-batches on every rank of the group
 
     plain = copy.deepcopy(reference).to(run.device)
@@ -85,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     if engine is None:
         from deepspeed.comm import comm as ds_comm
 
-        from helpers.moe import _classes
+        from helpers.gpt import Block
 
         if run.device == "cpu":  # DeepSpeed 0.19.8's shared-memory inference all-reduce segfaulted on CPU ranks here:
             ds_comm.cdb.shm_vector_kernel_level = 0  # use the process group's all_reduce (gloo) instead
@@ -93,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         # the course GPT is no Hugging Face model: name its block and the layers whose outputs are summed
         engine = deepspeed.init_inference(model, tensor_parallel={"tp_size": run.world},
                                           dtype=torch.float32 if run.precision == "fp32" else torch.float16,
-                                          injection_policy={_classes()["Block"]: ("attn.out", "mlp.down")})
+                                          injection_policy={Block: ("attn.out", "mlp.down")})
         with torch.no_grad():
             tp_losses = [engine(ids.to(run.device), labels=ids.to(run.device)).lm_loss.item() for ids in data]
         report["mode"] = "inference"
@@ -106,16 +105,16 @@ def main(argv: list[str] | None = None) -> int:
         params_local=sum(p.numel() for p in module.parameters()),
         split={n: {"local": local[n], "full": full_shapes[n]} for n in local if local[n] != full_shapes[n]},
         layer_types=sorted({f"{type(m).__name__}" for m in module.modules() if hasattr(m, "weight")}),
-        peak_gpu_bytes=scale_out.peak_gpu_bytes())
+        peak_gpu_bytes=rank.peak_gpu_bytes())
     if report["mode"] == "training":
-        report.update({k: v for k, v in scale_out.rank_state_bytes(engine).items() if k in scale_out.STATE_PARTS})
+        report.update({k: v for k, v in rank.rank_state_bytes(engine).items() if k in scale_out.STATE_PARTS})
     print(f"rank {run.rank}/{run.world} ({run.device}, {run.backend}) AutoTP {report['mode']}: "
           f"{report['params_local']:,} of {report['params_total']:,} parameters, {len(report['split'])} tensors split; "
           f"loss {tp_losses[0]:.6f} -> {tp_losses[-1]:.6f} (plain {plain_losses[0]:.6f} -> {plain_losses[-1]:.6f})",
           flush=True)
     if report["mode"] == "training":  # an InferenceEngine's destroy() fails without DeepSpeed's kernels
         engine.destroy()
-    scale_out.finish_rank(args.out, run.rank, report)
+    rank.finish_rank(args.out, run.rank, report)
     return 0
 
 

@@ -1,8 +1,10 @@
 """Expert parallelism with DeepSpeed MoE on 2 processes: each rank holds only its experts (notebook 03).
 
-    python -m torch.distributed.run --nproc_per_node 2 --master_port 29511 scripts/moe_expert_parallel.py --out build/ep
+    python -m torch.distributed.run --nproc_per_node 2 --master_port 29511 \
+        notebooks/programs/moe_expert_parallel.py --out build/ep
 
-(`torchrun` is the same launcher; `deepspeed --num_accelerators 2 scripts/moe_expert_parallel.py` works too.)
+(`torchrun` is the same launcher; `deepspeed --num_accelerators 2 notebooks/programs/moe_expert_parallel.py` works
+too.)
 With ep_size = world size, the experts of every MoE layer are split across the ranks: rank r holds experts
 r * E/ep ... (r + 1) * E/ep - 1, and an all-to-all sends each token to the rank holding its expert and back.
 The shared weights (embeddings, attention, dense MLPs, gates) are replicated and trained data-parallel.
@@ -17,8 +19,6 @@ import json
 import os
 import sys
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -60,7 +60,6 @@ def main(argv: list[str] | None = None) -> int:
     if device == "cpu":  # before DeepSpeed picks its accelerator
         os.environ["DS_ACCELERATOR"] = "cpu"
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    sys.path.insert(0, str(ROOT))
     import warnings
 
     warnings.filterwarnings("ignore", category=FutureWarning)
@@ -68,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     import deepspeed
     import torch.distributed as dist
 
-    from helpers import moe
+    from helpers import gpt, moe
     from helpers.data import block_loader, load_text_dataset, pack_blocks, train_tokenizer
     from helpers.hardware import apply_t4_budget, choose_precision, detect_runtime, t4_budget_requested
 
@@ -97,12 +96,12 @@ def main(argv: list[str] | None = None) -> int:
         blocks = pack_blocks(texts, tok, args.seq_len)
         vocab = len(tok)
     seq_len = int(blocks[0]["input_ids"].shape[-1])
-    cfg = moe.MoEConfig(vocab_size=vocab, seq_len=seq_len, hidden=args.hidden, layers=args.layers,
+    cfg = gpt.GPTConfig(vocab_size=vocab, seq_len=seq_len, hidden=args.hidden, layers=args.layers,
                         heads=args.heads, ffn=args.ffn or 4 * args.hidden, num_experts=args.experts, k=args.k, ep_size=world)
     with moe.quiet_deepspeed():
-        model = moe.build_gpt_moe(cfg, seed=args.seed)
+        model = gpt.build_gpt(cfg, seed=args.seed)
         # the same model unsplit (ep_size 1, every expert in one process): global expert e must match
-        whole = moe.build_gpt_moe(cfg.replace(ep_size=1), seed=args.seed)
+        whole = gpt.build_gpt(cfg.replace(ep_size=1), seed=args.seed)
     held = moe.expert_parallel_summary(model)
     same_as_unsplit = all(
         torch.equal(p, q)

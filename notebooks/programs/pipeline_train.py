@@ -1,7 +1,7 @@
 """Pipeline parallelism: the course GPT cut into 2 stages with deepspeed.pipe.PipelineModule (notebook 05).
 
-    deepspeed --num_gpus 2 scripts/pipeline_train.py --out build/pipeline                        # 2 GPUs, NCCL
-    torchrun --nproc_per_node 2 scripts/pipeline_train.py --out build/pipeline --device cpu      # CPU, gloo
+    deepspeed --num_gpus 2 notebooks/programs/pipeline_train.py --out build/pipeline                    # 2 GPUs, NCCL
+    torchrun --nproc_per_node 2 notebooks/programs/pipeline_train.py --out build/pipeline --device cpu  # CPU, gloo
 
 Rank 0 holds the embeddings and the first half of the blocks, rank 1 the rest, the final norm and the output
 layer (tied to the embedding: each of the two stages holds a copy, their gradients are summed). Each batch is
@@ -14,14 +14,12 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from helpers import scale_out  # noqa: E402
+from helpers import rank, scale_out
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = scale_out.add_rank_args(argparse.ArgumentParser(
+    parser = rank.add_rank_args(argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
     parser.add_argument("--micro-batches", type=int, default=4, help="micro-batches per batch (per optimizer step)")
     parser.set_defaults(precision="fp32")
@@ -30,17 +28,18 @@ def main(argv: list[str] | None = None) -> int:
 
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=UserWarning)
-    run = scale_out.setup_rank(args)
+    run = rank.setup_rank(args)
     import deepspeed
     import torch
     from deepspeed.pipe import PipelineModule
 
     from helpers.config import build_ds_config
-    from helpers.moe import build_gpt_moe, quiet_deepspeed
+    from helpers.gpt import build_gpt
+    from helpers.moe import quiet_deepspeed
 
     stages, m = run.world, args.micro_batches
-    reference = build_gpt_moe(run.cfg, seed=args.seed)
-    batches = scale_out.rank_batches(run.blocks, args.micro_batch, rank=0, world=1, seed=args.seed)
+    reference = build_gpt(run.cfg, seed=args.seed)
+    batches = rank.rank_batches(run.blocks, args.micro_batch, rank=0, world=1, seed=args.seed)
     data = [[next(batches) for _ in range(m)] for _ in range(args.steps)]  # the same micro-batches for both runs
 
     # 1. the plain run: the whole model in this process, gradients accumulated over the m micro-batches
@@ -75,14 +74,14 @@ def main(argv: list[str] | None = None) -> int:
     layers = [spec.typename.__name__ if hasattr(spec, "typename") else type(spec).__name__
               for spec in scale_out.pipeline_layers(reference)]
     start, stop = model.parts[engine.stage_id], model.parts[engine.stage_id + 1]
-    held = scale_out.rank_state_bytes(engine)
+    held = rank.rank_state_bytes(engine)
     report = {
         "rank": run.rank, "world": run.world, "device": run.device, "backend": run.backend, "stages": stages,
         "stage_id": engine.stage_id, "micro_batches": m, "micro_batch": args.micro_batch,
         "layers_held": list(range(start, stop)), "layer_names": layers[start:stop], "all_layers": layers,
         "params_local": sum(p.numel() for p in model.parameters()),
         "params_total": sum(p.numel() for p in reference.parameters()),
-        **{k: held[k] for k in scale_out.STATE_PARTS}, "peak_gpu_bytes": scale_out.peak_gpu_bytes(),
+        **{k: held[k] for k in scale_out.STATE_PARTS}, "peak_gpu_bytes": rank.peak_gpu_bytes(),
         "pipeline_losses": pipe_losses, "plain_losses": plain_losses,
         "max_loss_gap": max(abs(a - b) for a, b in zip(pipe_losses, plain_losses)),
     }
@@ -92,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{pipe_losses[0]:.6f} -> {pipe_losses[-1]:.6f} (plain {plain_losses[0]:.6f} -> {plain_losses[-1]:.6f})",
           flush=True)
     engine.destroy()
-    scale_out.finish_rank(args.out, run.rank, report)
+    rank.finish_rank(args.out, run.rank, report)
     return 0
 
 

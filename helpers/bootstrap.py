@@ -1,0 +1,152 @@
+"""The first code cell of every notebook (00-05) and the one call it makes: `helpers.start_notebook()`.
+
+`BOOTSTRAP_CELL` is that cell's exact text: it finds the checkout (the cwd or a folder above it; on Colab it clones
+the course into /content once), puts it first on sys.path and imports helpers, which is light (no torch). Then
+`start_notebook` does the rest: on Colab the pinned install (requirements.txt with Colab's own torch as a
+constraint, and helpers itself, editable, so launched programs import it; once per VM) and libaio for NVMe
+offload; programs launched from the notebook import this checkout's helpers (installed, or through PYTHONPATH);
+warnings filters; inline plots; DeepSpeed's first-engine imports (`warm_up_deepspeed`); and a short status block.
+A notebook's parameters cell comes after this cell (every notebook has a T4_BUDGET parameter), and the cell after
+it makes the runtime, once: `runtime = helpers.detect_runtime(T4_BUDGET)`.
+`work_dir(name)` is the notebook's folder under the checkout's build/. scripts/apply_bootstrap.py writes the cell
+into the notebooks; tests/test_repo.py checks each has it, unchanged.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+from helpers.hardware import in_colab
+from helpers.runtime import warm_up_deepspeed
+
+__all__ = ["BOOTSTRAP_CELL", "DIST_NAME", "course_root", "install_libaio", "install_on_colab", "installed_root",
+           "launched_programs_import", "quiet_warnings", "start_notebook", "work_dir"]
+
+BOOTSTRAP_CELL = '''\
+# The course's bootstrap, the same cell in every notebook (helpers/bootstrap.py): find the course (on Colab, clone it)
+import os, sys, subprocess, pathlib
+
+COURSE_REPO = "https://github.com/deepspeed-course/deepspeed-course"  # the one place the course's address is written
+COURSE_ROOT = next((d for d in [pathlib.Path.cwd(), *pathlib.Path.cwd().parents]
+                    if (d / "helpers" / "__init__.py").is_file()), None)
+if COURSE_ROOT is None and "google.colab" in sys.modules:
+    COURSE_ROOT = pathlib.Path("/content/deepspeed-course")
+    if not (COURSE_ROOT / "helpers").is_dir():
+        subprocess.run(["git", "clone", "--depth", "1", COURSE_REPO, str(COURSE_ROOT)], check=True)
+if COURSE_ROOT is None:
+    raise RuntimeError("Run this notebook from a checkout of the course (or in Colab): helpers/ was not found.")
+if sys.path[:1] != [str(COURSE_ROOT)]:
+    sys.path.insert(0, str(COURSE_ROOT))
+import helpers
+
+helpers.start_notebook()  # Colab: pinned install (once); then warnings, plots, DeepSpeed warm-up, versions'''
+
+DIST_NAME = "deepspeed-course-helpers"  # pyproject.toml's project name
+COLAB_MARKER = ".colab-installed"  # in the checkout: the pinned install ran on this VM
+LIBAIO_HEADER = Path("/usr/include/libaio.h")
+
+
+def course_root() -> Path:
+    """The checkout this `helpers` was imported from."""
+    return Path(__file__).resolve().parent.parent
+
+
+def work_dir(name: str, root: str | os.PathLike[str] | None = None) -> Path:
+    """The notebook's own folder `build/<name>` in the checkout (made if missing), e.g. work_dir("nb02")."""
+    if not name or os.sep in name or name in (".", ".."):
+        raise ValueError(f"work_dir needs a plain folder name such as 'nb02' (got {name!r})")
+    path = Path(root or course_root()) / "build" / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def installed_root() -> Path | None:
+    """The checkout that `pip install -e` installed helpers from (what launched programs import), or None."""
+    import importlib.metadata
+
+    try:
+        direct = importlib.metadata.distribution(DIST_NAME).read_text("direct_url.json")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    url = json.loads(direct or "{}").get("url", "")
+    return Path(url.removeprefix("file://")) if url.startswith("file://") else None
+
+
+def install_on_colab(root: Path) -> bool:
+    """On Colab, once per VM: requirements.txt with Colab's torch pinned (never replaced), then helpers itself,
+    editable, so programs the notebooks launch import it. Returns True when it installed something now."""
+    import importlib.metadata
+
+    marker = root / COLAB_MARKER
+    if not in_colab() or marker.exists():
+        return False
+    constraint = root / "torch-constraint.txt"  # torch's version read without importing it
+    constraint.write_text(f"torch=={importlib.metadata.version('torch').split('+')[0]}\n")
+    pip = [sys.executable, "-m", "pip", "install", "-q"]
+    subprocess.run([*pip, "-r", str(root / "requirements.txt"), "-c", str(constraint)], check=True)
+    subprocess.run([*pip, "--no-deps", "--no-build-isolation", "-e", str(root)], check=True)
+    marker.touch()
+    return True
+
+
+def install_libaio() -> bool:
+    """On Colab, libaio's headers for DeepSpeed's async_io op (NVMe offload), once; True when it installed them."""
+    if not in_colab() or LIBAIO_HEADER.exists():
+        return False
+    subprocess.run(["apt-get", "install", "-y", "-qq", "libaio-dev"], check=False, capture_output=True)
+    return LIBAIO_HEADER.exists()
+
+
+def quiet_warnings() -> None:
+    """Hide the FutureWarning and UserWarning noise of torch, transformers and DeepSpeed (the notebooks' habit)."""
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=UserWarning)
+
+
+def _inline_plots() -> None:
+    """`%matplotlib inline` when running in IPython (a no-op elsewhere)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is not None and getattr(shell, "kernel", None) is not None:
+        shell.run_line_magic("matplotlib", "inline")
+
+
+def launched_programs_import(root: Path) -> str:
+    """Make programs this notebook launches import helpers from `root`; returns how they do ("installed" or a note).
+
+    With helpers installed from this checkout (scripts/setup.sh, or the Colab install) nothing is needed; otherwise
+    (another checkout installed, or none: a bare GPU machine) `root` is put first on PYTHONPATH, which they inherit.
+    """
+    installed = installed_root()
+    if installed is not None and installed.resolve() == root.resolve():
+        return "installed"
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(root) not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(root), *paths])
+    where = "not installed" if installed is None else f"installed from {installed}"
+    return f"note: helpers is {where}; programs launched from here import {root}/helpers through PYTHONPATH"
+
+
+def start_notebook() -> None:
+    """Everything a notebook needs before its parameters cell (the runtime comes after them:
+    `runtime = helpers.detect_runtime(T4_BUDGET)`, once).
+
+    Prints one status block: where the course code is, torch and DeepSpeed versions.
+    """
+    root = course_root()
+    installed = install_on_colab(root)
+    install_libaio()
+    quiet_warnings()
+    _inline_plots()
+    warm_s = warm_up_deepspeed()  # the first engine's ~1500 imports, now: an interrupted cell cannot half-import them
+    import deepspeed
+    import torch
+
+    lines = [f"course code: {root}" + (" (pinned requirements installed now)" if installed else ""),
+             f"torch {torch.__version__} | deepspeed {deepspeed.__version__} | DeepSpeed warmed up in {warm_s:.1f} s"]
+    how = launched_programs_import(root)
+    print("\n".join(lines + ([how] if how != "installed" else [])))

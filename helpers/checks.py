@@ -1,0 +1,68 @@
+"""Refusing a bad input with the fix in the message: `ConfigError` and the checks that raise it.
+
+The floor under helpers.memory (estimates), helpers.config (the config builder) and helpers.planner (pre-flight):
+each imports these, none of them imports another for its checks. Used by notebooks 00-02 through those modules.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any
+
+__all__ = ["OFFLOAD_DEVICES", "ConfigError", "check_model_size", "check_number", "check_offload_device"]
+
+OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+
+
+class ConfigError(ValueError):
+    """A DeepSpeed config that cannot work here; the message says how to fix it."""
+
+
+def _as_number(value: Any) -> float | None:
+    """`value` as a float when it is a real number (not a bool, not a string), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def check_number(name: str, value: Any, *, positive: bool, integer: bool, example: Any, hint: str = "") -> None:
+    """Refuse anything but a positive (or non-negative) number, an int where `integer`, with ConfigError whose fix
+    (`example`, or the value itself when it was a number in a string) passes this check; `hint` is appended."""
+    def passes(v: Any) -> bool:
+        number = _as_number(v)
+        return (number is not None and (isinstance(v, int) or not integer)
+                and (number > 0 if positive else number >= 0))
+
+    if passes(value):
+        return
+    fix = f"{name}={example!r}"
+    candidate: Any = None
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            candidate = float(value)
+    elif isinstance(value, float):
+        candidate = value
+    if isinstance(candidate, float) and integer and candidate.is_integer():
+        candidate = int(candidate)
+    if candidate is not None and passes(candidate):
+        fix = f"{name}={candidate!r}" + (" (a number, not a string)" if isinstance(value, str) else " (an int)")
+    kind = ("a positive " if positive else "a non-negative ") + ("integer" if integer else "number")
+    got = repr(value) if _as_number(value) is not None else f"{value!r}, a {type(value).__name__}"
+    raise ConfigError(f"{name} must be {kind} (got {got}). Fix: {fix}{hint}.")
+
+
+def check_offload_device(name: str, device: Any) -> None:
+    """`device` must be one of OFFLOAD_DEVICES (the config builder and the estimators)."""
+    if device in OFFLOAD_DEVICES:
+        return
+    fix = f"{name}={device.lower()!r}" if isinstance(device, str) and device.lower() in OFFLOAD_DEVICES else \
+        f"{name}='none' (keeps it on the GPU), 'cpu' or 'nvme'"
+    raise ConfigError(f"{name} must be one of {OFFLOAD_DEVICES} (got {device!r}). Fix: {fix}.")
+
+
+def check_model_size(n_params: Any, largest_layer_params: Any) -> None:
+    """A model's size for the estimators: a positive parameter count, a non-negative largest layer."""
+    check_number("n_params", n_params, positive=True, integer=False, example=124_439_808,
+                 hint=" (GPT-2 124M; helpers.model_shape(name).n_params gives a model's count)")
+    check_number("largest_layer_params", largest_layer_params, positive=False, integer=False, example=0,
+                 hint=" (unknown), or helpers.model_shape(name).largest_layer_params")

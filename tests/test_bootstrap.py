@@ -1,0 +1,71 @@
+"""helpers.bootstrap: the one bootstrap cell and `start_notebook` (every notebook's first code cell)."""
+import ast
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from helpers import bootstrap
+
+
+def test_bootstrap_cell_is_python_that_finds_this_checkout_from_a_subfolder(tmp_path):
+    """Run the cell's search-and-import part from notebooks/ in a fresh interpreter (the helpers call stubbed)."""
+    ast.parse(bootstrap.BOOTSTRAP_CELL)
+    cell = bootstrap.BOOTSTRAP_CELL.replace("helpers.start_notebook()", "None")
+    assert cell != bootstrap.BOOTSTRAP_CELL
+    code = cell + "\nprint(COURSE_ROOT, sys.path[0], helpers.__file__)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "notebooks", capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    root, first, module = out.stdout.split()
+    assert root == first == str(ROOT) and module == str(ROOT / "helpers" / "__init__.py")
+    outside = subprocess.run([sys.executable, "-c", cell], cwd=tmp_path, capture_output=True, text=True)
+    assert "Run this notebook from a checkout of the course" in outside.stderr
+
+
+def test_work_dir_is_the_notebooks_own_folder_under_build(tmp_path):
+    assert bootstrap.work_dir("nb09", tmp_path) == tmp_path / "build" / "nb09"
+    assert (tmp_path / "build" / "nb09").is_dir()
+    with pytest.raises(ValueError, match="plain folder name"):
+        bootstrap.work_dir("../elsewhere", tmp_path)
+
+
+def test_launched_programs_import_this_checkouts_helpers(tmp_path, monkeypatch):
+    """Installed from this checkout (pip install -e ., scripts/setup.sh): nothing to do. Elsewhere (another
+    checkout, or a bare GPU machine) the checkout goes first on PYTHONPATH, which launched programs inherit."""
+    assert bootstrap.installed_root() == ROOT
+    monkeypatch.setenv("PYTHONPATH", "/some/where")
+    assert bootstrap.launched_programs_import(ROOT) == "installed"
+    other = tmp_path / "copy"
+    assert "through PYTHONPATH" in bootstrap.launched_programs_import(other)
+    assert bootstrap.launched_programs_import(other) != "installed"  # again: no second entry
+    assert os.environ["PYTHONPATH"] == os.pathsep.join([str(other), "/some/where"])
+
+
+def test_nothing_is_installed_off_colab(tmp_path, monkeypatch):
+    monkeypatch.delenv("COLAB_RELEASE_TAG", raising=False)
+    calls = []
+    monkeypatch.setattr(bootstrap.subprocess, "run", lambda *a, **k: calls.append(a))
+    assert bootstrap.install_on_colab(tmp_path) is False and bootstrap.install_libaio() is False
+    assert calls == [] and not (tmp_path / bootstrap.COLAB_MARKER).exists()
+
+
+def test_on_colab_the_pinned_install_runs_once_and_never_names_torch(tmp_path, monkeypatch):
+    monkeypatch.setenv("COLAB_RELEASE_TAG", "test")
+    calls = []
+    monkeypatch.setattr(bootstrap.subprocess, "run", lambda argv, **k: calls.append(argv))
+    assert bootstrap.install_on_colab(tmp_path) is True
+    constraint = (tmp_path / "torch-constraint.txt").read_text()
+    assert constraint.startswith("torch==") and "+" not in constraint  # Colab's own torch, pinned
+    assert len(calls) == 2 and "-c" in calls[0] and calls[1][-2:] == ["-e", str(tmp_path)]
+    assert not [a for argv in calls for a in argv if a.startswith("torch")]
+    assert bootstrap.install_on_colab(tmp_path) is False and len(calls) == 2  # marker: once per VM
+
+
+def test_start_notebook_prints_one_status_block_and_leaves_the_runtime_to_the_notebook(monkeypatch, capsys):
+    monkeypatch.setattr(bootstrap, "warm_up_deepspeed", lambda: 0.5)
+    assert bootstrap.start_notebook() is None  # the runtime is made once, after the parameters cell (T4_BUDGET)
+    out = capsys.readouterr().out
+    assert f"course code: {ROOT}\n" in out and "Runtime" not in out
+    assert "| DeepSpeed warmed up in 0.5 s" in out
