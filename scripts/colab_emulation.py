@@ -253,24 +253,24 @@ class Enclosure:
                 _write(mem / "memory.memsw.limit_in_bytes", str(self.limits.ram_bytes))
             except OSError as exc:
                 self.stats.notes.append(f"memsw limit not set: {exc}")
-        if "cpuset" in mounts:
-            cs = Path(mounts["cpuset"]) / self.name
+        def cpuset(cs: Path) -> None:
+            _write(cs / "cpuset.cpus", ",".join(map(str, self.cpus)))
+            _write(cs / "cpuset.mems", (cs.parent / "cpuset.mems").read_text().strip())
+
+        def cpu_quota(cpu: Path) -> None:
+            period = int((cpu / "cpu.cfs_period_us").read_text())
+            _write(cpu / "cpu.cfs_quota_us", str(self.limits.cpus * period))
+
+        for controller, fill, what in (("cpuset", cpuset, "cpuset"), ("cpu", cpu_quota, "CPU quota")):
+            if controller not in mounts:
+                continue
+            folder = Path(mounts[controller]) / self.name
             try:
-                cs.mkdir()
-                self.dirs.append(cs)
-                _write(cs / "cpuset.cpus", ",".join(map(str, self.cpus)))
-                _write(cs / "cpuset.mems", (cs.parent / "cpuset.mems").read_text().strip())
+                folder.mkdir()
+                self.dirs.append(folder)
+                fill(folder)
             except OSError as exc:
-                self.stats.notes.append(f"cpuset not set: {exc}")
-        if "cpu" in mounts:
-            cpu = Path(mounts["cpu"]) / self.name
-            try:
-                cpu.mkdir()
-                self.dirs.append(cpu)
-                period = int((cpu / "cpu.cfs_period_us").read_text())
-                _write(cpu / "cpu.cfs_quota_us", str(self.limits.cpus * period))
-            except OSError as exc:
-                self.stats.notes.append(f"CPU quota not set: {exc}")
+                self.stats.notes.append(f"{what} not set: {exc}")
 
     def join_argv(self) -> list[str]:
         """Prefix for a command line: the process joins this enclosure (cgroup, CPUs), then execs the command."""
