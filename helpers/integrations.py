@@ -9,7 +9,7 @@
   from the config (``DummyOptim`` / ``DummyScheduler`` stand in for them). ``Accelerator(cpu=True)`` silently
   drops DeepSpeed, so `run_accelerate` checks that the model really became a ``DeepSpeedEngine``.
 - Both leave global state behind (transformers' ZeRO-3 config, Accelerate's singleton state, an environment
-  variable); `reset_hf_deepspeed_state` clears it so a notebook can run twice in one kernel.
+  variable); `reset_hf_deepspeed_state` (helpers.runtime) clears it so a notebook can run twice in one kernel.
 - `run_trainer` and `run_accelerate` return the record `train_run` returns (`helpers.train.RunResult`); what only
   these drivers can tell (the config the engine ran, its class) is in its `extras`.
 
@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from helpers.config import ConfigError
 from helpers.memory import GB, GiB, measure_peak
-from helpers.runtime import destroy_engine, reset_peak_stats, setup_single_process, teardown
+from helpers.runtime import (destroy_engine, reset_hf_deepspeed_state, reset_peak_stats, setup_single_process,
+                             teardown)
 from helpers.train import RunResult
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 __all__ = ["AUTO_FIELDS", "HIDDEN_SIZE_AUTO", "trainer_ds_config", "auto_table", "config_differences",
            "training_arguments", "ordered_blocks", "causal_lm_collator", "fix_causal_lm_loss", "loss_token_count",
            "StepRecorder", "recorded_result", "driver_extras", "run_trainer", "run_accelerate", "accelerate_precision",
-           "hf_deepspeed_state", "reset_hf_deepspeed_state", "teardown_hf", "agreement"]
+           "teardown_hf", "agreement"]
 
 # DeepSpeed config key -> the TrainingArguments field Trainer writes there when the value is "auto"
 AUTO_FIELDS: dict[str, str] = {
@@ -430,42 +430,6 @@ def accelerate_precision(runtime: "Runtime") -> str:
 
 
 # ---------------------------------------------------------------- global state and teardown
-
-def hf_deepspeed_state() -> dict[str, str]:
-    """What global DeepSpeed state transformers and Accelerate hold right now (notebook 04)."""
-    from accelerate.state import AcceleratorState, PartialState
-    from transformers.integrations.deepspeed import deepspeed_config, is_deepspeed_zero3_enabled
-
-    if deepspeed_config() is None:
-        hf = "none"
-    else:
-        hf = "ZeRO-3: from_pretrained builds models partitioned" if is_deepspeed_zero3_enabled() else "set (not ZeRO-3)"
-    acc = "none"
-    if AcceleratorState._shared_state:
-        acc = str(AcceleratorState._shared_state.get("distributed_type", "set"))
-    elif PartialState._shared_state:
-        acc = "PartialState only"
-    return {"transformers HfDeepSpeedConfig": hf, "Accelerate state": acc,
-            "ACCELERATE_USE_DEEPSPEED": os.environ.get("ACCELERATE_USE_DEEPSPEED", "unset")}
-
-
-def reset_hf_deepspeed_state() -> dict[str, str]:
-    """Forget transformers' global DeepSpeed config and Accelerate's state; returns what was there before.
-
-    Without it a ZeRO-3 run leaves later models built partitioned, and a second Accelerator with a
-    deepspeed_plugin is refused ("You cannot pass in a `deepspeed_plugin` when creating a second `Accelerator`").
-    The torch.distributed process group stays (DeepSpeed reuses it).
-    """
-    from accelerate.state import AcceleratorState, GradientState
-    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
-
-    before = hf_deepspeed_state()
-    unset_hf_deepspeed_config()
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    os.environ.pop("ACCELERATE_USE_DEEPSPEED", None)
-    return before
-
 
 def teardown_hf(namespace: dict[str, Any], *names: str) -> int:
     """Like `helpers.teardown`, for Trainers and Accelerators too: destroy their engines, drop their

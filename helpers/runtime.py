@@ -13,7 +13,8 @@ from typing import Any
 
 __all__ = ["DIST_ENV_VARS", "clean_slate", "destroy_engine", "free_port", "gpu_allocated_bytes", "live_engines",
            "mmap_large_allocations", "release_host_memory", "release_nvme_swappers", "release_zero3_globals",
-           "require", "reset_peak_stats", "setup_single_process", "teardown", "warm_up_cuda", "warm_up_deepspeed"]
+           "require", "reset_peak_stats", "setup_single_process", "teardown", "warm_up_cuda", "warm_up_deepspeed",
+           "hf_deepspeed_state", "reset_hf_deepspeed_state"]
 
 DIST_ENV_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
 
@@ -312,7 +313,6 @@ def clean_slate(namespace: dict[str, Any], *names: str, hf: bool = False) -> lis
         hf_integration.unset_hf_deepspeed_config()
         cleaned.append("transformers' ZeRO-3 config")
     if hf:
-        from helpers.integrations import reset_hf_deepspeed_state
 
         before = reset_hf_deepspeed_state()
         if any(v not in ("none", "unset") for v in before.values()):
@@ -359,3 +359,39 @@ def require(namespace: dict[str, Any], *names: str, where: str) -> None:
     if missing:
         raise NameError(f"{', '.join(missing)} not defined: this cell reads what {where} made. Fix: run {where} "
                         "first (it builds everything it needs).")
+
+
+def hf_deepspeed_state() -> dict[str, str]:
+    """What global DeepSpeed state transformers and Accelerate hold right now (notebook 04)."""
+    from accelerate.state import AcceleratorState, PartialState
+    from transformers.integrations.deepspeed import deepspeed_config, is_deepspeed_zero3_enabled
+
+    if deepspeed_config() is None:
+        hf = "none"
+    else:
+        hf = "ZeRO-3: from_pretrained builds models partitioned" if is_deepspeed_zero3_enabled() else "set (not ZeRO-3)"
+    acc = "none"
+    if AcceleratorState._shared_state:
+        acc = str(AcceleratorState._shared_state.get("distributed_type", "set"))
+    elif PartialState._shared_state:
+        acc = "PartialState only"
+    return {"transformers HfDeepSpeedConfig": hf, "Accelerate state": acc,
+            "ACCELERATE_USE_DEEPSPEED": os.environ.get("ACCELERATE_USE_DEEPSPEED", "unset")}
+
+
+def reset_hf_deepspeed_state() -> dict[str, str]:
+    """Forget transformers' global DeepSpeed config and Accelerate's state; returns what was there before.
+
+    Without it a ZeRO-3 run leaves later models built partitioned, and a second Accelerator with a
+    deepspeed_plugin is refused ("You cannot pass in a `deepspeed_plugin` when creating a second `Accelerator`").
+    The torch.distributed process group stays (DeepSpeed reuses it).
+    """
+    from accelerate.state import AcceleratorState, GradientState
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+    before = hf_deepspeed_state()
+    unset_hf_deepspeed_config()
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    os.environ.pop("ACCELERATE_USE_DEEPSPEED", None)
+    return before

@@ -13,9 +13,9 @@ from helpers.config import ConfigError, course_config
 from helpers.data import load_text_dataset, pack_blocks, train_tokenizer
 from helpers.hardware import detect_runtime
 from helpers.integrations import (AUTO_FIELDS, agreement, auto_table, causal_lm_collator, config_differences,
-                                  fix_causal_lm_loss, hf_deepspeed_state, loss_token_count, ordered_blocks,
-                                  reset_hf_deepspeed_state, run_accelerate, run_trainer, teardown_hf,
-                                  trainer_ds_config, training_arguments)
+                                  fix_causal_lm_loss, loss_token_count, ordered_blocks, run_accelerate,
+                                  run_trainer, teardown_hf, trainer_ds_config, training_arguments)
+from helpers.runtime import hf_deepspeed_state, reset_hf_deepspeed_state
 from helpers.launch import PROGRAMS, accelerate_config_yaml, launch_commands, run_ranks
 from helpers.models import load_causal_lm, save_model_from_config
 from helpers.runtime import DIST_ENV_VARS, setup_single_process
