@@ -1,7 +1,7 @@
 """Every notebook survives what learners do, in one kernel (engines torn down, memory back to baseline).
 
-nbmake runs each notebook once (pytest --nbmake notebooks). This runs each the way a learner does: its heavy cells
-(tagged `heavy`: training, launching) are interrupted after 3 s and run again, then each heavy cell is run again on
+The one CI run of every notebook (a plain nbmake run would repeat its first pass). Each runs the way a learner
+does: top to bottom, its heavy cells (tagged `heavy`: training, launching) interrupted after 3 s and run again, then each heavy cell is run again on
 its own with the cells that read its results (a second pass through the notebook), and at the end no DeepSpeed
 engine may be alive.
 """
