@@ -12,7 +12,7 @@ import socket
 from typing import Any
 
 __all__ = ["DIST_ENV_VARS", "clean_slate", "destroy_engine", "free_port", "gpu_allocated_bytes", "live_engines",
-           "mmap_large_allocations", "release_host_memory", "release_nvme_swappers", "release_zero3_globals",
+           "mmap_large_allocations", "release_host_memory", "release_nvme_swappers", "release_zero3_globals", "remove_deepspeed_hooks",
            "require", "reset_peak_stats", "setup_single_process", "teardown", "warm_up_cuda", "warm_up_deepspeed",
            "hf_deepspeed_state", "reset_hf_deepspeed_state"]
 
@@ -113,11 +113,51 @@ def teardown(namespace: dict[str, Any], *names: str) -> int:
 
 def destroy_engine(engine: Any) -> None:
     """`engine.destroy()`, then free what ZeRO-3 keeps of it for the life of the process: the NVMe parameter swap
-    buffers (`release_nvme_swappers`) and the module-level references (`release_zero3_globals`)."""
+    buffers (`release_nvme_swappers`), the module-level references (`release_zero3_globals`) and DeepSpeed's hooks
+    left on the model by an engine whose construction was interrupted (`remove_deepspeed_hooks`)."""
     module = getattr(engine, "module", None)
     engine.destroy()
     release_nvme_swappers(module)
     release_zero3_globals(module)
+    remove_deepspeed_hooks(module)
+
+
+def _from_deepspeed(hook: Any) -> bool:
+    """True for a hook function (or bound method, or partial) that DeepSpeed's code made."""
+    fn = getattr(hook, "func", hook)  # functools.partial
+    fn = getattr(fn, "__func__", fn)  # bound method
+    return str(getattr(fn, "__module__", "") or "").startswith("deepspeed")
+
+
+def remove_deepspeed_hooks(module: Any = None) -> int:
+    """Take every hook DeepSpeed registered off `module`, its sub-modules and its parameters; returns how many.
+
+    `engine.destroy()` removes the hooks through the handles the engine and its optimizer kept. An interrupted
+    `deepspeed.initialize` (a learner pressing stop in the ZeRO-3 optimizer's constructor) leaves hooks whose handles
+    were never stored: the half-built optimizer is then held by each parameter's gradient hooks, and the engine by
+    the module's forward hooks, through references the garbage collector cannot see through (DeepSpeed 0.19.8:
+    `create_reduce_and_remove_grad_hooks`). A destroyed engine's model has no use for them; hooks of your own stay.
+    """
+    if module is None or not callable(getattr(module, "modules", None)):
+        return 0
+    removed = 0
+    hook_dicts = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks",
+                  "_state_dict_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks")
+    for sub in module.modules():
+        for attr in hook_dicts:
+            hooks = getattr(sub, attr, None)
+            if isinstance(hooks, dict):
+                for key in [k for k, fn in hooks.items() if _from_deepspeed(fn)]:
+                    del hooks[key]
+                    removed += 1
+        for param in sub.parameters(recurse=False):
+            for attr in ("_post_accumulate_grad_hooks", "_backward_hooks"):
+                hooks = getattr(param, attr, None)
+                if isinstance(hooks, dict):
+                    for key in [k for k, fn in hooks.items() if _from_deepspeed(fn)]:
+                        del hooks[key]
+                        removed += 1
+    return removed
 
 
 def release_nvme_swappers(module: Any = None) -> int:

@@ -463,11 +463,23 @@ def kernelspec_dir(enc: Enclosure, parent: Path) -> Path:
     return parent
 
 
+def leftover_groups() -> list[str]:
+    """Names of this script's cgroups still present (an Enclosure removes its own when it exits)."""
+    found = []
+    for point in {v for k, v in _cgroup_mounts().items() if k in ("v2", "memory", "cpuset", "cpu")}:
+        found += [p.name for p in Path(point).glob("ds-course-*")]
+    return found
+
+
 def run_notebook(path: Path, *, out_dir: Path | None = None, figures_file: Path | None = None,
                  limits: ColabLimits | None = None, cpus: list[int] | None = None, nvme_dir: str | None = None,
-                 mechanism: str | None = None, timeout_s: int = 1800, twice: bool = False) -> dict[str, Any]:
-    """Execute one notebook with its kernel inside an Enclosure; returns run_notebooks.execute's dict + the stats."""
-    from run_notebooks import execute  # scripts/ is on sys.path: the script's folder, or pytest's pythonpath
+                 mechanism: str | None = None, timeout_s: int = 1800, twice: bool = False,
+                 habits: bool = False) -> dict[str, Any]:
+    """Execute one notebook with its kernel inside an Enclosure; returns run_notebooks.execute's dict + the stats.
+
+    `habits=True` runs it as a learner does (run_notebooks.execute_with_habits: interrupts, re-runs, a second pass).
+    """
+    from run_notebooks import execute, execute_with_habits  # scripts/ is on sys.path (script folder or pytest)
 
     limits = limits or ColabLimits()
     with tempfile.TemporaryDirectory(prefix="ds-course-kernel-") as tmp:
@@ -479,8 +491,12 @@ def run_notebook(path: Path, *, out_dir: Path | None = None, figures_file: Path 
             os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [str(data_dir), saved["JUPYTER_PATH"]]))
             os.environ.update(enc.environment())  # for what the kernel's own environment does not carry
             try:
-                result = execute(path, twice=twice, timeout_s=timeout_s, out_dir=out_dir, figures_file=figures_file,
-                                 kernel_name=KERNEL_NAME, on_kernel_start=enc.adopt)
+                if habits:
+                    result = execute_with_habits(path, timeout_s=timeout_s, out_dir=out_dir, kernel_name=KERNEL_NAME,
+                                                 on_kernel_start=enc.adopt)
+                else:
+                    result = execute(path, twice=twice, timeout_s=timeout_s, out_dir=out_dir,
+                                     figures_file=figures_file, kernel_name=KERNEL_NAME, on_kernel_start=enc.adopt)
             finally:
                 for k, v in saved.items():
                     if v is None:

@@ -66,13 +66,18 @@ HABITS_CHECK = """
 import helpers
 _engines = helpers.live_engines()
 print(f"live DeepSpeed engines: {len(_engines)}")
+for _e in _engines:  # what still holds it, for the failure message (a closure cell: a hook; a dict: a namespace)
+    import gc
+    print("  held by", sorted({type(r).__name__ for r in gc.get_referrers(_e) if r is not _engines}),
+          "module", type(getattr(_e, "module", None)).__name__, "optimizer", type(getattr(_e, "optimizer", None)).__name__)
 assert not _engines, f"{len(_engines)} DeepSpeed engine(s) still alive at the end of the notebook"
 del _engines
 """
 
 
 def execute_with_habits(path: Path, *, interrupt_after_s: float = 3.0, timeout_s: int = 1800,
-                        out_dir: Path | None = None) -> dict:
+                        out_dir: Path | None = None, kernel_name: str = "python3",
+                        on_kernel_start: Callable[[int], None] | None = None) -> dict:
     """Run a notebook as a learner does (tests/test_notebooks_twice.py); returns execute()'s dict + 'log'.
 
     1. Top to bottom, but each cell tagged `heavy` (training, launching) is interrupted after `interrupt_after_s`
@@ -87,7 +92,7 @@ def execute_with_habits(path: Path, *, interrupt_after_s: float = 3.0, timeout_s
     from nbclient.exceptions import CellExecutionError
 
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
+    client = NotebookClient(nb, timeout=timeout_s, kernel_name=kernel_name,
                             resources={"metadata": {"path": str(path.parent)}})
     code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
     heavy = [i for i in code if "heavy" in nb.cells[i].metadata.get("tags", [])]
@@ -97,6 +102,8 @@ def execute_with_habits(path: Path, *, interrupt_after_s: float = 3.0, timeout_s
     try:
         with client.setup_kernel():
             pid = _kernel_pid(client)
+            if on_kernel_start is not None:
+                on_kernel_start(pid)
             for i in code:
                 if i in heavy:
                     sent = threading.Event()

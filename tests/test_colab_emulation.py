@@ -1,12 +1,11 @@
 """The Colab emulation (scripts/colab_emulation.py): limits really enforced, read back by helpers, removed after.
 
-The notebook test runs notebook 02 smoke-sized with its kernel inside a memory cgroup sized for the smoke run: the
-mechanism works on this machine and the notebook's big runs (each in a child process) keep within it.
+Notebook 02 itself runs inside a memory cgroup in tests/test_notebooks_twice.py (its learner-habits run is the one
+CI run of it).
 """
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -16,13 +15,6 @@ import colab_emulation as emu  # scripts/ is on pytest's pythonpath (pyproject.t
 
 MECHANISM, WHY = emu.probe()
 needs_cgroup = pytest.mark.skipif(not MECHANISM.startswith("cgroup"), reason=f"cgroups not writable here: {WHY}")
-
-
-def _leftover_groups() -> list[str]:
-    found = []
-    for point in {v for k, v in emu._cgroup_mounts().items() if k in ("v2", "memory", "cpuset", "cpu")}:
-        found += [p.name for p in Path(point).glob("ds-course-*")]
-    return found
 
 
 def _run_inside(enc, code: str) -> subprocess.CompletedProcess:
@@ -45,7 +37,7 @@ def test_a_process_over_the_limit_is_killed_and_counted(mechanism):
     assert "100 MB" in r.stdout and "survived" not in r.stdout
     assert r.returncode == -9 and enc.stats.oom_kills >= 1
     assert enc.stats.mechanism == mechanism and enc.stats.peak_ram_bytes >= 100 * 2**20
-    assert not _leftover_groups()
+    assert not emu.leftover_groups()
 
 
 @needs_cgroup
@@ -56,7 +48,7 @@ def test_helpers_read_the_limits_they_are_given():
                              "print(json.dumps([h.ram_limit(), h.usable_cpus(), h.emulation_mechanism()]))")
     (ram, source), cpus, mechanism = json.loads(r.stdout.strip().splitlines()[-1])
     assert ram == 3 * 2**30 and source == MECHANISM and cpus == 1 and mechanism == MECHANISM
-    assert not _leftover_groups()
+    assert not emu.leftover_groups()
 
 
 def test_limits_report_names_what_is_and_is_not_emulated():
@@ -64,30 +56,3 @@ def test_limits_report_names_what_is_and_is_not_emulated():
     assert rep["ram_limit_gb"] == 12.13 and rep["ram_reserved_gb"] == 1.5 and rep["colab_vm_ram_gib"] == 12.7
     assert rep["cpus"] == 2 and rep["vram_cap_gib"] == 15.0 and rep["mechanism"] == "cgroup v2"
     assert "compute speed" in rep["not_emulated"]
-
-
-SMOKE_RAM_BYTES = int(3e9)  # notebook 02 smoke-sized peaked at 2.0 GB (1.2 GB anonymous: kernel + its largest child)
-
-
-def _build_ops_outside() -> None:
-    """DeepSpeed's JIT op builds (g++ on 2 cores) need more RAM than the smoke run itself: inside a 3 GB group they
-    were killed on a fresh machine. Build them first, outside (the notebooks then load them from the cache)."""
-    code = ("from deepspeed.accelerator import get_accelerator as a\n"
-            "for name in ('CPUAdamBuilder', 'AsyncIOBuilder', 'ShareMemCommBuilder'):\n"
-            "    b = a().create_op_builder(name)\n"
-            "    if b is not None and b.is_compatible(verbose=False):\n"
-            "        b.load()\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-
-
-@needs_cgroup
-def test_notebook_02_smoke_runs_inside_a_memory_cgroup(tmp_path):
-    _build_ops_outside()
-    limits = emu.ColabLimits(ram_bytes=SMOKE_RAM_BYTES)
-    r = emu.run_notebook(ROOT / "notebooks" / "02_zero3_offload_nvme.ipynb", out_dir=tmp_path, limits=limits)
-    assert r["passed"], r["error"][-3000:]
-    enc = r["enclosure"]
-    assert enc["mechanism"] == MECHANISM and enc["oom_kills"] == 0
-    assert 0.3 < enc["peak_ram_gb"] <= SMOKE_RAM_BYTES / 1e9
-    assert not _leftover_groups()

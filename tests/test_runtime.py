@@ -130,3 +130,38 @@ def test_clean_slate_resets_accelerate_only_when_asked(monkeypatch):
     assert os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true"
     assert "Accelerate's and transformers' global state" in clean_slate({}, hf=True)
     assert "ACCELERATE_USE_DEEPSPEED" not in os.environ
+
+
+def test_clean_slate_frees_an_engine_whose_zero3_optimizer_build_was_interrupted(monkeypatch):
+    # A learner's stop button landing in the ZeRO-3 optimizer's constructor, while it registers gradient hooks
+    # (CI saw it in notebook 02): the engine never got its optimizer, so engine.destroy() cannot remove the hooks,
+    # and they kept the engine alive for the rest of the kernel.
+    import deepspeed
+    import deepspeed.runtime.zero.stage3 as stage3
+
+    from helpers.config import build_ds_config
+    from helpers.runtime import clean_slate, live_engines
+
+    for k in DIST_ENV_VARS:
+        monkeypatch.setenv(k, "0")
+        monkeypatch.delenv(k)
+    setup_single_process()
+    real, calls = stage3.register_grad_hook, []
+
+    def register_then_interrupt(param, hook):
+        calls.append(param)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(param, hook)
+
+    monkeypatch.setattr(stage3, "register_grad_hook", register_then_interrupt)
+    cfg = build_ds_config(3, precision="fp32", micro_batch_size=4, scheduler=None)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32))
+    assert not live_engines()
+    with pytest.raises(KeyboardInterrupt):
+        deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    del model
+    assert len(live_engines()) == 1  # held by the interrupted frames and by the hooks
+    cleaned = clean_slate({})
+    assert "1 DeepSpeed engine(s) left by an earlier or interrupted run" in cleaned
+    assert live_engines() == []
