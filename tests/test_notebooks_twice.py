@@ -34,7 +34,8 @@ def _build_ops_outside() -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xdist_group("cgroup")) if p.name in RAM_LIMIT_BYTES
+                                  else p for p in NOTEBOOKS], ids=lambda p: p.name)
 def test_notebook_survives_interrupts_and_reruns(path, tmp_path):
     limit = RAM_LIMIT_BYTES.get(path.name)
     if limit and MECHANISM.startswith("cgroup"):
