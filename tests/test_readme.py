@@ -1,0 +1,96 @@
+"""What the README tells a learner before they start (issue 17): prerequisites, how torch is chosen, run times, and
+numbers that must be the reports' (tests/test_repo.py checks the two commands' presence and each table link)."""
+import json
+import re
+
+from conftest import ROOT
+
+README = (ROOT / "README.md").read_text()
+SETUP = (ROOT / "scripts" / "setup.sh").read_text()
+REPORT = json.loads((ROOT / "reports" / "gpu_check.json").read_text())
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def _section(heading: str) -> str:
+    start = README.index(heading)
+    nxt = re.search(r"^#{1,3} ", README[start + len(heading):], flags=re.M)
+    return README[start:start + len(heading) + nxt.start()] if nxt else README[start:]
+
+
+def test_readme_names_the_prerequisites():
+    pre = _section("### Prerequisites")
+    assert "C++ compiler" in pre and "build-essential" in pre
+    assert "python3-dev" in pre, "DeepSpeed's op builds include Python.h"
+    assert "python3-venv" in pre
+    assert "libaio-dev" in pre
+    assert re.search(r"Disk: about \d+(\.\d+)? GB, measured", pre), "a measured disk number, said to be measured"
+    # the first run compiles ops: say which and for how long
+    assert "cpu_adam" in pre and "async_io" in pre and re.search(r"first run spends a few minutes", pre)
+
+
+def test_readme_fenced_commands_are_exactly_the_two():
+    """Stricter than test_repo's count of `bash scripts/` lines: no other command in a code block at all."""
+    blocks = re.findall(r"```(?:bash|sh|console)?\n(.*?)```", README, flags=re.S)
+    commands = [line.strip() for b in blocks for line in b.splitlines()
+                if line.strip() and not line.strip().startswith("#")]
+    assert commands == ["bash scripts/course.sh", "bash scripts/test.sh"], commands
+
+
+def test_readme_documents_torch_index_and_the_pin_setup_uses():
+    assert "TORCH_INDEX" in README and CPU_INDEX in README
+    assert "${TORCH_INDEX" in SETUP and CPU_INDEX in SETUP, "the README documents what setup.sh reads"
+    version = re.search(r"TORCH_VERSION=\$\{TORCH_VERSION:-([0-9.]+)\}", SETUP).group(1)
+    assert f"torch=={version}" in README and "TORCH_VERSION" in README
+    # one pin for CPU and GPU machines: every torch install in setup.sh asks for torch==$TORCH_VERSION
+    torch_installs = [line for line in SETUP.splitlines() if re.search(r"install -q \"?torch", line)]
+    assert len(torch_installs) == 2, torch_installs  # the GPU branch and the CPU branch
+    assert all('"torch==$TORCH_VERSION"' in line for line in torch_installs), torch_installs
+
+
+def test_setup_installs_numpy_before_anything_imports_torch():
+    numpy_install = SETUP.index("install -q numpy")
+    first_torch_import = min(m.start() for m in re.finditer(r"import torch", SETUP))
+    assert numpy_install < first_torch_import, "torch started without numpy prints 'Failed to initialize NumPy'"
+
+
+def test_notebook_table_durations_are_the_reports():
+    """Every duration and RAM peak in the table's GPU column is reports/gpu_check.json's, and nothing else is there."""
+    rows = [line for line in README.splitlines() if re.match(r"\| \d\d \| \[", line)]
+    assert len(rows) == len(REPORT["notebooks"]) == 6
+    for row in rows:
+        cells = row.split(" | ")
+        name = re.search(r"\(notebooks/(\d\d_[^)]+\.ipynb)\)", cells[1]).group(1)
+        entry = REPORT["notebooks"][name]
+        gpu_column = cells[-1]
+        assert re.findall(r"(\d+(?:\.\d+)?) s\b", gpu_column) == [f"{entry['wall_seconds']:.0f}"], row
+        assert re.findall(r"peak RAM (\d+(?:\.\d+)?) GB", gpu_column) == [f"{entry['peak_ram_gb']:.1f}"], row
+
+
+def test_readme_numbers_from_the_gpu_report_are_the_reports():
+    estimates = {name[:2]: e["t4_estimate"] for name, e in REPORT["notebooks"].items() if e.get("t4_estimate")}
+    assert estimates
+    for nn, est in estimates.items():
+        assert f"{nn} {est['low_s']}-{est['high_s']} s" in README, (nn, est)
+    nvme_peak = REPORT["notebooks"]["02_zero3_offload_nvme.ipynb"]["peak_nvme_folder_gb"]
+    assert f"up to {nvme_peak:.1f} GB into its NVMe folder" in README
+    torch_version = REPORT["torch"].split("+")[0]
+    assert f"torch {torch_version} with CUDA {REPORT['torch_cuda']}" in README
+
+
+def test_readme_cpu_run_time_is_one_consistent_line():
+    """The one line to update after a new CPU measurement: seconds, the same in minutes, a commit and a date."""
+    lines = [line for line in README.splitlines() if line.startswith("**Test command, measured:**")]
+    assert len(lines) == 1, lines
+    m = re.search(r"(\d+) s \((\d+(?:\.\d+)?) min\)", lines[0])
+    assert m, lines[0]
+    assert abs(int(m.group(1)) / 60 - float(m.group(2))) < 0.05, lines[0]
+    assert re.search(r"commit [0-9a-f]{7,40}\b", lines[0]) and re.search(r"\b20\d\d-\d\d(-\d\d)?\b", lines[0])
+    assert "CPU" in lines[0] and "fresh clone" in lines[0]
+
+
+def test_readme_does_not_compare_the_disks():
+    """The GPU machine's disk speed against Colab's was never measured: no sentence may rank them."""
+    sentences = re.split(r"(?<=[.;:])\s+", README.replace("\n", " "))
+    ranking = re.compile(r"\b(faster|slower|quicker|lower bound|upper bound)\b", re.I)
+    bad = [s for s in sentences if "disk" in s.lower() and ranking.search(s)]
+    assert not bad, bad
