@@ -13,6 +13,7 @@ from helpers.checks import *  # noqa: F403
 from helpers.hardware import *  # noqa: F403
 from helpers.runtime import *  # noqa: F403
 from helpers.records import *  # noqa: F403
+from helpers.progress import *  # noqa: F403
 # floor 1: estimates, configs, data and models
 from helpers.memory import *  # noqa: F403
 from helpers.config import *  # noqa: F403
@@ -33,7 +34,7 @@ from helpers.launch import *  # noqa: F403
 from helpers.rank import *  # noqa: F403
 from helpers.scale_out import *  # noqa: F403
 
-MODULES = ("atomic", "checks", "hardware", "runtime", "records", "memory", "config", "data", "models", "health",
+MODULES = ("atomic", "checks", "hardware", "runtime", "records", "progress", "memory", "config", "data", "models", "health",
            "planner", "bootstrap", "train", "fresh_process", "plots", "checkpoints", "moe", "integrations", "launch",
            "rank", "scale_out")
 

@@ -21,7 +21,8 @@ import warnings
 from pathlib import Path
 
 from helpers.hardware import in_colab
-from helpers.runtime import warm_up_deepspeed
+from helpers.progress import text_progress_if_asked
+from helpers.runtime import announce_op_builds, warm_up_deepspeed
 
 __all__ = ["BOOTSTRAP_CELL", "DIST_NAME", "course_root", "install_libaio", "install_on_colab", "installed_root",
            "launched_programs_import", "quiet_warnings", "start_notebook", "work_dir"]
@@ -142,6 +143,8 @@ def start_notebook() -> None:
     install_libaio()
     quiet_warnings()
     _inline_plots()
+    announce_op_builds()  # a line before DeepSpeed compiles an op for minutes on first use
+    text_progress_if_asked()  # text progress bars when a runner saves the executed notebook
     warm_s = warm_up_deepspeed()  # the first engine's ~1500 imports, now: an interrupted cell cannot half-import them
     import deepspeed
     import torch

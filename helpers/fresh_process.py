@@ -91,7 +91,7 @@ def train_in_fresh_process(name: str, ds_config: dict[str, Any], model: str, *, 
     `env` added to its environment (benchmarks/ladder.py --emulate starts it inside a Colab enclosure that way).
     """
     import psutil
-    from tqdm.auto import tqdm
+    from helpers.progress import progress_bar
 
     from helpers.train import RunResult
 
@@ -135,7 +135,7 @@ def train_in_fresh_process(name: str, ds_config: dict[str, Any], model: str, *, 
         readers = [threading.Thread(target=read_stdout, daemon=True), threading.Thread(target=read_stderr, daemon=True)]
         for t in readers:
             t.start()
-        bar = tqdm(total=steps, desc=name, disable=not progress, leave=True)
+        bar = progress_bar(total=steps, desc=name, disable=not progress)
         timed_out = False
         shown: dict[str, str] = {}
         try:

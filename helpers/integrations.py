@@ -369,7 +369,7 @@ def run_accelerate(name: str, model_factory: Callable[[], Any], dataset: Any, *,
     import torch
     from accelerate import Accelerator
     from accelerate.utils import DeepSpeedPlugin, DummyOptim, DummyScheduler
-    from tqdm.auto import tqdm
+    from helpers.progress import progress_bar
 
     _check_config(ds_config)
     micro_batch = int(ds_config["train_micro_batch_size_per_gpu"])
@@ -403,7 +403,7 @@ def run_accelerate(name: str, model_factory: Callable[[], Any], dataset: Any, *,
         engine.train()
         batches = iter(loader)
         recorder.begin()
-        for _ in (bar := tqdm(range(steps), desc=name, disable=not progress)):
+        for _ in (bar := progress_bar(range(steps), desc=name, disable=not progress)):
             step_loss = 0.0
             for _ in range(grad_accum):
                 batch = next(batches)

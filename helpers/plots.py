@@ -1,8 +1,10 @@
 """Every figure of the course: memory measured vs estimated, its breakdown and timeline, speed vs memory, losses,
 MoE's parameters, expert load, capacity and balance, ZeRO's per-rank scaling (notebooks 00-05).
 
-Records in (`helpers.RunResult`s where a figure plots runs), a matplotlib Figure out; matplotlib is imported
-inside the functions, no torch or deepspeed here and no global style changes.
+Records in (`helpers.RunResult`s where a figure plots runs). In a notebook every figure is displayed where it is made,
+inside an `if` or a loop too, and the function returns None (so a cell ending with it does not show it twice);
+elsewhere, or with `show=False`, the matplotlib Figure is returned. matplotlib is imported inside the functions,
+no torch or deepspeed here and no global style changes.
 """
 from __future__ import annotations
 
@@ -24,6 +26,27 @@ COLORS = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A868", "acti
           "staging": "#DA8BC3"}
 
 
+def _in_notebook() -> bool:
+    """True inside a Jupyter kernel (Colab's too), where a figure can be displayed."""
+    import sys
+
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+def _show(fig: "Figure", show: bool | None) -> "Figure | None":
+    """Display `fig` now when in a notebook (or `show=True`) and return None; otherwise return it."""
+    if show is None:
+        show = _in_notebook()
+    if not show:
+        return fig
+    from IPython.display import display
+
+    display(fig)
+    return None
+
+
 def _figure(width: float = 7.0, height: float = 4.0) -> "Figure":
     from matplotlib.figure import Figure
 
@@ -31,7 +54,7 @@ def _figure(width: float = 7.0, height: float = 4.0) -> "Figure":
 
 
 def plot_peak_vram(runs: Sequence["RunResult"], budget_gib: float | None = None,
-                   title: str = "Peak GPU memory per config") -> "Figure":
+                   title: str = "Peak GPU memory per config", show: bool | None = None) -> "Figure | None":
     """Bars of each run's measured peak VRAM beside its estimate, with the budget as a dashed line."""
     fig = _figure()
     ax = fig.add_subplot()
@@ -47,11 +70,12 @@ def plot_peak_vram(runs: Sequence["RunResult"], budget_gib: float | None = None,
     ax.set_ylabel("GiB")
     ax.set_title(title)
     ax.legend()
-    return fig
+    return _show(fig, show)
 
 
 def plot_memory_breakdown(estimates: Sequence["ModelStateEstimate"], where: str = "gpu",
-                          budget_gib: float | None = None, title: str | None = None) -> "Figure":
+                          budget_gib: float | None = None, title: str | None = None,
+                          show: bool | None = None) -> "Figure | None":
     """Stacked bars: params / grads / optimizer / activations per estimate, on 'gpu' or 'cpu'."""
     fig = _figure()
     ax = fig.add_subplot()
@@ -69,49 +93,65 @@ def plot_memory_breakdown(estimates: Sequence["ModelStateEstimate"], where: str 
     ax.set_ylabel(f"{where.upper()} GiB (estimate)")
     ax.set_title(title or f"What fills {where.upper()} memory")
     ax.legend(fontsize=8)
-    return fig
+    return _show(fig, show)
 
 
 def plot_memory_timeline(samples: Sequence[dict[str, float]], title: str = "Memory during training",
-                         ram_budget_gb: float | None = None) -> "Figure":
+                         ram_budget_gb: float | None = None, show: bool | None = None) -> "Figure | None":
     """GPU allocated/reserved (GiB) and process RSS (GB) over time from `Measurement.samples`."""
-    fig = _figure()
-    ax = fig.add_subplot()
     t = [s["t"] for s in samples]
-    series: list[tuple[str, str, float]] = [("gpu_allocated", "GPU allocated (GiB)", GiB),
-                                            ("gpu_reserved", "GPU reserved (GiB)", GiB),
-                                            ("rss", "CPU RSS (GB)", GB), ("nvme", "NVMe folder (GB)", GB)]
-    for key, label, unit in series:
-        points = [(s["t"], s[key] / unit) for s in samples if key in s]
+    gpu = [(key, label) for key, label in (("gpu_allocated", "GPU allocated"), ("gpu_reserved", "GPU reserved"))
+           if any(s.get(key) for s in samples)]
+    fig = _figure(11 if gpu else 7, 4)
+    axes = fig.subplots(1, 2 if gpu else 1, squeeze=False)[0]
+    host = axes[-1]  # CPU RAM and disk, in GB (the unit they are budgeted in)
+    for key, label in (("rss", "process RSS"), ("nvme", "NVMe folder")):
+        points = [(s["t"], s[key] / GB) for s in samples if key in s]
         if points:
-            ax.plot([p[0] for p in points], [p[1] for p in points], label=label)
+            host.plot([p[0] for p in points], [p[1] for p in points], label=label)
     if ram_budget_gb:
-        ax.axhline(ram_budget_gb, color="#C44E52", linestyle="--", label=f"RAM budget {ram_budget_gb:.1f} GB")
-    ax.set_xlabel("seconds")
-    ax.set_ylabel("GiB / GB")
-    ax.set_title(title)
-    if t:
-        ax.set_xlim(0, max(t))
-    ax.legend(fontsize=8)
-    return fig
+        host.axhline(ram_budget_gb, color="#C44E52", linestyle="--", label=f"RAM budget {ram_budget_gb:.1f} GB")
+    host.set_ylabel("GB")
+    host.set_title("CPU RAM and disk")
+    if gpu:  # GPU memory in GiB, as torch and the VRAM budget count it
+        for key, label in gpu:
+            axes[0].plot([s["t"] for s in samples if key in s], [s[key] / GiB for s in samples if key in s], label=label)
+        axes[0].set_ylabel("GiB")
+        axes[0].set_title("GPU memory")
+    for ax in axes:
+        ax.set_xlabel("seconds")
+        ax.set_ylim(bottom=0)
+        if t:
+            ax.set_xlim(0, max(t))
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    return _show(fig, show)
 
 
-def plot_losses(losses: Sequence[float], title: str = "Training loss", **named: Any) -> "Figure":
-    """Loss per step; extra keyword series (e.g. val=[...]) are drawn too."""
+def plot_losses(losses: Sequence[float], title: str = "Training loss", show: bool | None = None,
+                label: str = "train", **named: Any) -> "Figure | None":
+    """Loss per step (named `label`); extra keyword series are drawn too.
+
+    An extra series is a list of losses per step, or of (step, loss) pairs for one measured at some steps only
+    (validation every k steps: ``val=[(10, 3.2), (20, 2.9)]``), drawn at those steps."""
     fig = _figure(6, 3.5)
     ax = fig.add_subplot()
-    ax.plot(range(1, len(losses) + 1), losses, label="train", marker=".")
+    ax.plot(range(1, len(losses) + 1), losses, label=label, marker=".")
     for name, values in named.items():
-        ax.plot(range(1, len(values) + 1), values, label=name, marker=".")
+        values = list(values)
+        if values and isinstance(values[0], (tuple, list)):
+            ax.plot([v[0] for v in values], [v[1] for v in values], label=name, marker="o")
+        else:
+            ax.plot(range(1, len(values) + 1), values, label=name, marker=".")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.set_title(title)
     ax.legend()
-    return fig
+    return _show(fig, show)
 
 
 def plot_speed_vs_memory(runs: Sequence["RunResult"], ram_gb: Sequence[float] | None = None,
-                         ram_budget_gb: float | None = None, title: str = "Speed for scale") -> "Figure":
+                         ram_budget_gb: float | None = None, title: str = "Speed for scale", show: bool | None = None) -> "Figure | None":
     """Left: peak VRAM vs tokens/s per run (scatter); right: RAM per run (notebook 02).
 
     `ram_gb`: the RAM to show per run (e.g. with the notebook kernel's share added); default each run's peak RSS.
@@ -120,10 +160,15 @@ def plot_speed_vs_memory(runs: Sequence["RunResult"], ram_gb: Sequence[float] | 
     ax, ax2 = fig.subplots(1, 2)
     names = [r.name for r in runs]
     peak_rss_gb = list(ram_gb) if ram_gb is not None else [r.peak_rss_gb for r in runs]
-    for i, (name, x, y) in enumerate(zip(names, [r.peak_vram_gib for r in runs], [r.tokens_per_s for r in runs])):
-        ax.scatter([x], [y], s=60, color=f"C{i}", label=name)
-        ax.annotate(name, (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
-    ax.set_xlabel("peak GPU memory (GiB)")
+    if any(r.peak_vram_gib for r in runs):
+        for i, (name, x, y) in enumerate(zip(names, [r.peak_vram_gib for r in runs], [r.tokens_per_s for r in runs])):
+            ax.scatter([x], [y], s=60, color=f"C{i}", label=name)
+        ax.set_xlim(left=0)
+        ax.set_xlabel("peak GPU memory (GiB)")
+        ax.legend(fontsize=7)
+    else:  # no GPU: no VRAM axis, tokens/s per run
+        ax.bar(range(len(names)), [r.tokens_per_s for r in runs], color=[f"C{i}" for i in range(len(names))])
+        ax.set_xticks(range(len(names)), list(names), rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("tokens/s")
     ax.set_yscale("log")
     ax.set_title(title)
@@ -134,14 +179,14 @@ def plot_speed_vs_memory(runs: Sequence["RunResult"], ram_gb: Sequence[float] | 
     ax2.set_xticks(range(len(names)), list(names), rotation=20, ha="right", fontsize=8)
     ax2.set_ylabel("peak process RSS (GB)")
     ax2.set_title("CPU RAM")
-    return fig
+    return _show(fig, show)
 
 
 # ---------------------------------------------------------------- Mixture of Experts (notebook 03)
 
 
 def plot_expert_load(history: Sequence[Sequence[int]], title: str = "Tokens per expert over training",
-                     capacity: float | None = None) -> "Figure":
+                     capacity: float | None = None, show: bool | None = None) -> "Figure | None":
     """Routes each expert processed per step (one line per expert), with the capacity as a dashed line."""
     fig = _figure(7.0, 3.8)
     ax = fig.add_subplot()
@@ -154,10 +199,10 @@ def plot_expert_load(history: Sequence[Sequence[int]], title: str = "Tokens per 
     ax.set_ylabel("routes processed")
     ax.set_title(title)
     ax.legend(fontsize=7, ncol=2)
-    return fig
+    return _show(fig, show)
 
 
-def plot_capacity_sweep(rows: Sequence[dict[str, float]], title: str = "Capacity factor") -> "Figure":
+def plot_capacity_sweep(rows: Sequence[dict[str, float]], title: str = "Capacity factor", show: bool | None = None) -> "Figure | None":
     """Dropped share of routes (bars) and validation loss (line) against the capacity factor (`capacity_sweep`)."""
     fig = _figure(7.0, 3.8)
     ax = fig.add_subplot()
@@ -169,13 +214,17 @@ def plot_capacity_sweep(rows: Sequence[dict[str, float]], title: str = "Capacity
     ax2.plot(x, [r["val_loss"] for r in rows], color="#4C72B0", marker="o", label="validation loss")
     ax2.set_ylabel("validation loss")
     ax2.ticklabel_format(axis="y", useOffset=False)
+    losses = [r["val_loss"] for r in rows]
+    if losses:  # at least +-1 % of the loss around the points: a 0.0003 change must not look steep
+        mid, half = (max(losses) + min(losses)) / 2, max((max(losses) - min(losses)) / 2 * 1.2, 0.01 * abs(max(losses)))
+        ax2.set_ylim(mid - half, mid + half)
     ax.set_title(title)
     handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
     ax.legend(handles, [h.get_label() for h in handles], loc="upper right", fontsize=8)
-    return fig
+    return _show(fig, show)
 
 
-def plot_balance(runs: Sequence["RunResult"], title: str = "Share of routes per expert") -> "Figure":
+def plot_balance(runs: Sequence["RunResult"], title: str = "Share of routes per expert", show: bool | None = None) -> "Figure | None":
     """For each MoE run (`helpers.moe.MoEHooks`): the share of routes each expert was asked for (first MoE layer),
     as grouped bars."""
     fig = _figure(7.0, 3.8)
@@ -193,11 +242,11 @@ def plot_balance(runs: Sequence["RunResult"], title: str = "Share of routes per 
     ax.set_ylabel("% of routes")
     ax.set_title(title)
     ax.legend(fontsize=8)
-    return fig
+    return _show(fig, show)
 
 
 def plot_params(names: Sequence[str], total: Sequence[int], active: Sequence[int],
-                title: str = "Parameters: held vs used per token") -> "Figure":
+                title: str = "Parameters: held vs used per token", show: bool | None = None) -> "Figure | None":
     """Total (held) and active (per token) parameters per model, side by side, in millions."""
     fig = _figure(6, 3.5)
     ax = fig.add_subplot()
@@ -208,13 +257,13 @@ def plot_params(names: Sequence[str], total: Sequence[int], active: Sequence[int
     ax.set_ylabel("million parameters")
     ax.set_title(title)
     ax.legend()
-    return fig
+    return _show(fig, show)
 
 
 # ---------------------------------------------------------------- scaling out (notebook 05)
 
 
-def plot_zero_scaling(rows: Sequence[dict[str, Any]], title: str = "Model states per rank") -> "Figure":
+def plot_zero_scaling(rows: Sequence[dict[str, Any]], title: str = "Model states per rank", show: bool | None = None) -> "Figure | None":
     """Per-rank bytes of each part against N, one panel per ZeRO stage; dashed: the estimator."""
     from matplotlib.figure import Figure
 
@@ -229,7 +278,10 @@ def plot_zero_scaling(rows: Sequence[dict[str, Any]], title: str = "Model states
         mine = sorted((r for r in rows if r["stage"] == stage), key=lambda r: r["world"])
         ns = [r["world"] for r in mine]
         for key, color in colors.items():
-            ax.plot(ns, [r[key] / 1e6 for r in mine], "o-", color=color, label=f"{labels[key]}, measured")
+            style = {"params": "s-", "grads_peak": "o-", "optimizer": "^-"}[key]  # params can equal grads: both show
+            ax.plot(ns, [r[key] / 1e6 for r in mine], style, color=color, label=f"{labels[key]}, measured",
+                    markersize=8 if key == "params" else 5, linewidth=3 if key == "params" else 1.5,
+                    alpha=0.6 if key == "params" else 1.0, zorder=1 if key == "params" else 2)
             part = "grads" if key == "grads_peak" else key
             ax.plot(ns, [estimate_parts(r["n_params"], stage, r["world"], r["precision"])[part] / 1e6 for r in mine],
                     "--", color=color, alpha=0.6, label=f"{part}, estimate")
@@ -241,4 +293,4 @@ def plot_zero_scaling(rows: Sequence[dict[str, Any]], title: str = "Model states
     axes[0].set_ylabel("MB per rank (log scale)")
     axes[-1].legend(fontsize=7)
     fig.suptitle(title)
-    return fig
+    return _show(fig, show)

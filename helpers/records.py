@@ -21,8 +21,10 @@ FIGURES_ENV = "DS_COURSE_FIGURES"
 _FIGURES: dict[str, Any] = {}
 
 
-def record_figure(name: str, value: Any) -> Any:
-    """Remember a measured figure (JSON-serialisable) under `name`; returns the value."""
+def record_figure(name: str, value: Any) -> None:
+    """Remember a measured figure (JSON-serialisable) under `name`.
+
+    Returns nothing, so a notebook cell that ends with it shows no stray `Out[]` value."""
     json.dumps(value)  # fail here, not in the report writer
     _FIGURES[name] = value
     target = os.environ.get(FIGURES_ENV)
@@ -32,7 +34,6 @@ def record_figure(name: str, value: Any) -> Any:
         data[name] = value
         text = json.dumps(data, indent=2)
         write_atomically(path, lambda tmp: tmp.write_text(text))
-    return value
 
 
 def recorded_figures() -> dict[str, Any]:

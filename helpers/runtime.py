@@ -11,7 +11,7 @@ import os
 import socket
 from typing import Any
 
-__all__ = ["DIST_ENV_VARS", "clean_slate", "destroy_engine", "free_port", "gpu_allocated_bytes", "live_engines",
+__all__ = ["DIST_ENV_VARS", "announce_op_builds", "clean_slate", "destroy_engine", "free_port", "gpu_allocated_bytes", "live_engines",
            "mmap_large_allocations", "release_host_memory", "release_nvme_swappers", "release_zero3_globals", "remove_deepspeed_hooks",
            "require", "reset_peak_stats", "setup_single_process", "teardown", "warm_up_cuda", "warm_up_deepspeed",
            "hf_deepspeed_state", "reset_hf_deepspeed_state"]
@@ -276,6 +276,48 @@ def mmap_large_allocations(threshold_bytes: int = 1 << 20) -> bool:
         return False
     m_mmap_threshold = -3  # <malloc.h> M_MMAP_THRESHOLD
     return bool(libc.mallopt(m_mmap_threshold, int(threshold_bytes)))
+
+
+def announce_op_builds() -> bool:
+    """Print one line before DeepSpeed compiles a C++ op on first use, and one after (every notebook's bootstrap).
+
+    DeepSpeed builds cpu_adam, async_io and others with g++ the first time a process needs them: 40-230 s each on
+    2 cores, in silence (a cell of notebook 02 spent 486 s without a word). Wraps `OpBuilder.jit_load`, which also
+    loads an op already in torch's extension cache (then it says nothing). Returns False if DeepSpeed's builder
+    is not where 0.19.8 has it.
+    """
+    import time
+
+    try:
+        from deepspeed.ops.op_builder.builder import OpBuilder
+        from torch.utils.cpp_extension import _get_build_directory
+    except ImportError:
+        return False
+    if getattr(OpBuilder.jit_load, "_announces", False):
+        return True
+    jit_load = OpBuilder.jit_load
+
+    def announced_jit_load(self: Any, verbose: bool = True) -> Any:
+        name = getattr(self, "name", "?")
+        if name in OpBuilder._loaded_ops:
+            return jit_load(self, verbose)
+        try:
+            folder = _get_build_directory(name, verbose=False)
+            cached = any(f.endswith(".so") for f in os.listdir(folder))
+        except OSError:
+            cached = False
+        if cached:
+            return jit_load(self, verbose)
+        print(f"compiling DeepSpeed's {name} op (first use on this machine; 1-4 min on 2 CPU cores, then cached) ...",
+              flush=True)
+        start = time.perf_counter()
+        module = jit_load(self, verbose)
+        print(f"compiled {name} in {time.perf_counter() - start:.0f} s", flush=True)
+        return module
+
+    announced_jit_load._announces = True  # type: ignore[attr-defined]
+    OpBuilder.jit_load = announced_jit_load
+    return True
 
 
 def warm_up_deepspeed() -> float:

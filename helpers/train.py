@@ -24,7 +24,7 @@ from helpers.runtime import reset_peak_stats, setup_single_process, teardown
 if TYPE_CHECKING:
     from helpers.hardware import Runtime
 
-__all__ = ["RunResult", "RunSettings", "TrainHooks", "train_run", "evaluate", "results_table"]
+__all__ = ["RunResult", "RunSettings", "TrainHooks", "train_run", "oom_summary", "evaluate", "results_table"]
 
 # fields written in GiB by reports before issue 14, now in GB (what `RunResult.from_dict` converts)
 _GIB_TO_GB = {"peak_rss_gib": "peak_rss_gb", "baseline_rss_gib": "baseline_rss_gb", "disk_gib": "disk_gb"}
@@ -91,19 +91,30 @@ class RunResult:
         kept["val_losses"] = [tuple(v) for v in kept.get("val_losses", [])]
         return cls(**kept)
 
-    def row(self, width: int = 22) -> str:
-        """One line of a fixed-width table (see `results_table`)."""
+    def row(self, width: int = 22, gpu: bool = True) -> str:
+        """One line of a fixed-width table (see `results_table`); `gpu=False`: the RAM layout of a CPU run."""
+        losses = (f"{self.losses[0] if self.losses else math.nan:>8.3f}"
+                  f"{self.losses[-1] if self.losses else math.nan:>8.3f}")
+        if not gpu:
+            growth = max(self.peak_rss_gb - self.baseline_rss_gb, 0.0)
+            return f"{self.name:<{width}}{growth:>15.2f}{self.peak_rss_gb:>13.2f}{self.tokens_per_s:>10.0f}" + losses
         return (f"{self.name:<{width}}{self.peak_vram_gib:>9.2f}{self.estimated_vram_gib:>9.2f}{self.ratio:>7.2f}"
-                f"{self.tokens_per_s:>10.0f}{self.peak_rss_gb:>9.2f}"
-                f"{self.losses[0] if self.losses else math.nan:>8.3f}{self.losses[-1] if self.losses else math.nan:>8.3f}")
+                f"{self.tokens_per_s:>10.0f}{self.peak_rss_gb:>9.2f}" + losses)
 
 
 def results_table(results: list[RunResult]) -> str:
-    """Measured peak VRAM, estimate, ratio, tokens/s, RSS and first/last loss per run."""
+    """Measured peak VRAM, estimate, ratio, tokens/s, RSS and first/last loss per run.
+
+    Runs without a GPU (no VRAM measured) get the RAM layout instead: RAM the run added over its start (the model,
+    its optimizer states and activations all live there) and the process's peak RSS, never a column of zeros."""
     width = max([22] + [len(r.name) + 1 for r in results])
-    head = (f"{'run':<{width}}{'peak GiB':>9}{'est GiB':>9}{'ratio':>7}{'tokens/s':>10}{'RSS GB':>9}"
-            f"{'loss0':>8}{'lossN':>8}")
-    return "\n".join([head, "-" * len(head)] + [r.row(width) for r in results])
+    gpu = any(r.peak_vram_gib for r in results)
+    if gpu:
+        head = (f"{'run':<{width}}{'peak GiB':>9}{'est GiB':>9}{'ratio':>7}{'tokens/s':>10}{'RSS GB':>9}"
+                f"{'loss0':>8}{'lossN':>8}")
+    else:
+        head = f"{'run':<{width}}{'RAM added GB':>15}{'peak RSS GB':>13}{'tokens/s':>10}{'loss0':>8}{'lossN':>8}"
+    return "\n".join([head, "-" * len(head)] + [r.row(width, gpu) for r in results])
 
 
 @dataclass(frozen=True)
@@ -200,6 +211,26 @@ def evaluate(model: Any, blocks: Any, runtime: "Runtime", batches: int = 4, batc
     return sum(losses) / max(len(losses), 1)
 
 
+def oom_summary(message: str, budget_bytes: int | None = None) -> str:
+    """torch's out-of-memory message in the lesson's terms: what was asked for, what PyTorch already held, the budget.
+
+    torch's own text describes the whole device ("GPU 0 has a total capacity of 139.80 GiB ...", on a big GPU capped
+    to a T4's budget): true, but not the number the lesson is about. The full text stays in `RunResult.extras`.
+    """
+    import re
+
+    asked = re.search(r"Tried to allocate ([\d.]+ [KMGT]?i?B)", message)
+    held = re.search(r"([\d.]+ [KMGT]?i?B) is allocated by PyTorch", message)
+    parts = ["CUDA out of memory"]
+    if asked:
+        parts.append(f"tried to allocate {asked.group(1)}")
+    if held:
+        parts.append(f"with {held.group(1)} already allocated by PyTorch")
+    if budget_bytes:
+        parts.append(f"of this runtime's {budget_bytes / 2**30:.1f} GiB budget")
+    return (parts[0] + (": " + " ".join(parts[1:]) if len(parts) > 1 else ": " + message.split("\n")[0][:200]))
+
+
 def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *, runtime: "Runtime",
               ds_config: dict[str, Any], plain_pytorch: bool = False, val_blocks: Any = None, steps: int = 20,
               checkpointing: bool = False, eval_every: int = 0, eval_batches: int = 4, untimed_steps: int = 2,
@@ -237,7 +268,8 @@ def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *,
                 loop.run(model_factory, train_blocks, val_blocks, steps, checkpointing, eval_every, eval_batches,
                          untimed_steps, seed, progress)
             except torch.OutOfMemoryError as exc:
-                result.error = "CUDA out of memory: " + str(exc).split("\n")[0][:300]
+                result.error = oom_summary(str(exc), runtime.vram_budget_bytes)
+                result.extras["raw_error"] = str(exc).split("\n")[0][:600]
         if not result.error:
             loop.finish()
     finally:  # an interrupted run (KeyboardInterrupt) is torn down too: its engine must not outlive the cell
@@ -349,7 +381,7 @@ class _Loop:
             checkpointing: bool, eval_every: int, eval_batches: int, untimed_steps: int, seed: int,
             progress: bool) -> None:
         import torch
-        from tqdm.auto import tqdm
+        from helpers.progress import progress_bar
 
         from helpers.data import block_loader
 
@@ -364,7 +396,7 @@ class _Loop:
         net.train()
         start = time.perf_counter()
         timed_from = None
-        bar = tqdm(range(steps), desc=result.name, disable=not progress)
+        bar = progress_bar(range(steps), desc=result.name, disable=not progress)
         for step in bar:
             if step == untimed_steps:
                 if runtime.has_gpu:

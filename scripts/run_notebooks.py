@@ -20,6 +20,11 @@ import nbformat
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parent.parent
+# Kernels started from here draw text progress bars: an executed copy is read later, and a widget's state is not
+# saved with it (helpers/progress.py). The kernel inherits this environment.
+os.environ.setdefault("DS_COURSE_TEXT_PROGRESS", "1")
+# ipykernel warns once per kernel that it runs over TCP without encryption (on localhost, started by us): noise
+KERNEL_ARGS = ["--IPKernelApp.log_level=ERROR"]
 
 
 def execute(path: Path, *, twice: bool = False, timeout_s: int = 1800, out_dir: Path | None = None,
@@ -36,7 +41,7 @@ def execute(path: Path, *, twice: bool = False, timeout_s: int = 1800, out_dir: 
         figures_file.unlink(missing_ok=True)
         os.environ["DS_COURSE_FIGURES"] = str(figures_file)
     client = NotebookClient(nb, timeout=timeout_s, kernel_name=kernel_name,
-                            resources={"metadata": {"path": str(path.parent)}})
+                            resources={"metadata": {"path": str(path.parent)}}, extra_arguments=KERNEL_ARGS)
     start = time.perf_counter()
     error = ""
     try:
@@ -93,7 +98,7 @@ def execute_with_habits(path: Path, *, interrupt_after_s: float = 3.0, timeout_s
 
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=timeout_s, kernel_name=kernel_name,
-                            resources={"metadata": {"path": str(path.parent)}})
+                            resources={"metadata": {"path": str(path.parent)}}, extra_arguments=KERNEL_ARGS)
     code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
     heavy = [i for i in code if "heavy" in nb.cells[i].metadata.get("tags", [])]
     log: list[str] = []

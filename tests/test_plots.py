@@ -23,8 +23,14 @@ def test_plots_return_figures_without_touching_global_style():
     assert [x for x in labels if not x.startswith("budget")] == ["params", "grads", "optimizer", "activations"]
     samples = [{"t": 0.0, "rss": 1e9, "gpu_allocated": 2**30}, {"t": 1.0, "rss": 2e9, "gpu_allocated": 2**31}]
     fig = plot_memory_timeline(samples, ram_budget_gb=12.7)
-    assert len(fig.axes[0].lines) == 3  # GPU allocated, RSS, budget line
+    gpu_ax, host_ax = fig.axes  # one unit per axis: GiB for the GPU, GB for RAM and disk
+    assert gpu_ax.get_ylabel() == "GiB" and host_ax.get_ylabel() == "GB"
+    assert len(gpu_ax.lines) == 1 and len(host_ax.lines) == 2  # GPU allocated; RSS and the budget line
+    cpu_only = plot_memory_timeline([{"t": 0.0, "rss": 1e9}, {"t": 1.0, "rss": 2e9}])
+    assert len(cpu_only.axes) == 1 and cpu_only.axes[0].get_ylabel() == "GB"  # no GPU axis on a CPU run
     assert plot_losses([3.0, 2.0, 1.0], val=[2.5, 1.5]).axes[0].lines[1].get_ydata().tolist() == [2.5, 1.5]
+    val_at_steps = plot_losses([3.0] * 40, val=[(10, 2.5), (40, 1.5)]).axes[0].lines[1]
+    assert val_at_steps.get_xdata().tolist() == [10, 40]  # drawn where it was measured, not at x = 1, 2
     assert dict(matplotlib.rcParams) == before
 
 
@@ -40,6 +46,9 @@ def test_speed_vs_memory_has_one_point_per_config_and_the_ram_budget():
     assert bars.lines[0].get_ydata()[0] == 12.7
     with_kernel = plot_speed_vs_memory(runs, ram_gb=[22.0, 11.0]).axes[1]
     assert [p.get_height() for p in with_kernel.patches] == [22.0, 11.0]
+    cpu = [run("ZeRO-3 CPU", peak_vram_gib=0.0, tokens_per_s=500.0), run("plain", peak_vram_gib=0.0, tokens_per_s=900.0)]
+    speed = plot_speed_vs_memory(cpu).axes[0]  # no GPU: tokens/s per run, not every point at x = 0 GiB
+    assert not speed.collections and [p.get_height() for p in speed.patches] == [500.0, 900.0]
 
 
 def test_moe_plots_draw_what_they_are_given():
@@ -50,6 +59,8 @@ def test_moe_plots_draw_what_they_are_given():
     fig = plot_capacity_sweep([{"capacity_factor": 0.5, "dropped_fraction": 0.4, "val_loss": 6.30001},
                                {"capacity_factor": 2.0, "dropped_fraction": 0.0, "val_loss": 6.3}])
     assert len(fig.axes) == 2 and len(fig.axes[0].patches) == 2
+    low, high = fig.axes[1].get_ylim()  # a 0.00001 change in loss is not drawn as a steep line
+    assert high - low >= 0.02 * 6.3
     moe = run("a", extras={"num_experts": 2, "routing": {"demand": [[3, 1]]}})
     ax = plot_balance([moe, moe]).axes[0]
     assert len(ax.patches) == 4 and [p.get_height() for p in ax.patches][:2] == [75.0, 25.0]
@@ -65,3 +76,16 @@ def test_zero_scaling_plots_one_panel_per_stage_with_the_estimate():
     fig = plot_zero_scaling(rows)
     assert [ax.get_title() for ax in fig.axes] == ["ZeRO-1", "ZeRO-3"]
     assert len(fig.axes[0].lines) == 6  # measured and estimated, for params, grads and optimizer
+
+
+def test_in_a_notebook_a_figure_is_displayed_where_it_is_made_and_not_returned(monkeypatch):
+    import IPython.display
+
+    from helpers import plots
+
+    shown = []
+    monkeypatch.setattr(plots, "_in_notebook", lambda: True)
+    monkeypatch.setattr(IPython.display, "display", shown.append)
+    assert plots.plot_losses([3.0, 2.0]) is None  # a cell ending with it shows it once, not twice
+    assert len(shown) == 1 and type(shown[0]).__name__ == "Figure"
+    assert plots.plot_losses([3.0, 2.0], show=False) is not None and len(shown) == 1

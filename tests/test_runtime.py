@@ -165,3 +165,25 @@ def test_clean_slate_frees_an_engine_whose_zero3_optimizer_build_was_interrupted
     cleaned = clean_slate({})
     assert "1 DeepSpeed engine(s) left by an earlier or interrupted run" in cleaned
     assert live_engines() == []
+
+
+def test_an_op_build_is_announced_before_it_starts_and_a_cached_op_is_not(monkeypatch, tmp_path, capsys):
+    import torch.utils.cpp_extension as cpp
+    from deepspeed.ops.op_builder.builder import OpBuilder
+
+    from helpers.runtime import announce_op_builds
+
+    built = []
+    monkeypatch.setattr(OpBuilder, "jit_load", lambda self, verbose=True: built.append(self.name) or self.name)
+    monkeypatch.setattr(cpp, "_get_build_directory", lambda name, verbose: str(tmp_path / name))
+    (tmp_path / "cached_op").mkdir()
+    (tmp_path / "cached_op" / "cached_op.so").write_bytes(b"")
+    (tmp_path / "new_op").mkdir()
+    assert announce_op_builds()
+    op = type("FakeBuilder", (), {"name": "new_op"})()
+    assert OpBuilder.jit_load(op) == "new_op"
+    out = capsys.readouterr().out
+    assert out.index("compiling DeepSpeed's new_op op") < out.index("compiled new_op in")
+    op.name = "cached_op"
+    assert OpBuilder.jit_load(op) == "cached_op" and capsys.readouterr().out == ""
+    assert built == ["new_op", "cached_op"]

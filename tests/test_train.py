@@ -52,6 +52,18 @@ def test_zero_stages_follow_the_same_loss_trajectory_and_loss_falls(setup):
     assert "ZeRO-3" in results_table(runs) and "RSS GB" in results_table(runs)
 
 
+def test_a_cpu_results_table_shows_measured_ram_not_zeros_and_nan():
+    def run(name, **measured):
+        return RunResult(name=name, model="m", params=1, config=name, precision="fp32", micro_batch=1, grad_accum=1,
+                         seq_len=1, steps=1, checkpointing=False, runtime="cpu", losses=[3.0, 2.0], **measured)
+
+    cpu = results_table([run("ZeRO-2", peak_rss_gb=1.75, baseline_rss_gb=1.25, tokens_per_s=600.0)])
+    assert "RAM added GB" in cpu and "0.50" in cpu and "1.75" in cpu
+    assert "nan" not in cpu and "peak GiB" not in cpu and "0.00" not in cpu
+    gpu = results_table([run("ZeRO-2", peak_vram_gib=2.5, estimated_vram_gib=2.0, tokens_per_s=600.0)])
+    assert "peak GiB" in gpu and "1.25" in gpu  # measured / estimated
+
+
 def test_the_config_sets_batch_accumulation_lr_and_warmup(setup):
     blocks, model_dir = setup
     rt = detect_runtime()
@@ -133,7 +145,8 @@ def test_out_of_memory_is_reported_not_raised(setup):
     rt = detect_runtime()
     r = train_run("plain", too_big, blocks, runtime=rt, ds_config=course_config("plain", rt), plain_pytorch=True,
                   steps=2, progress=False)
-    assert r.error.startswith("CUDA out of memory: CUDA out of memory. Tried to allocate 20.00 GiB")
+    assert r.error.startswith("CUDA out of memory: tried to allocate 20.00 GiB")
+    assert r.extras["raw_error"] == "CUDA out of memory. Tried to allocate 20.00 GiB"  # torch's own text is kept
     assert r.losses == [] and r.tokens_per_s == 0
 
 
@@ -149,3 +162,17 @@ def test_ladder_benchmark_smoke(tmp_path):
     assert rows["zero3_offload_cpu"]["losses"][-1] < rows["zero3_offload_cpu"]["losses"][0]
     assert report["summary"]["largest_per_config"]["plain"]["model"] == "gpt2-tiny"
     assert report["budgets"]["disk_gb"] == 60.0
+
+
+def test_an_out_of_memory_error_is_told_in_the_lessons_terms_not_the_whole_devices():
+    from helpers.train import oom_summary
+
+    torch_text = ("CUDA out of memory. Tried to allocate 96.00 MiB. GPU 0 has a total capacity of 139.80 GiB of which "
+                  "120.11 GiB is free. Including non-PyTorch memory, this process has 15.02 GiB memory in use. Of the "
+                  "allocated memory 14.61 GiB is allocated by PyTorch, and 120.00 MiB is reserved by PyTorch but "
+                  "unallocated.")
+    short = oom_summary(torch_text, budget_bytes=15 * 2**30)
+    assert short == ("CUDA out of memory: tried to allocate 96.00 MiB with 14.61 GiB already allocated by PyTorch of "
+                     "this runtime's 15.0 GiB budget")
+    assert "139.80" not in short
+    assert oom_summary("something else entirely") == "CUDA out of memory: something else entirely"

@@ -1,0 +1,53 @@
+"""Progress bars: a widget in a live notebook, plain text when the notebook is run to be saved and read later.
+
+A tqdm widget's state is not kept in a saved notebook: an executed copy showed `0/40` above a finished run. The
+course's runners (scripts/run_notebooks.py and what imports it) set DS_COURSE_TEXT_PROGRESS=1 for the kernels they
+start, and every bar is then text, whose final state is saved with the outputs: the helpers' own bars, and the
+notebooks' `from tqdm.auto import tqdm` (the bootstrap calls `text_progress_if_asked`).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Iterable
+
+__all__ = ["TEXT_PROGRESS_ENV", "progress_bar", "text_progress_if_asked"]
+
+TEXT_PROGRESS_ENV = "DS_COURSE_TEXT_PROGRESS"
+
+
+def progress_bar(iterable: Iterable[Any] | None = None, *, total: int | None = None, desc: str | None = None,
+                 disable: bool = False, leave: bool = True) -> Any:
+    """A tqdm bar (notebooks 00-05 through `train_run`, `train_in_fresh_process`, the Accelerate driver)."""
+    if os.environ.get(TEXT_PROGRESS_ENV):
+        from tqdm.std import tqdm
+
+        return tqdm(iterable, total=total, desc=desc, disable=disable, leave=leave, file=sys.stdout, ascii=True)
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, total=total, desc=desc, disable=disable, leave=leave)
+
+
+def text_progress_if_asked() -> bool:
+    """With DS_COURSE_TEXT_PROGRESS set, make `from tqdm.auto import tqdm` give text bars on stdout; True if it did.
+
+    Called by every notebook's bootstrap, before the notebook imports tqdm. Without the variable (Colab, a learner's
+    Jupyter) nothing changes: the bars stay widgets.
+    """
+    if not os.environ.get(TEXT_PROGRESS_ENV):
+        return False
+    import tqdm.auto
+    import tqdm.autonotebook
+    from tqdm.std import tqdm as std_tqdm
+
+    class TextTqdm(std_tqdm):  # type: ignore[misc,valid-type]
+        """tqdm's text bar, on stdout (not the red stderr stream) and in ASCII."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("file", sys.stdout)
+            kwargs.setdefault("ascii", True)
+            super().__init__(*args, **kwargs)
+
+    tqdm.auto.tqdm = TextTqdm
+    tqdm.autonotebook.tqdm = TextTqdm
+    return True
