@@ -7,9 +7,11 @@ and at the end no DeepSpeed engine may be alive. Notebook 02, the one that meets
 inside a memory cgroup (scripts/colab_emulation.py) sized for its smoke run, where the machine allows one: the
 mechanism works here, and its big runs (each in a child process) keep within the limit it reads.
 """
+import re
 import subprocess
 import sys
 
+import nbformat
 import pytest
 
 import colab_emulation as emu  # scripts/ is on pytest's pythonpath (pyproject.toml)
@@ -34,6 +36,47 @@ def _build_ops_outside() -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
+# output a learner should never read: developer targets, runner noise, setup noise
+NOISE = ("NOT met", "not met)", "Kernel is running over TCP", "Failed to initialize NumPy", "GPU 0 has a total capacity")
+PLOT_CALL = re.compile(r"^helpers\.plot_\w+\(", re.MULTILINE)  # a figure made at the top level of a cell
+
+
+def hygiene_problems(nb: nbformat.NotebookNode) -> list[str]:
+    """What reads wrong in an executed notebook: a figure made but not shown, a stray Out[] value, a progress bar
+    saved as a widget (its state is lost: it reads 0/40 above a finished run), noise."""
+    problems = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        outputs = cell.get("outputs", [])
+        images = sum("image/png" in o.get("data", {}) for o in outputs)
+        if len(PLOT_CALL.findall(cell.source)) > images:
+            problems.append(f"cell {i}: {len(PLOT_CALL.findall(cell.source))} figure(s) made, {images} shown")
+        for o in outputs:
+            data = o.get("data", {})
+            if o.output_type == "execute_result" and set(data) == {"text/plain"}:
+                problems.append(f"cell {i}: stray Out[] value {data['text/plain'][:60]!r}")
+            if "application/vnd.jupyter.widget-view+json" in data and "%|" in data.get("text/plain", ""):
+                problems.append(f"cell {i}: a progress bar saved as a widget ({data['text/plain'][:40]!r})")
+            text = o.get("text", "") + data.get("text/plain", "")
+            problems += [f"cell {i}: prints {n!r}" for n in NOISE if n in text]
+    return problems
+
+
+def test_the_hygiene_check_finds_what_reads_wrong():
+    cell = nbformat.v4.new_code_cell
+    nb = nbformat.v4.new_notebook(cells=[
+        cell("helpers.plot_losses([1])", outputs=[]),
+        cell("helpers.record_figure('x', 1)", outputs=[nbformat.v4.new_output("execute_result", {"text/plain": "1"})]),
+        cell("for s in tqdm(range(40)): pass", outputs=[nbformat.v4.new_output(
+            "display_data", {"application/vnd.jupyter.widget-view+json": {}, "text/plain": "  0%|   | 0/40"})]),
+        cell("print(t)", outputs=[nbformat.v4.new_output("stream", name="stdout", text="target >= 0.9: NOT met")]),
+        cell("if gpu:\n    helpers.plot_losses([1])", outputs=[]),  # inside an if: may not run here
+        cell("helpers.plot_losses([1])", outputs=[nbformat.v4.new_output("display_data", {"image/png": "iVBOR"})]),
+    ])
+    assert [p.split(":")[0] for p in hygiene_problems(nb)] == ["cell 0", "cell 1", "cell 2", "cell 3"]
+
+
 @pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xdist_group("cgroup")) if p.name in RAM_LIMIT_BYTES
                                   else p for p in NOTEBOOKS], ids=lambda p: p.name)
 def test_notebook_survives_interrupts_and_reruns(path, tmp_path):
@@ -46,7 +89,8 @@ def test_notebook_survives_interrupts_and_reruns(path, tmp_path):
         assert 0.3 < enc["peak_ram_gb"] <= limit / 1e9
         assert not emu.leftover_groups()
     else:
-        result = execute_with_habits(path)
+        result = execute_with_habits(path, out_dir=tmp_path)
     assert result["passed"], result["error"] + "\n" + "\n".join(result["log"])
+    assert hygiene_problems(nbformat.read(tmp_path / path.name, as_version=4)) == []
     assert result["log"][-1] == "live DeepSpeed engines: 0"
     assert any("run again" in line for line in result["log"])

@@ -25,3 +25,12 @@ def test_report_gb_reads_new_rows_and_converts_old_gib_rows():
     assert report_gb({"peak_rss_gb": 12.5, "peak_rss_gib": 1.0}, "peak_rss") == 12.5  # GB wins
     assert report_gb({"peak_rss_gib": 10.0}, "peak_rss") == pytest.approx(10.737, abs=1e-3)  # 10 GiB in GB
     assert report_gb({}, "disk") == 0.0
+
+
+def test_reports_are_printed_to_learners_without_the_projects_targets():
+    from helpers.records import report_for_learners
+
+    line = ("- gpt2: ZeRO-2 / plain tokens/s = 0.612 (target >= 0.9: NOT met); worst estimate error 8% "
+            "(zero3; target <= 15%: met)")
+    assert report_for_learners(line) == "- gpt2: ZeRO-2 / plain tokens/s = 0.612; worst estimate error 8% (zero3)"
+    assert report_for_learners("largest / plain: 4.39 (target >= 4: met)\n| a | b |") == "largest / plain: 4.39\n| a | b |"
