@@ -9,6 +9,4 @@ echo "== installing requirements-dev.txt (pytest, nbmake, ruff)"
 .venv/bin/python -m pip --disable-pip-version-check install -q -r requirements-dev.txt
 LINTED=(helpers benchmarks scripts tests notebooks/programs)
 .venv/bin/ruff check "${LINTED[@]}"  # rules: pyproject.toml [tool.ruff.lint]
-# Two workers by default: much of a notebook's run is waiting (kernel start, imports, launched processes), so two
-# overlap well even on 2 cores. Tests that use cgroups share one worker (xdist_group "cgroup").
-.venv/bin/python -m pytest tests -n "${TEST_WORKERS:-2}" --dist loadgroup "$@"
+.venv/bin/python -m pytest tests "$@"

@@ -14,7 +14,6 @@ from conftest import ROOT
 import colab_emulation as emu  # scripts/ is on pytest's pythonpath (pyproject.toml)
 
 MECHANISM, WHY = emu.probe()
-pytestmark = pytest.mark.xdist_group("cgroup")  # one worker: they read every ds-course-* group
 needs_cgroup = pytest.mark.skipif(not MECHANISM.startswith("cgroup"), reason=f"cgroups not writable here: {WHY}")
 
 

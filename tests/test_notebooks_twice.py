@@ -77,8 +77,7 @@ def test_the_hygiene_check_finds_what_reads_wrong():
     assert [p.split(":")[0] for p in hygiene_problems(nb)] == ["cell 0", "cell 1", "cell 2", "cell 3"]
 
 
-@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xdist_group("cgroup")) if p.name in RAM_LIMIT_BYTES
-                                  else p for p in NOTEBOOKS], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_survives_interrupts_and_reruns(path, tmp_path):
     limit = RAM_LIMIT_BYTES.get(path.name)
     if limit and MECHANISM.startswith("cgroup"):
