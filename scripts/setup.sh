@@ -26,16 +26,22 @@ if [ ! -x "$VENV/bin/python" ]; then
   }
 fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+pip_install() {  # pip install -q, its output shown less pip-config noise ("WARNING: Location ..."); stops on failure
+  local out rc=0
+  out=$("${PIP[@]}" install -q "$@" 2>&1) || rc=$?
+  [ -z "$out" ] || grep -v "^WARNING: Location" <<<"$out" || true
+  return $rc
+}
 
 if ! "$VENV/bin/python" -c "import numpy" >/dev/null 2>&1; then
   echo "== installing numpy (before torch, which warns when it starts without numpy)"
-  "${PIP[@]}" install -q numpy
+  pip_install numpy
 fi
 
 if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then
     echo "== installing torch $TORCH_VERSION (CUDA build: an NVIDIA GPU is present)${TORCH_INDEX:+ from $TORCH_INDEX}"
-    "${PIP[@]}" install -q "torch==$TORCH_VERSION" ${TORCH_INDEX:+--index-url "$TORCH_INDEX"}
+    pip_install "torch==$TORCH_VERSION" ${TORCH_INDEX:+--index-url "$TORCH_INDEX"}
   else
     INDEX=${TORCH_INDEX:-$CPU_INDEX}
     if [ -z "${TORCH_INDEX:-}" ] && ! "$VENV/bin/python" -c "import sys, urllib.request as u; u.urlopen(sys.argv[1] + '/torch/', timeout=10)" "$CPU_INDEX" >/dev/null 2>&1; then
@@ -43,7 +49,7 @@ if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
       INDEX=""
     fi
     echo "== installing torch $TORCH_VERSION, CPU build (no GPU found)${INDEX:+ from $INDEX}"
-    "${PIP[@]}" install -q "torch==$TORCH_VERSION" ${INDEX:+--index-url "$INDEX"}
+    pip_install "torch==$TORCH_VERSION" ${INDEX:+--index-url "$INDEX"}
     if "$VENV/bin/python" -c "from importlib.metadata import requires; import sys; sys.exit(not any(r.startswith('nvidia') for r in requires('torch') or []))"; then
       echo "note: this torch is a CUDA build (several GB) on a machine without a GPU; for the CPU build:" \
            "rm -rf $VENV and run again with TORCH_INDEX=$CPU_INDEX"

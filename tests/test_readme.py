@@ -42,13 +42,13 @@ def test_readme_documents_torch_index_and_the_pin_setup_uses():
     version = re.search(r"TORCH_VERSION=\$\{TORCH_VERSION:-([0-9.]+)\}", SETUP).group(1)
     assert f"torch=={version}" in README and "TORCH_VERSION" in README
     # one pin for CPU and GPU machines: every torch install in setup.sh asks for torch==$TORCH_VERSION
-    torch_installs = [line for line in SETUP.splitlines() if re.search(r"install -q \"?torch", line)]
+    torch_installs = [line for line in SETUP.splitlines() if re.search(r"(pip_install|install -q) \"?torch\b", line)]
     assert len(torch_installs) == 2, torch_installs  # the GPU branch and the CPU branch
     assert all('"torch==$TORCH_VERSION"' in line for line in torch_installs), torch_installs
 
 
 def test_setup_installs_numpy_before_anything_imports_torch():
-    numpy_install = SETUP.index("install -q numpy")
+    numpy_install = re.search(r"(pip_install|install -q) numpy", SETUP).start()
     first_torch_import = min(m.start() for m in re.finditer(r"import torch", SETUP))
     assert numpy_install < first_torch_import, "torch started without numpy prints 'Failed to initialize NumPy'"
 
