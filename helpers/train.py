@@ -352,20 +352,25 @@ class _Loop:
         step_loss = 0.0
         for _ in range(accum):
             ids = next(batches)["input_ids"].to(device)
+            # the output is read and dropped before backward: it holds the logits (micro-batch x sequence x
+            # vocabulary: 0.19 GiB at 4 x 512 for GPT-2 in fp16), which would otherwise add to the peak
             if self.plain:
                 with _autocast(self.runtime):
                     out = net(input_ids=ids, labels=ids)
-                    loss = out.loss / accum
+                self.hooks.after_forward(out)
+                loss = out.loss / accum
+                del out
                 self.ns["scaler"].scale(loss).backward()
                 step_loss += loss.item()
             else:
                 out = net(input_ids=ids, labels=ids)
+                self.hooks.after_forward(out)
                 loss = out.loss
+                del out
                 net.backward(loss)
                 net.step()
                 step_loss += loss.item() / accum
-            self.hooks.after_forward(out)
-            del out, loss, ids
+            del loss, ids
         if self.plain:
             optimizer, scaler = self.ns["optimizer"], self.ns["scaler"]
             scaler.unscale_(optimizer)

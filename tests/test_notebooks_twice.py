@@ -54,7 +54,9 @@ def hygiene_problems(nb: nbformat.NotebookNode) -> list[str]:
             problems.append(f"cell {i}: {len(PLOT_CALL.findall(cell.source))} figure(s) made, {images} shown")
         for o in outputs:
             data = o.get("data", {})
-            if o.output_type == "execute_result" and set(data) == {"text/plain"}:
+            last = cell.source.strip().splitlines()[-1] if cell.source.strip() else ""
+            if o.output_type == "execute_result" and set(data) == {"text/plain"} and last.startswith("helpers."):
+                # a helper's return value nobody asked to see (a cell that ends with a dict to show it is fine)
                 problems.append(f"cell {i}: stray Out[] value {data['text/plain'][:60]!r}")
             if "application/vnd.jupyter.widget-view+json" in data and "%|" in data.get("text/plain", ""):
                 problems.append(f"cell {i}: a progress bar saved as a widget ({data['text/plain'][:40]!r})")
@@ -73,6 +75,7 @@ def test_the_hygiene_check_finds_what_reads_wrong():
         cell("print(t)", outputs=[nbformat.v4.new_output("stream", name="stdout", text="target >= 0.9: NOT met")]),
         cell("if gpu:\n    helpers.plot_losses([1])", outputs=[]),  # inside an if: may not run here
         cell("helpers.plot_losses([1])", outputs=[nbformat.v4.new_output("display_data", {"image/png": "iVBOR"})]),
+        cell("{'RANK': 0}", outputs=[nbformat.v4.new_output("execute_result", {"text/plain": "{'RANK': 0}"})]),
     ])
     assert [p.split(":")[0] for p in hygiene_problems(nb)] == ["cell 0", "cell 1", "cell 2", "cell 3"]
 
