@@ -34,3 +34,5 @@ def test_reports_are_printed_to_learners_without_the_projects_targets():
             "(zero3; target <= 15%: met)")
     assert report_for_learners(line) == "- gpt2: ZeRO-2 / plain tokens/s = 0.612; worst estimate error 8% (zero3)"
     assert report_for_learners("largest / plain: 4.39 (target >= 4: met)\n| a | b |") == "largest / plain: 4.39\n| a | b |"
+    oom = "| plain | CUDA out of memory: CUDA out of memory. Tried to allocate 26.00 MiB. GPU 0 has a total capacity of 139.80 GiB |"
+    assert report_for_learners(oom) == "| plain | CUDA out of memory: tried to allocate 26.00 MiB |"
