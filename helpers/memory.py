@@ -342,9 +342,12 @@ class Measurement:
         return self.peak_rss / GB
 
     def summary(self) -> str:
-        return (f"peak GPU allocated {self.peak_gpu_allocated / GiB:.3f} GiB (reserved "
-                f"{self.peak_gpu_reserved / GiB:.3f} GiB), peak RSS {self.peak_rss / GB:.2f} GB, "
-                f"NVMe {self.peak_nvme_bytes / GB:.2f} GB, {self.seconds:.1f} s")
+        """One line of what was measured; no GPU figures when no GPU memory was seen (a CPU run)."""
+        gpu = (f"peak GPU allocated {self.peak_gpu_allocated / GiB:.3f} GiB (reserved "
+               f"{self.peak_gpu_reserved / GiB:.3f} GiB), " if self.peak_gpu_reserved else "")
+        nvme = f", NVMe {self.peak_nvme_bytes / GB:.2f} GB" if self.peak_nvme_bytes else ""
+        return (f"{gpu}peak RSS {self.peak_rss / GB:.2f} GB (from {self.baseline_rss / GB:.2f} GB)"
+                f"{nvme}, {self.seconds:.1f} s")
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -141,7 +141,9 @@ def test_measure_peak_sees_ram_and_nvme_bytes(tmp_path):
     assert m.peak_rss - m.baseline_rss >= 48 * 2**20
     assert m.peak_nvme_bytes >= 3 * 2**20
     assert len(m.samples) >= 2 and m.seconds > 0
-    assert "peak RSS" in m.summary()
+    assert "peak RSS" in m.summary() and "NVMe" in m.summary()
+    if not torch.cuda.is_available():
+        assert "GPU" not in m.summary()  # a CPU run reads no 0.000 GiB of GPU memory
 
 
 def test_nvme_optimizer_with_params_on_the_gpu():
