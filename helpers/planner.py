@@ -284,17 +284,33 @@ def plan(model: "str | ModelShape" = "gpt2", stage: int = 2, *, offload_optimize
     return Plan(shape, config, report, act)
 
 
-def planner_widget(runtime: "Runtime | None" = None) -> Any:
-    """An ipywidgets form over `plan`; the JSON and the verdict update as you change a setting."""
-    import ipywidgets as w
+def planner_widget(runtime: "Runtime | None" = None, model: str = "gpt2") -> Any:
+    """An ipywidgets form over `plan`, starting at `model`; the JSON and the verdict update as you change a setting.
 
+    When a runner saves the notebook (`helpers.saved_run()`), a widget would be saved as `VBox(children=...)`: then the
+    plan of the starting settings is returned as static HTML, saying to run the cell in Jupyter or Colab for controls.
+    """
     from helpers.hardware import detect_runtime
     from helpers.models import GPT2_LADDER
+    from helpers.progress import saved_run
 
     runtime = runtime or detect_runtime()
+    if saved_run():
+        from IPython.display import HTML
+
+        try:
+            p = plan(model, runtime=runtime, nvme_path="/tmp/nvme")
+            text = str(p) + ("\n\n" + json.dumps(p.config, indent=2) if p.config is not None else "")
+        except Exception as exc:  # unknown model id, no network ...
+            text = f"cannot plan this: {exc}"
+        return HTML("<p><b>The planner</b> (a saved copy: run this cell in Jupyter or Colab for its controls). "
+                    f"The plan for {html.escape(model)} with ZeRO-2, micro-batch 4 x 512:</p>"
+                    f"<pre>{html.escape(text)}</pre>")
+    import ipywidgets as w
+
     out = w.HTML()
     controls = {
-        "model": w.Combobox(value="gpt2", options=list(GPT2_LADDER), description="model",
+        "model": w.Combobox(value=model, options=list(GPT2_LADDER), description="model",
                             placeholder="1.3B, a ladder name, a local path or Hub id", ensure_option=False),
         "stage": w.Dropdown(options=[0, 1, 2, 3], value=2, description="ZeRO stage"),
         "offload_optimizer": w.Dropdown(options=["none", "cpu", "nvme"], value="none", description="opt. offload"),

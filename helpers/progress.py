@@ -1,7 +1,7 @@
-"""Progress bars: a widget in a live notebook, plain text when the notebook is run to be saved and read later.
+"""Progress bars (and the planner): widgets in a live notebook, plain output when a runner saves the notebook to be read.
 
 A tqdm widget's state is not kept in a saved notebook: an executed copy showed `0/40` above a finished run. The
-course's runners (scripts/run_notebooks.py and what imports it) set DS_COURSE_TEXT_PROGRESS=1 for the kernels they
+course's runners (scripts/run_notebooks.py and what imports it) set DS_COURSE_SAVED_RUN=1 for the kernels they
 start, and every bar is then text, whose final state is saved with the outputs: the helpers' own bars, and the
 notebooks' `from tqdm.auto import tqdm` (the bootstrap calls `text_progress_if_asked`).
 """
@@ -11,15 +11,20 @@ import os
 import sys
 from typing import Any, Iterable
 
-__all__ = ["TEXT_PROGRESS_ENV", "progress_bar", "text_progress_if_asked"]
+__all__ = ["SAVED_RUN_ENV", "progress_bar", "saved_run", "text_progress_if_asked"]
 
-TEXT_PROGRESS_ENV = "DS_COURSE_TEXT_PROGRESS"
+SAVED_RUN_ENV = "DS_COURSE_SAVED_RUN"
+
+
+def saved_run() -> bool:
+    """True when a runner executes the notebook to save its outputs (DS_COURSE_SAVED_RUN): widgets would be lost."""
+    return bool(os.environ.get(SAVED_RUN_ENV))
 
 
 def progress_bar(iterable: Iterable[Any] | None = None, *, total: int | None = None, desc: str | None = None,
                  disable: bool = False, leave: bool = True) -> Any:
     """A tqdm bar (notebooks 00-05 through `train_run`, `train_in_fresh_process`, the Accelerate driver)."""
-    if os.environ.get(TEXT_PROGRESS_ENV):
+    if saved_run():
         from tqdm.std import tqdm
 
         return tqdm(iterable, total=total, desc=desc, disable=disable, leave=leave, file=sys.stdout, ascii=True)
@@ -29,12 +34,12 @@ def progress_bar(iterable: Iterable[Any] | None = None, *, total: int | None = N
 
 
 def text_progress_if_asked() -> bool:
-    """With DS_COURSE_TEXT_PROGRESS set, make `from tqdm.auto import tqdm` give text bars on stdout; True if it did.
+    """With DS_COURSE_SAVED_RUN set, make `from tqdm.auto import tqdm` give text bars on stdout; True if it did.
 
     Called by every notebook's bootstrap, before the notebook imports tqdm. Without the variable (Colab, a learner's
     Jupyter) nothing changes: the bars stay widgets.
     """
-    if not os.environ.get(TEXT_PROGRESS_ENV):
+    if not saved_run():
         return False
     import tqdm.auto
     import tqdm.autonotebook

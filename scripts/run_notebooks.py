@@ -20,9 +20,14 @@ import nbformat
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parent.parent
-# Kernels started from here draw text progress bars: an executed copy is read later, and a widget's state is not
-# saved with it (helpers/progress.py). The kernel inherits this environment.
-os.environ.setdefault("DS_COURSE_TEXT_PROGRESS", "1")
+
+
+def kernel_env() -> dict[str, str]:
+    """The environment of a kernel started here: it saves its outputs to be read later, where a widget's state is
+    lost, so progress bars are text and the planner a static rendering (helpers/progress.py)."""
+    return {**os.environ, "DS_COURSE_SAVED_RUN": "1"}
+
+
 # ipykernel warns once per kernel that it runs over TCP without encryption (on localhost, started by us): noise
 KERNEL_ARGS = ["--IPKernelApp.log_level=ERROR"]
 
@@ -45,7 +50,7 @@ def execute(path: Path, *, twice: bool = False, timeout_s: int = 1800, out_dir: 
     start = time.perf_counter()
     error = ""
     try:
-        with client.setup_kernel():
+        with client.setup_kernel(env=kernel_env()):
             if on_kernel_start is not None:
                 on_kernel_start(_kernel_pid(client))
             for round_ in range(2 if twice else 1):
@@ -105,7 +110,7 @@ def execute_with_habits(path: Path, *, interrupt_after_s: float = 3.0, timeout_s
     start = time.perf_counter()
     error = ""
     try:
-        with client.setup_kernel():
+        with client.setup_kernel(env=kernel_env()):
             pid = _kernel_pid(client)
             if on_kernel_start is not None:
                 on_kernel_start(pid)

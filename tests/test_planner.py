@@ -41,6 +41,16 @@ def test_widget_updates_when_a_setting_changes(t4):
     assert "ZeRO-3" in second and "&quot;stage&quot;: 3" in second
 
 
+def test_the_widget_starts_at_the_notebooks_model_and_a_saved_run_gets_the_plan_not_a_widget(t4, monkeypatch):
+    from helpers.progress import SAVED_RUN_ENV
+
+    monkeypatch.delenv(SAVED_RUN_ENV, raising=False)
+    assert planner_widget(t4, model="gpt2-xl").children[0].children[0].value == "gpt2-xl"
+    monkeypatch.setenv(SAVED_RUN_ENV, "1")  # a runner saving the notebook: a widget would be saved as VBox(...)
+    saved = planner_widget(t4, model="gpt2-xl")
+    assert "gpt2-xl" in saved.data and "run this cell in Jupyter or Colab" in saved.data and "ZeRO-2" in saved.data
+
+
 def test_a_bare_size_is_planned_with_the_nearest_rungs_shapes(t4):
     from helpers.models import parse_param_count
 
