@@ -8,7 +8,7 @@ import html
 import json
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from helpers.checks import ConfigError, check_model_size, check_number
@@ -284,8 +284,87 @@ def plan(model: "str | ModelShape" = "gpt2", stage: int = 2, *, offload_optimize
     return Plan(shape, config, report, act)
 
 
+# The planner widget's colours (verdict line) and the settings a suggestion may set.
+_VERDICT_COLOURS = {"fits": "#1b7f3b", "no": "#b3261e", "refused": "#9a6700", "busy": "#555555"}
+_ZERO_INIT_LABEL = "built under zero.Init"
+_LOOKUP_NOTE = "looking up {name} (a local folder or the Hugging Face Hub) ..."
+
+
+def _may_touch_the_hub(model: str) -> bool:
+    """True when `model_shape(model)` may ask the Hub: not a ladder name, not a size, not a course-like name."""
+    from helpers.models import GPT2_LADDER, parse_param_count
+
+    name = str(model).strip()
+    return bool(name) and name not in GPT2_LADDER and parse_param_count(name) is None \
+        and not name.lower().startswith("gpt2") and not os.path.isdir(name)
+
+
+def _needs_line(report: PreflightReport) -> str:
+    """'GPU 3.90 / 15.00 GiB · RAM 11.70 / 12.13 GB · disk 0.0 / 80.0 GB' (needed / budget)."""
+    parts = [f"GPU {report.gpu_needed / GiB:.2f} / {report.gpu_budget / GiB:.2f} GiB" if report.gpu_budget
+             else "no GPU: everything in RAM"]
+    parts.append(f"RAM {report.ram_needed / GB:.2f} / {report.ram_budget / GB:.2f} GB")
+    if report.disk_needed:
+        parts.append(f"disk {report.disk_needed / GB:.1f} / {report.disk_budget / GB:.1f} GB")
+    return " · ".join(parts)
+
+
+def _suggested_settings(p: Plan) -> dict[str, Any]:
+    """The widget's settings (stage, offloads, model) that the plan's fix names; {} when it names none."""
+    report = p.report
+    if report is None or report.fits:
+        return {}
+    if report.suggestion is not None:
+        args, zero_init, out = report.suggestion, report.suggestion_zero_init, {}
+    elif report.smaller_model:
+        args = dict(NAMED_CONFIGS[report.smaller_model_kind].kwargs) if report.smaller_model_kind else {}
+        zero_init, out = args.get("stage") == 3, {"model": report.smaller_model}
+    else:
+        return {}
+    out.update(stage=args.get("stage", 2), offload_optimizer=args.get("offload_optimizer", "none"),
+               offload_param=args.get("offload_param", "none"))
+    if zero_init:  # the fix was checked with the model built under deepspeed.zero.Init (no fp32 copy in RAM)
+        out["zero_init"] = True
+    return out
+
+
+def _settings_text(settings: dict[str, Any]) -> str:
+    """'model gpt2-large, ZeRO stage 3, opt. offload nvme, param offload cpu' (the widget's own labels)."""
+    labels = {"model": "model", "stage": "ZeRO stage", "offload_optimizer": "opt. offload",
+              "offload_param": "param offload"}
+    return ", ".join(_ZERO_INIT_LABEL if k == "zero_init" else f"{labels[k]} {v}" for k, v in settings.items())
+
+
+def _verdict_html(p: "Plan | None", name: str, error: str = "") -> str:
+    """The one coloured line at the top of the planner: fits (green) / does not fit (red) / refused / cannot plan."""
+    def line(colour: str, head: str, rest: str) -> str:
+        return (f'<div class="ds-plan-verdict" style="border-left:6px solid {colour};padding:4px 8px;'
+                f'margin:2px 0;line-height:1.4"><b style="color:{colour}">{html.escape(head)}</b> '
+                f"{html.escape(rest)}</div>")
+
+    if error or p is None:
+        return line(_VERDICT_COLOURS["no"], f"cannot plan {name!r}:", error)
+    if p.error:
+        return line(_VERDICT_COLOURS["refused"], "config refused:", p.error)
+    assert p.report is not None
+    head = f"{p.shape.name} ({p.shape.n_params / 1e6:,.0f}M params) with {p.report.estimate.label}"
+    if p.report.fits:
+        return line(_VERDICT_COLOURS["fits"], "fits", f"{head}: {_needs_line(p.report)}")
+    fix = _suggested_settings(p)
+    rest = f"{head}: " + "; ".join(p.report.problems) + "."
+    rest += f" Try: {_settings_text(fix)}." if fix else " " + p.report.fix() + "."
+    return line(_VERDICT_COLOURS["no"], "does NOT fit", rest)
+
+
+def _details_text(p: Plan) -> str:
+    return str(p) + ("\n\n" + json.dumps(p.config, indent=2) if p.config is not None else "")
+
+
 def planner_widget(runtime: "Runtime | None" = None, model: str = "gpt2") -> Any:
-    """An ipywidgets form over `plan`, starting at `model`; the JSON and the verdict update as you change a setting.
+    """An ipywidgets dashboard over `plan`, starting at `model`: a coloured verdict line at the top (with the fix in
+    the widget's own settings and a button that applies it), the controls, and the memory table and DeepSpeed JSON
+    folded in an accordion. Changing a setting re-plans; the model field re-plans on Enter or when it loses focus
+    (`continuous_update=False`), and shows "looking up ..." before a name that may ask the Hugging Face Hub.
 
     When a runner saves the notebook (`helpers.saved_run()`), a widget would be saved as `VBox(children=...)`: then the
     plan of the starting settings is returned as static HTML, saying to run the cell in Jupyter or Colab for controls.
@@ -299,38 +378,96 @@ def planner_widget(runtime: "Runtime | None" = None, model: str = "gpt2") -> Any
         from IPython.display import HTML
 
         try:
-            p = plan(model, runtime=runtime, nvme_path="/tmp/nvme")
-            text = str(p) + ("\n\n" + json.dumps(p.config, indent=2) if p.config is not None else "")
+            p: Plan | None = plan(model, runtime=runtime, nvme_path="/tmp/nvme")
+            verdict, text = _verdict_html(p, model), _details_text(p)
         except Exception as exc:  # unknown model id, no network ...
-            text = f"cannot plan this: {exc}"
+            verdict, text = _verdict_html(None, model, str(exc)), f"cannot plan this: {exc}"
         return HTML("<p><b>The planner</b> (a saved copy: run this cell in Jupyter or Colab for its controls). "
-                    f"The plan for {html.escape(model)} with ZeRO-2, micro-batch 4 x 512:</p>"
-                    f"<pre>{html.escape(text)}</pre>")
+                    f"The plan for {html.escape(model)} with ZeRO-2, micro-batch 4 x 512:</p>{verdict}"
+                    f"<details><summary>memory table and DeepSpeed JSON</summary><pre>{html.escape(text)}</pre>"
+                    "</details>")
     import ipywidgets as w
 
-    out = w.HTML()
+    style = {"description_width": "initial"}
+
+    def box(width: str) -> Any:
+        return w.Layout(width=width, min_width=width)
+
     controls = {
-        "model": w.Combobox(value=model, options=list(GPT2_LADDER), description="model",
-                            placeholder="1.3B, a ladder name, a local path or Hub id", ensure_option=False),
-        "stage": w.Dropdown(options=[0, 1, 2, 3], value=2, description="ZeRO stage"),
-        "offload_optimizer": w.Dropdown(options=["none", "cpu", "nvme"], value="none", description="opt. offload"),
-        "offload_param": w.Dropdown(options=["none", "cpu", "nvme"], value="none", description="param offload"),
-        "precision": w.Dropdown(options=["auto", "fp16", "bf16", "fp32"], value="auto", description="precision"),
-        "micro_batch_size": w.IntSlider(value=4, min=1, max=32, description="micro-batch"),
-        "seq_len": w.Dropdown(options=[128, 256, 512, 1024], value=512, description="seq len"),
-        "checkpointing": w.Checkbox(value=True, description="activation checkpointing"),
+        "model": w.Combobox(value=model, options=list(GPT2_LADDER), description="model", style=style,
+                            placeholder="1.3B, gpt2-xl, a folder or Hub id", ensure_option=False,
+                            continuous_update=False, layout=box("330px")),
+        "stage": w.Dropdown(options=[0, 1, 2, 3], value=2, description="ZeRO stage", style=style,
+                            layout=box("150px")),
+        "offload_optimizer": w.Dropdown(options=["none", "cpu", "nvme"], value="none", description="opt. offload",
+                                        style=style, layout=box("180px")),
+        "offload_param": w.Dropdown(options=["none", "cpu", "nvme"], value="none", description="param offload",
+                                    style=style, layout=box("190px")),
+        "precision": w.Dropdown(options=["auto", "fp16", "bf16", "fp32"], value="auto", description="precision",
+                                style=style, layout=box("170px")),
+        "micro_batch_size": w.BoundedIntText(value=4, min=1, max=1024, step=1, description="micro-batch",
+                                             style=style, continuous_update=False, layout=box("170px")),
+        "seq_len": w.Dropdown(options=[128, 256, 512, 1024, 2048], value=512, description="seq len", style=style,
+                              layout=box("150px")),
+        "checkpointing": w.Checkbox(value=True, description="activation checkpointing", indent=False,
+                                    style=style, layout=box("210px")),
+        "zero_init": w.Checkbox(value=False, description=f"model {_ZERO_INIT_LABEL} (stage 3)", indent=False,
+                                style=style, layout=box("260px"), disabled=True),
     }
+    verdict = w.HTML()
+    apply = w.Button(description="apply the fix", button_style="success", icon="check",
+                     layout=w.Layout(width="auto", display="none"))
+    details = w.HTML()
+    fold = w.Accordion(children=[details])
+    fold.set_title(0, "memory table and DeepSpeed JSON")
+    fold.selected_index = None
+    state: dict[str, Any] = {"fix": {}, "busy": False}
 
     def refresh(_: Any = None) -> None:
+        if state["busy"]:  # "apply" sets several controls: plan once, at the end
+            return
         kwargs = {k: c.value for k, c in controls.items()}
+        name, zero_init = str(kwargs.pop("model")), kwargs.pop("zero_init")
+        controls["zero_init"].disabled = kwargs["stage"] != 3
+        apply.layout.display = "none"
+        if _may_touch_the_hub(name):  # shown before a lookup that may take seconds (offline: retries)
+            verdict.value = (f'<div class="ds-plan-verdict" style="color:{_VERDICT_COLOURS["busy"]};padding:4px 8px">'
+                             f"<i>{html.escape(_LOOKUP_NOTE.format(name=repr(name)))}</i></div>")
         try:
-            p = plan(kwargs.pop("model"), runtime=runtime, nvme_path="/tmp/nvme", **kwargs)
-            text = str(p) + ("\n\n" + json.dumps(p.config, indent=2) if p.config is not None else "")
-        except Exception as exc:  # unknown model id, no network ...
-            text = f"cannot plan this: {exc}"
-        out.value = f"<pre>{html.escape(text)}</pre>"
+            p = plan(name, runtime=runtime, nvme_path="/tmp/nvme", **kwargs)
+            if zero_init and kwargs["stage"] == 3 and p.config is not None:  # no fp32 model copy in RAM
+                p = replace(p, report=preflight(p.config, p.shape.n_params, runtime, nvme_path="/tmp/nvme",
+                                                largest_layer_params=p.shape.largest_layer_params,
+                                                activation_bytes=p.activation_bytes, zero_init=True,
+                                                raise_on_failure=False))
+        except Exception as exc:  # unknown model id, no network ...: the error, never the old verdict
+            state["fix"] = {}
+            verdict.value = _verdict_html(None, name, str(exc))
+            details.value = f"<pre>{html.escape(f'cannot plan {name!r}: {exc}')}</pre>"
+            return
+        state["fix"] = _suggested_settings(p)
+        verdict.value = _verdict_html(p, name)
+        details.value = f"<pre>{html.escape(_details_text(p))}</pre>"
+        if state["fix"]:
+            apply.description = "apply: " + _settings_text(state["fix"])
+            apply.layout.display = None
+
+    def on_apply(_: Any = None) -> None:
+        fix = dict(state["fix"])
+        state["busy"] = True
+        try:
+            for key, value in fix.items():
+                controls[key].value = value
+        finally:
+            state["busy"] = False
+        refresh()
 
     for c in controls.values():
         c.observe(refresh, names="value")
+    apply.on_click(on_apply)
     refresh()
-    return w.VBox([w.HBox(list(controls.values())[:4]), w.HBox(list(controls.values())[4:]), out])
+    c = list(controls.values())
+    row = w.Layout(flex_flow="row wrap", gap="4px 12px")
+    ui = w.VBox([verdict, apply, w.HBox(c[:4], layout=row), w.HBox(c[4:], layout=row), fold])
+    ui.add_class("ds-planner")
+    return ui

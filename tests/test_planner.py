@@ -32,10 +32,10 @@ def test_plan_reports_a_refused_config_instead_of_raising(t4):
 
 def test_widget_updates_when_a_setting_changes(t4):
     ui = planner_widget(t4)
-    out = ui.children[-1]
+    out = ui.children[-1].children[0]  # the accordion's page: table and JSON
     first = out.value
     assert "ZeRO-2" in first and "&quot;stage&quot;: 2" in first
-    stage = ui.children[0].children[1]
+    stage = ui.children[2].children[1]
     stage.value = 3
     second = out.value
     assert "ZeRO-3" in second and "&quot;stage&quot;: 3" in second
@@ -45,10 +45,112 @@ def test_the_widget_starts_at_the_notebooks_model_and_a_saved_run_gets_the_plan_
     from helpers.progress import SAVED_RUN_ENV
 
     monkeypatch.delenv(SAVED_RUN_ENV, raising=False)
-    assert planner_widget(t4, model="gpt2-xl").children[0].children[0].value == "gpt2-xl"
+    assert planner_widget(t4, model="gpt2-xl").children[2].children[0].value == "gpt2-xl"
     monkeypatch.setenv(SAVED_RUN_ENV, "1")  # a runner saving the notebook: a widget would be saved as VBox(...)
     saved = planner_widget(t4, model="gpt2-xl")
     assert "gpt2-xl" in saved.data and "run this cell in Jupyter or Colab" in saved.data and "ZeRO-2" in saved.data
+
+
+# ------------------------------------------------------------------ the planner as a dashboard (issue 16)
+
+def _parts(ui):
+    """verdict line, apply button, the controls by name, the folded details."""
+    verdict, apply, row1, row2, fold = ui.children
+    names = ["model", "stage", "offload_optimizer", "offload_param", "precision", "micro_batch_size", "seq_len",
+             "checkpointing", "zero_init"]
+    return verdict, apply, dict(zip(names, [*row1.children, *row2.children])), fold
+
+
+def _counting_plan(monkeypatch, seen=None):
+    import helpers.planner as planner
+
+    calls = []
+    real = planner.plan
+
+    def counted(model, *args, **kwargs):
+        calls.append(model)
+        if seen is not None:
+            seen()
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(planner, "plan", counted)
+    return calls
+
+
+def test_the_model_field_plans_once_per_committed_name_not_per_keystroke(t4, monkeypatch):
+    monkeypatch.delenv("DS_COURSE_SAVED_RUN", raising=False)
+    ui = planner_widget(t4)
+    verdict, _, controls, _ = _parts(ui)
+    assert controls["model"].continuous_update is False  # the browser sends the name on Enter or leaving the field
+    assert controls["micro_batch_size"].continuous_update is False
+    calls = _counting_plan(monkeypatch)
+    controls["model"].value = "gpt2-medium"
+    assert calls == ["gpt2-medium"]
+    assert "gpt2-medium" in verdict.value
+
+
+def test_an_unknown_name_shows_its_error_in_the_widget_not_the_old_verdict(t4, monkeypatch):
+    monkeypatch.delenv("DS_COURSE_SAVED_RUN", raising=False)
+    ui = planner_widget(t4)
+    verdict, apply, controls, fold = _parts(ui)
+    assert ">fits<" in verdict.value
+    controls["model"].value = "gpt2-xxl"  # refused before the Hub is asked
+    assert "cannot plan &#x27;gpt2-xxl&#x27;" in verdict.value and ">fits<" not in verdict.value
+    assert "gpt2-xxl" in fold.children[0].value and "ZeRO-2" not in fold.children[0].value
+    assert apply.layout.display == "none"
+
+
+def test_a_name_that_may_ask_the_hub_shows_looking_up_first(t4, monkeypatch):
+    import helpers.models as models
+
+    monkeypatch.delenv("DS_COURSE_SAVED_RUN", raising=False)
+    ui = planner_widget(t4)
+    verdict, _, controls, _ = _parts(ui)
+    shown = []
+    _counting_plan(monkeypatch, seen=lambda: shown.append(verdict.value))
+
+    def offline(name):
+        raise OSError(f"We couldn't connect to 'https://huggingface.co' to load the files of {name}")
+
+    monkeypatch.setattr(models, "model_shape", offline)
+    controls["model"].value = "some-org/some-model"
+    assert "looking up &#x27;some-org/some-model&#x27;" in shown[-1]
+    assert "couldn&#x27;t connect" in verdict.value and "looking up" not in verdict.value
+
+
+def test_the_verdict_is_one_coloured_line_with_the_numbers_and_an_apply_button(t4, monkeypatch):
+    from helpers.planner import _VERDICT_COLOURS
+
+    monkeypatch.delenv("DS_COURSE_SAVED_RUN", raising=False)
+    ui = planner_widget(t4, model="gpt2")
+    verdict, apply, controls, fold = _parts(ui)
+    assert _VERDICT_COLOURS["fits"] in verdict.value and "GiB" in verdict.value and "RAM" in verdict.value
+    assert apply.layout.display == "none" and fold.selected_index is None  # the JSON is folded
+    assert "&quot;zero_optimization&quot;" in fold.children[0].value
+    controls["model"].value = "gpt2-xl"
+    assert _VERDICT_COLOURS["no"] in verdict.value and "does NOT fit" in verdict.value
+    assert "Try: ZeRO stage 3" in verdict.value and "build_ds_config" not in verdict.value
+    assert apply.layout.display is None and apply.description.startswith("apply: ZeRO stage 3")
+    calls = _counting_plan(monkeypatch)
+    apply.click()
+    assert len(calls) == 1 and controls["stage"].value == 3 and controls["offload_optimizer"].value == "nvme"
+    assert controls["zero_init"].value and not controls["zero_init"].disabled  # the fix was checked that way
+    assert _VERDICT_COLOURS["fits"] in verdict.value and apply.layout.display == "none"
+    controls["zero_init"].value = False  # the fp32 model built on CPU first: plan()'s own numbers, RAM too small
+    assert "does NOT fit" in verdict.value and "CPU RAM" in verdict.value
+
+
+def test_controls_are_sized_to_fit_and_the_micro_batch_is_exact(t4, monkeypatch):
+    import ipywidgets as w
+
+    monkeypatch.delenv("DS_COURSE_SAVED_RUN", raising=False)
+    verdict, _, controls, fold = _parts(planner_widget(t4))
+    for c in controls.values():
+        assert c.style.description_width == "initial" and c.layout.width, c.description
+    mb = controls["micro_batch_size"]
+    assert isinstance(mb, w.BoundedIntText) and mb.min == 1 and mb.max >= 64
+    mb.value = 19
+    assert "&quot;train_micro_batch_size_per_gpu&quot;: 19" in fold.children[0].value
 
 
 def test_a_bare_size_is_planned_with_the_nearest_rungs_shapes(t4):
