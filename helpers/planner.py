@@ -356,6 +356,34 @@ def _verdict_html(p: "Plan | None", name: str, error: str = "") -> str:
     return line(_VERDICT_COLOURS["no"], "does NOT fit", rest)
 
 
+# A reopened notebook has no widget state ("Error displaying widget: model not found"): the planner also displays a
+# static copy of its last plan, hidden by CSS while the live widget is in the same output area.
+# JupyterLab / Notebook 7: the cell's output area; a page without JupyterLab's classes (Colab's output frame of one
+# cell; untested there) as a whole. Two rules, so that a browser refusing one selector still reads the other.
+_STATIC_STYLE = ("<style>.jp-OutputArea:has(.ds-planner) .ds-plan-static {display: none}\n"
+                 "body:not(:has(.jp-OutputArea)):has(.ds-planner) .ds-plan-static {display: none}</style>")
+
+
+def _static_copy_html(verdict: str, details: str) -> str:
+    """The planner's last plan as static HTML, for a notebook reopened without its kernel (issue 16, problem 5)."""
+    return (f'{_STATIC_STYLE}<div class="ds-plan-static"><p><b>The planner</b> (a saved copy of its last plan: '
+            f"re-run this cell for its controls)</p>{verdict}<details><summary>memory table and DeepSpeed JSON"
+            f"</summary>{details}</details></div>")
+
+
+def _display_handle() -> Any:
+    """A display to update with the static copy, when running in a kernel (None elsewhere, e.g. under pytest)."""
+    try:
+        from IPython import get_ipython
+        from IPython.display import HTML, display
+    except ImportError:
+        return None
+    shell = get_ipython()
+    if shell is None or getattr(shell, "kernel", None) is None:
+        return None
+    return display(HTML(""), display_id=True)
+
+
 def _details_text(p: Plan) -> str:
     return str(p) + ("\n\n" + json.dumps(p.config, indent=2) if p.config is not None else "")
 
@@ -421,7 +449,14 @@ def planner_widget(runtime: "Runtime | None" = None, model: str = "gpt2") -> Any
     fold = w.Accordion(children=[details])
     fold.set_title(0, "memory table and DeepSpeed JSON")
     fold.selected_index = None
-    state: dict[str, Any] = {"fix": {}, "busy": False}
+    state: dict[str, Any] = {"fix": {}, "busy": False, "static": _display_handle()}
+
+    def show(verdict_html: str, details_html: str) -> None:
+        verdict.value, details.value = verdict_html, details_html
+        if state["static"] is not None:
+            from IPython.display import HTML
+
+            state["static"].update(HTML(_static_copy_html(verdict_html, details_html)))
 
     def refresh(_: Any = None) -> None:
         if state["busy"]:  # "apply" sets several controls: plan once, at the end
@@ -442,12 +477,10 @@ def planner_widget(runtime: "Runtime | None" = None, model: str = "gpt2") -> Any
                                                 raise_on_failure=False))
         except Exception as exc:  # unknown model id, no network ...: the error, never the old verdict
             state["fix"] = {}
-            verdict.value = _verdict_html(None, name, str(exc))
-            details.value = f"<pre>{html.escape(f'cannot plan {name!r}: {exc}')}</pre>"
+            show(_verdict_html(None, name, str(exc)), f"<pre>{html.escape(f'cannot plan {name!r}: {exc}')}</pre>")
             return
         state["fix"] = _suggested_settings(p)
-        verdict.value = _verdict_html(p, name)
-        details.value = f"<pre>{html.escape(_details_text(p))}</pre>"
+        show(_verdict_html(p, name), f"<pre>{html.escape(_details_text(p))}</pre>")
         if state["fix"]:
             apply.description = "apply: " + _settings_text(state["fix"])
             apply.layout.display = None

@@ -2,7 +2,7 @@
 127.0.0.1 with a token, headless Chromium through Selenium, notebook 00 run top to bottom, then two planner controls
 changed; asserts the verdict changed each time and saves screenshots under build/browser/.
 
-    python scripts/browser_test.py            # exit status 0 when every check passed; ~1-2 min on 2 CPU cores
+    python scripts/browser_test.py            # exit status 0 when every check passed; ~2-3 min on 2 CPU cores
 
 Needs (not in requirements*.txt: CI does not run it):
     apt-get install -y chromium chromium-driver     # Debian's headless browser and its driver
@@ -12,7 +12,9 @@ What it checks:
 - the planner renders as live controls with the coloured verdict line (no "Error displaying widget");
 - typing a model name does not re-plan until Enter (issue 16, problem 1): the verdict is unchanged while typing;
 - Enter on the new name, then ZeRO stage 3 from its dropdown, then an exact micro-batch (16) each change the verdict
-  or the folded JSON.
+  or the folded JSON;
+- restart-safe: the output also holds a static copy of the last plan, hidden while the widget lives; after saving,
+  shutting the kernel down and reloading the page, that copy is what shows.
 Notebook 00 runs from a copy in build/browser/nb/ (JupyterLab autosaves; notebooks/ stays untouched). The kernel does
 not get DS_COURSE_SAVED_RUN (that would make the planner static HTML).
 """
@@ -222,6 +224,30 @@ def run(args: argparse.Namespace) -> int:
             heads[0].click()
             time.sleep(1)
         shot(driver, "04_micro_batch_16_details_open.png")
+
+        # 4. restart-safe: a static copy of the last plan, hidden while the widget lives, shown when reopened
+        hidden = driver.execute_script(
+            "const s = document.querySelector('.ds-plan-static'); return s ? getComputedStyle(s).display : 'missing';")
+        check(hidden == "none", f"the static copy is in the output and hidden beside the live widget ({hidden})")
+        driver.execute_script("window.jupyterapp.commands.execute('docmanager:save');")
+        time.sleep(3)
+        driver.execute_script("window.jupyterapp.shell.currentWidget.sessionContext.shutdown();")
+        time.sleep(3)
+        driver.refresh()
+        try:
+            wait(driver, lambda d: d.execute_script(
+                "const s = document.querySelector('.ds-plan-static'); return !!(s && s.offsetParent);"), 120,
+                 "the static copy in the reopened notebook")
+            saved = driver.execute_script("return document.querySelector('.ds-plan-static').textContent;")
+            check("re-run this cell" in saved and "gpt2-medium" in saved and "ZeRO-3" in saved,
+                  f"reopened without its kernel, the notebook shows the last plan: {saved[:120]!r}")
+        except TimeoutException:
+            check(False, "reopened without its kernel, the notebook shows the last plan")
+        statics = driver.find_elements(By.CLASS_NAME, "ds-plan-static")
+        if statics:
+            driver.execute_script("arguments[0].scrollIntoView({block: 'center'});", statics[0])
+            time.sleep(0.5)
+        driver.save_screenshot(str(OUT / "05_reopened_without_kernel.png"))
     except Exception as exc:  # the reason, and a picture of where it stopped
         check(False, f"{type(exc).__name__}: {str(exc)[:500]}")
         if driver is not None:

@@ -153,6 +153,14 @@ def test_controls_are_sized_to_fit_and_the_micro_batch_is_exact(t4, monkeypatch)
     assert "&quot;train_micro_batch_size_per_gpu&quot;: 19" in fold.children[0].value
 
 
+def test_the_static_copy_for_a_reopened_notebook_is_hidden_while_the_widget_lives():
+    from helpers.planner import _static_copy_html
+
+    page = _static_copy_html("<div>verdict</div>", "<pre>json</pre>")
+    assert 'class="ds-plan-static"' in page and "re-run this cell" in page and "verdict" in page
+    assert ".jp-OutputArea:has(.ds-planner) .ds-plan-static {display: none}" in page
+
+
 def test_a_bare_size_is_planned_with_the_nearest_rungs_shapes(t4):
     from helpers.models import parse_param_count
 
