@@ -21,15 +21,26 @@ def saved_run() -> bool:
     return bool(os.environ.get(SAVED_RUN_ENV))
 
 
+def _text_tqdm() -> type:
+    """tqdm's text bar, on stdout (not the red stderr stream) and in ASCII: the bar of a saved run."""
+    from tqdm.std import tqdm as std_tqdm
+
+    class TextTqdm(std_tqdm):  # type: ignore[misc,valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("file", sys.stdout)
+            kwargs.setdefault("ascii", True)
+            super().__init__(*args, **kwargs)
+
+    return TextTqdm
+
+
 def progress_bar(iterable: Iterable[Any] | None = None, *, total: int | None = None, desc: str | None = None,
                  disable: bool = False, leave: bool = True) -> Any:
     """A tqdm bar (notebooks 00-05 through `train_run`, `train_in_fresh_process`, the Accelerate driver)."""
     if saved_run():
-        from tqdm.std import tqdm
-
-        return tqdm(iterable, total=total, desc=desc, disable=disable, leave=leave, file=sys.stdout, ascii=True)
-    from tqdm.auto import tqdm
-
+        tqdm = _text_tqdm()
+    else:
+        from tqdm.auto import tqdm
     return tqdm(iterable, total=total, desc=desc, disable=disable, leave=leave)
 
 
@@ -43,16 +54,6 @@ def text_progress_if_asked() -> bool:
         return False
     import tqdm.auto
     import tqdm.autonotebook
-    from tqdm.std import tqdm as std_tqdm
 
-    class TextTqdm(std_tqdm):  # type: ignore[misc,valid-type]
-        """tqdm's text bar, on stdout (not the red stderr stream) and in ASCII."""
-
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            kwargs.setdefault("file", sys.stdout)
-            kwargs.setdefault("ascii", True)
-            super().__init__(*args, **kwargs)
-
-    tqdm.auto.tqdm = TextTqdm
-    tqdm.autonotebook.tqdm = TextTqdm
+    tqdm.auto.tqdm = tqdm.autonotebook.tqdm = _text_tqdm()
     return True

@@ -140,23 +140,17 @@ def remove_deepspeed_hooks(module: Any = None) -> int:
     """
     if module is None or not callable(getattr(module, "modules", None)):
         return 0
+    module_hooks = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks",
+                    "_state_dict_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks")
+    param_hooks = ("_post_accumulate_grad_hooks", "_backward_hooks")
+    owners = [(sub, module_hooks) for sub in module.modules()] + [(p, param_hooks) for p in module.parameters()]
     removed = 0
-    hook_dicts = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks",
-                  "_state_dict_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks")
-    for sub in module.modules():
-        for attr in hook_dicts:
-            hooks = getattr(sub, attr, None)
+    for owner, attrs in owners:
+        for hooks in (getattr(owner, attr, None) for attr in attrs):
             if isinstance(hooks, dict):
                 for key in [k for k, fn in hooks.items() if _from_deepspeed(fn)]:
                     del hooks[key]
                     removed += 1
-        for param in sub.parameters(recurse=False):
-            for attr in ("_post_accumulate_grad_hooks", "_backward_hooks"):
-                hooks = getattr(param, attr, None)
-                if isinstance(hooks, dict):
-                    for key in [k for k, fn in hooks.items() if _from_deepspeed(fn)]:
-                        del hooks[key]
-                        removed += 1
     return removed
 
 
