@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -199,6 +200,10 @@ class Enclosure:
     def __enter__(self) -> "Enclosure":
         mechanism, why = probe() if self.requested is None else (self.requested, "asked for")
         self.stats.mechanism = mechanism
+        if mechanism.startswith("cgroup"):
+            stale = remove_stale_groups()
+            if stale:
+                self.stats.notes.append(f"removed {len(stale)} empty cgroup(s) left by killed runs: {sorted(set(stale))}")
         if mechanism == "cgroup v2":
             self._make_v2()
         elif mechanism == "cgroup v1":
@@ -463,12 +468,64 @@ def kernelspec_dir(enc: Enclosure, parent: Path) -> Path:
     return parent
 
 
-def leftover_groups() -> list[str]:
-    """Names of this script's cgroups still present (an Enclosure removes its own when it exits)."""
-    found = []
+_GROUP_NAME = re.compile(r"^ds-course-.+-(\d+)-\d+$")  # Enclosure.name: ds-course-<name>-<pid>-<ms>
+
+
+def _our_group_dirs() -> list[Path]:
+    """Every ds-course-* cgroup folder on this machine (any process's), across the mounts an Enclosure uses."""
+    found: list[Path] = []
     for point in {v for k, v in _cgroup_mounts().items() if k in ("v2", "memory", "cpuset", "cpu")}:
-        found += [p.name for p in Path(point).glob("ds-course-*")]
+        found += sorted(Path(point).glob("ds-course-*"))
     return found
+
+
+def leftover_groups(owner_pid: int | None = None) -> list[str]:
+    """Names of the cgroups that Enclosures of process `owner_pid` (default: this one) made and did not remove.
+
+    An Enclosure removes its own groups when it exits; another process's live run is not this one's leftover.
+    `owner_pid=-1` lists every ds-course-* group on the machine.
+    """
+    pid = os.getpid() if owner_pid is None else owner_pid
+    names = [d.name for d in _our_group_dirs()]
+    if pid == -1:
+        return names
+    return [n for n in names if (m := _GROUP_NAME.match(n)) and int(m.group(1)) == pid]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_groups(min_age_s: float = 120.0) -> list[str]:
+    """Remove ds-course-* cgroups left by runs that were killed before they could clean up; returns their names.
+
+    A group is stale when it holds no process, is older than `min_age_s` and was not made by a live process of this
+    PID namespace (a run killed by SIGKILL, e.g. a session ending mid-test, leaves its empty groups behind; the next
+    Enclosure sweeps them so that they neither pile up nor look like this run's leftovers).
+    """
+    removed = []
+    for d in _our_group_dirs():
+        m = _GROUP_NAME.match(d.name) or re.match(r"^ds-course-probe-(\d+)$", d.name)
+        try:
+            busy = bool((d / "cgroup.procs").read_text().split())
+            age = time.time() - d.stat().st_mtime
+        except OSError:
+            continue
+        owner = int(m.group(1)) if m else -1
+        if busy or age < min_age_s or owner == os.getpid() or (owner > 0 and _pid_alive(owner)):
+            continue
+        try:
+            d.rmdir()
+            removed.append(d.name)
+        except OSError:
+            pass
+    return removed
 
 
 def run_notebook(path: Path, *, out_dir: Path | None = None, figures_file: Path | None = None,

@@ -4,8 +4,10 @@ Notebook 02 itself runs inside a memory cgroup in tests/test_notebooks_twice.py 
 CI run of it).
 """
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -19,7 +21,7 @@ needs_cgroup = pytest.mark.skipif(not MECHANISM.startswith("cgroup"), reason=f"c
 
 def _run_inside(enc, code: str) -> subprocess.CompletedProcess:
     proc = subprocess.Popen(enc.join_argv() + [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                            env={**__import__("os").environ, **enc.environment(), "PYTHONPATH": str(ROOT)})
+                            env={**os.environ, **enc.environment(), "PYTHONPATH": str(ROOT)})
     enc.adopt(proc.pid)
     out, _ = proc.communicate(timeout=120)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
@@ -48,6 +50,28 @@ def test_helpers_read_the_limits_they_are_given():
                              "print(json.dumps([h.ram_limit(), h.usable_cpus(), h.emulation_mechanism()]))")
     (ram, source), cpus, mechanism = json.loads(r.stdout.strip().splitlines()[-1])
     assert ram == 3 * 2**30 and source == MECHANISM and cpus == 1 and mechanism == MECHANISM
+    assert not emu.leftover_groups()
+
+
+@needs_cgroup
+def test_groups_of_a_killed_run_are_swept_and_not_counted_as_this_runs_leftovers():
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    parent = Path(emu._cgroup_mounts()["v2" if MECHANISM == "cgroup v2" else "memory"])
+    stale, mine = parent / f"ds-course-02-{dead.pid}-12345", parent / f"ds-course-02-{os.getpid()}-12345"
+    stale.mkdir()
+    mine.mkdir()
+    try:
+        assert emu.leftover_groups() == [mine.name]  # another process's group is not this run's leftover
+        assert stale.name in emu.leftover_groups(owner_pid=-1)
+        assert stale.name not in emu.remove_stale_groups(min_age_s=3600)  # too young to be called stale
+        removed = emu.remove_stale_groups(min_age_s=0)
+        assert stale.name in removed and mine.name not in removed  # ours stays: this process is alive
+        assert not stale.exists() and mine.exists()
+    finally:
+        for d in (stale, mine):
+            if d.exists():
+                d.rmdir()
     assert not emu.leftover_groups()
 
 
