@@ -25,7 +25,7 @@ __all__ = ["COMPONENTS", "STAGE3_OFFLOAD_STAGING_BYTES_PER_PARAM", "Measurement"
            "RunEstimate", "bytes_per_element", "count_params", "deepspeed_estimate", "estimate_activations",
            "estimate_for_config", "estimate_model_states", "estimate_peak", "estimate_run",
            "estimate_step_transient", "folder_bytes", "measure_peak", "model_states_per_gpu", "pinned_bytes",
-           "rss_bytes"]
+           "round_to_total", "rss_bytes"]
 
 GiB = 1024**3
 GB = 1000**3
@@ -42,6 +42,18 @@ def pinned_bytes(nbytes: int) -> int:
     block up to the next power of two (1.55 GB of GPT-2 large's fp16 parameters take 2 GiB)."""
     nbytes = int(nbytes)
     return 1 << (nbytes - 1).bit_length() if nbytes > 1 else nbytes
+
+
+def round_to_total(values: list[float], decimals: int) -> list[float]:
+    """`values` rounded to `decimals` so that the rounded values add up to their rounded sum (largest remainder):
+    a printed table's rows then sum to its printed total (notebooks 00-02, the planner)."""
+    scale = 10**decimals
+    target = round(sum(values) * scale)
+    floors = [int(v * scale // 1) for v in values]
+    order = sorted(range(len(values)), key=lambda i: values[i] * scale - floors[i], reverse=True)
+    for i in order[:max(target - sum(floors), 0)]:
+        floors[i] += 1
+    return [f / scale for f in floors]
 
 
 def bytes_per_element(precision: str) -> int:
@@ -89,15 +101,18 @@ class ModelStateEstimate:
         return d
 
     def table(self) -> str:
-        """A fixed-width table of the breakdown in GiB."""
-        lines = [f"{self.label}  ({self.n_params / 1e6:.1f}M params, {self.n_gpus} GPU(s))",
-                 f"{'component':<12}{'GPU GiB':>10}{'CPU GiB':>10}{'NVMe GiB':>10}"]
-        for comp in COMPONENTS + ("model copy",):
-            g, c, n = self.gpu.get(comp, 0), self.cpu.get(comp, 0), self.nvme.get(comp, 0)
-            if g or c or n:
-                lines.append(f"{comp:<12}{g / GiB:>10.3f}{c / GiB:>10.3f}{n / GiB:>10.3f}")
-        lines.append(f"{'total':<12}{self.gpu_total / GiB:>10.3f}{self.cpu_total / GiB:>10.3f}"
-                     f"{self.nvme_total / GiB:>10.3f}")
+        """A fixed-width table of the breakdown: GPU memory in GiB (as torch counts it), RAM and NVMe in GB (as the
+        course's budgets count them). The GPU column is per GPU; RAM and NVMe are per machine."""
+        gpus = f"on each of {self.n_gpus} GPUs" if self.n_gpus > 1 else "on one GPU"
+        lines = [f"{self.label}  ({self.n_params / 1e6:.1f}M params, {gpus})",
+                 f"{'component':<12}{'GPU GiB':>10}{'RAM GB':>10}{'NVMe GB':>10}"]
+        comps = [c for c in COMPONENTS + ("model copy",) if self.gpu.get(c) or self.cpu.get(c) or self.nvme.get(c)]
+        columns = [round_to_total([getattr(self, where).get(c, 0) / unit for c in comps], 3)  # rows add up
+                   for where, unit in (("gpu", GiB), ("cpu", GB), ("nvme", GB))]
+        for i, comp in enumerate(comps):
+            lines.append(f"{comp:<12}" + "".join(f"{col[i]:>10.3f}" for col in columns))
+        lines.append(f"{'total':<12}{self.gpu_total / GiB:>10.3f}{self.cpu_total / GB:>10.3f}"
+                     f"{self.nvme_total / GB:>10.3f}")
         return "\n".join(lines)
 
 

@@ -16,8 +16,9 @@ from typing import Any
 
 from helpers.atomic import needs_writing, write_atomically
 
-__all__ = ["GPT2_CONTEXT", "GPT2_LADDER", "GPT2_VOCAB", "MODEL_FILES", "ModelShape", "gpt2_config",
-           "load_causal_lm", "model_folder_problem", "model_shape", "parse_param_count", "save_model_from_config"]
+__all__ = ["GPT2_CONTEXT", "GPT2_LADDER", "GPT2_VOCAB", "HUB_LOOKUP_TIMEOUT_S", "MODEL_FILES", "ModelShape",
+           "gpt2_config", "hub_config", "load_causal_lm", "model_folder_problem", "model_shape", "parse_param_count",
+           "save_model_from_config"]
 
 # name -> (hidden size, layers, heads); vocab 50257, context 1024 as in GPT-2
 GPT2_LADDER: dict[str, tuple[int, int, int]] = {
@@ -31,6 +32,9 @@ GPT2_LADDER: dict[str, tuple[int, int, int]] = {
 }
 GPT2_VOCAB = 50257
 GPT2_CONTEXT = 1024
+# How long the planner waits for the Hugging Face Hub to answer one request about a model id: offline, transformers'
+# own lookup retries for ~23 s (huggingface_hub's backoff of 1+2+4+8+8 s), which froze the planner (issue 16).
+HUB_LOOKUP_TIMEOUT_S = 3.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,9 +113,10 @@ def model_shape(model: str | int | float | Any) -> ModelShape:
                           hidden=near.hidden, n_layers=near.n_layers, n_heads=near.n_heads, vocab=near.vocab)
     if isinstance(model, str) and model in GPT2_LADDER:
         return _ladder_shape(model)
-    if isinstance(model, str):
-        config = AutoConfig.from_pretrained(model)
-        name = Path(model).name if Path(model).is_dir() else model
+    if isinstance(model, str) and Path(model).is_dir():
+        config, name = AutoConfig.from_pretrained(model), Path(model).name
+    elif isinstance(model, str):
+        config, name = hub_config(model), model
     else:
         config, name = model, getattr(model, "name_or_path", "") or type(model).__name__
     with torch.device("meta"):
@@ -128,6 +133,45 @@ def model_shape(model: str | int | float | Any) -> ModelShape:
                       hidden=first("hidden_size", "n_embd", "d_model"),
                       n_layers=first("num_hidden_layers", "n_layer", "num_layers"),
                       n_heads=first("num_attention_heads", "n_head"), vocab=first("vocab_size"))
+
+
+def hub_config(repo_id: str, timeout_s: float | None = None) -> Any:
+    """The transformers config of a Hugging Face Hub model id, or an error within about `timeout_s` seconds
+    (default HUB_LOOKUP_TIMEOUT_S) when the Hub cannot be reached (notebook 00's planner).
+
+    One HEAD request for the repo's config.json with huggingface_hub's own `timeout` and no retries comes first;
+    only when it answers does transformers fetch the config (a few kB, never weights). Offline, a config already in
+    the local Hugging Face cache is used; otherwise the error says what to type instead.
+    """
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, RepositoryNotFoundError
+    from huggingface_hub.utils import validate_repo_id
+    from transformers import AutoConfig
+
+    timeout = HUB_LOOKUP_TIMEOUT_S if timeout_s is None else timeout_s
+    instead = ("Fix: a ladder name (" + ", ".join(GPT2_LADDER) + "), a size such as '1.3B', or a local folder "
+               "with a config.json.")
+    try:
+        validate_repo_id(repo_id)
+    except ValueError:
+        raise ValueError(f"{repo_id!r} is not a folder here, nor a Hugging Face Hub id (org/name). {instead}") from None
+    try:
+        get_hf_file_metadata(hf_hub_url(repo_id, "config.json"), timeout=timeout)
+    except RepositoryNotFoundError as exc:  # GatedRepoError too: the Hub answered, no such (public) model
+        raise ValueError(f"no public model {repo_id!r} on the Hugging Face Hub "
+                         f"({type(exc).__name__}). {instead}") from None
+    except EntryNotFoundError:
+        raise ValueError(f"{repo_id!r} on the Hugging Face Hub has no config.json. {instead}") from None
+    except HfHubHTTPError as exc:
+        raise OSError(f"the Hugging Face Hub refused the lookup of {repo_id!r}: {exc}. {instead}") from None
+    except Exception as exc:  # no network, a timeout, offline mode (httpx / huggingface_hub errors)
+        try:
+            return AutoConfig.from_pretrained(repo_id, local_files_only=True)
+        except Exception:
+            reason = f"{type(exc).__name__}: {exc}"
+            raise OSError(f"could not reach the Hugging Face Hub within {timeout:g} s to look up {repo_id!r} "
+                          f"({reason[:160]}), and it is not in the local cache. {instead}") from None
+    return AutoConfig.from_pretrained(repo_id)
 
 
 # what save_pretrained writes for a causal LM (safetensors, sharded or not)

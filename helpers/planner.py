@@ -1,6 +1,10 @@
 """Plan a run before running it (notebooks 00-02): pre-flight of a config against this runtime's budget, the course
 config that fits instead, and `plan`: model, stage, offload, precision, micro-batch -> DeepSpeed JSON and the
-verdict (notebook 00; `planner_widget` is an ipywidgets form over it). The estimates are helpers.memory's.
+verdict (notebook 00; `planner_widget` is an ipywidgets dashboard over it). The estimates are helpers.memory's.
+
+Every total is the sum of rows that are shown (`PreflightReport.gpu_rows`, `ram_rows`, `disk_rows`): the model
+states, the activations (or the optimizer step's temporaries, whichever is larger), buffers, staging, the fp32 model
+copy built on CPU, and the RAM already in use. One unit convention (UNITS): GPU memory in GiB, RAM and disk in GB.
 """
 from __future__ import annotations
 
@@ -8,25 +12,31 @@ import html
 import json
 import os
 import shutil
-from dataclasses import dataclass, replace
+import urllib.parse
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from helpers.checks import ConfigError, check_model_size, check_number
 from helpers.config import NAMED_CONFIGS, OFFLOAD_KINDS, build_ds_config, check_nvme_buffers, nvme_buffer_size_for, \
     offload_config
 from helpers.memory import GB, GiB, ModelStateEstimate, estimate_activations, estimate_for_config, \
-    estimate_step_transient, rss_bytes
+    estimate_step_transient, round_to_total, rss_bytes
 
 if TYPE_CHECKING:
     from helpers.hardware import Runtime
     from helpers.models import ModelShape
 
-__all__ = ["FALLBACK_LADDER", "RAM_ESTIMATE_MARGIN", "BudgetError", "Plan", "PreflightReport", "plan",
-           "planner_widget", "preflight"]
+__all__ = ["FALLBACK_LADDER", "RAM_ESTIMATE_MARGIN", "ROW_IN_USE", "ROW_STEP", "UNITS", "BudgetError", "Plan",
+           "PreflightReport", "plan", "planner_widget", "preflight"]
 
 # Pre-flight keeps this share of the RAM budget free: the RAM estimates of reports/ladder.json are within about 5 %
 # of the measured peaks (both ways), and a Colab kernel that runs out of RAM is killed without a Python error.
 RAM_ESTIMATE_MARGIN = 0.05
+# The course's one unit convention, stated once in every plan's table.
+UNITS = "GPU memory in GiB (2**30 bytes, as torch counts it); RAM and disk in GB (10**9 bytes, as their budgets are set)"
+# Rows beside the model states (helpers.memory.COMPONENTS and 'model copy'):
+ROW_STEP = "step temporaries"  # the optimizer step's fp32 temporaries, when larger than the activations (freed by then)
+ROW_IN_USE = "already in use"  # RAM the kernel (and what it started) holds before the run
 
 
 class BudgetError(RuntimeError):
@@ -37,19 +47,23 @@ class BudgetError(RuntimeError):
 class PreflightReport:
     """Estimated need against this runtime's budget (notebooks 00-02).
 
-    `gpu_needed` is the predicted peak: model states + the larger of the activations and the optimizer step's
-    temporaries (`estimate_step_transient`). `ram_needed` includes `ram_in_use` (the process, or the kernel plus a
-    fresh child process). When it does not fit, `suggestion_kind` names the first course config that does
-    (FALLBACK_LADDER), checked by the same rules, and `suggestion_report` is its check.
+    Each need is the sum of its rows: `gpu_rows` (the predicted peak: model states + the larger of the activations
+    and the optimizer step's temporaries, `estimate_step_transient`), `ram_rows` (host model states, the fp32 model
+    copy unless built under zero.Init, and `ROW_IN_USE`: the process, or the kernel plus a fresh child process),
+    `disk_rows` (NVMe). On a runtime without a GPU what would sit on the GPU sits in RAM and `gpu_rows` is empty.
+    When it does not fit, `suggestion_kind` names the first course config that does (FALLBACK_LADDER), checked by
+    the same rules, and `suggestion_report` is its check.
     """
 
     estimate: ModelStateEstimate
-    gpu_needed: int
+    gpu_rows: dict[str, int]
     gpu_budget: int
-    ram_needed: int
+    ram_rows: dict[str, int]
     ram_budget: int
-    disk_needed: int
+    disk_rows: dict[str, int]
     disk_budget: int
+    activation_bytes: int = 0
+    step_transient_bytes: int = 0
     suggestion: dict[str, Any] | None = None
     suggestion_zero_init: bool = False
     suggestion_kind: str | None = None
@@ -57,6 +71,18 @@ class PreflightReport:
     smaller_model: str | None = None  # when no course config fits: the largest ladder model that does
     smaller_model_kind: str | None = None
     ram_margin: float = RAM_ESTIMATE_MARGIN  # share of the RAM budget kept free for the estimate's error
+
+    @property
+    def gpu_needed(self) -> int:
+        return sum(self.gpu_rows.values())
+
+    @property
+    def ram_needed(self) -> int:
+        return sum(self.ram_rows.values())
+
+    @property
+    def disk_needed(self) -> int:
+        return sum(self.disk_rows.values())
 
     @property
     def problems(self) -> list[str]:
@@ -75,10 +101,46 @@ class PreflightReport:
         return not self.problems
 
     def needs(self) -> str:
-        """'GPU 3.9 GiB, RAM 11.7 GB, disk 24.9 GB' (what this check predicts)."""
+        """'GPU 3.90 GiB, RAM 11.70 GB, disk 24.90 GB' (what this check predicts)."""
         gpu = f"GPU {self.gpu_needed / GiB:.2f} GiB, " if self.gpu_budget else ""
-        return f"{gpu}RAM {self.ram_needed / GB:.2f} GB" + (f", disk {self.disk_needed / GB:.1f} GB"
+        return f"{gpu}RAM {self.ram_needed / GB:.2f} GB" + (f", disk {self.disk_needed / GB:.2f} GB"
                                                             if self.disk_needed else "")
+
+    def table(self) -> str:
+        """The rows of each need, their total (the verdict's number) and the budget: GPU GiB | RAM GB | disk GB.
+
+        No GPU column on a runtime without a GPU, no disk column without NVMe offload. Rows are rounded so that they
+        add up to the printed total (`round_to_total`)."""
+        columns = ([("GPU GiB", self.gpu_rows, GiB, self.gpu_budget)] if self.gpu_budget else []) + \
+            [("RAM GB", self.ram_rows, GB, self.ram_budget)] + \
+            ([("disk GB", self.disk_rows, GB, self.disk_budget)] if self.disk_rows else [])
+        names = _row_order(*(rows for _, rows, _, _ in columns))
+        shown = [round_to_total([rows.get(n, 0) / unit for n in names], 2) for _, rows, unit, _ in columns]
+        lines = [UNITS, f"{'':<18}" + "".join(f"{head:>10}" for head, _, _, _ in columns)]
+        lines += [f"{name:<18}" + "".join(f"{col[i]:>10.2f}" if rows.get(name) else f"{'-':>10}"
+                                          for col, (_, rows, _, _) in zip(shown, columns))
+                  for i, name in enumerate(names)]
+        lines.append(f"{'total':<18}" + "".join(f"{sum(rows.values()) / unit:>10.2f}" for _, rows, unit, _ in columns))
+        lines.append(f"{'budget':<18}" + "".join(f"{budget / unit:>10.2f}" for _, _, unit, budget in columns))
+        return "\n".join(lines + self._notes())
+
+    def _notes(self) -> list[str]:
+        """What a row of `table` stands for, when it is not a model state."""
+        notes = []
+        if not self.gpu_budget:
+            notes.append("no GPU: what would sit on a GPU sits in RAM (the model built on CPU is trained in place)")
+        if ROW_STEP in self.gpu_rows or ROW_STEP in self.ram_rows:
+            unit, name = (GiB, "GiB") if self.gpu_budget else (GB, "GB")
+            notes.append(f"{ROW_STEP}: the optimizer step's fp32 temporaries ({self.step_transient_bytes / unit:.2f} "
+                         f"{name}) outgrow the activations ({self.activation_bytes / unit:.2f} {name}), freed by then")
+        if self.ram_rows.get("model copy"):
+            notes.append("model copy: the fp32 model built on CPU before deepspeed.initialize (not with zero.Init)")
+        if self.ram_rows.get(ROW_IN_USE):
+            notes.append(f"{ROW_IN_USE}: RAM this kernel (and what it started) holds now")
+        if self.ram_margin:
+            notes.append(f"fits when RAM stays under {(1 - self.ram_margin) * self.ram_budget / GB:.2f} GB: "
+                         f"{self.ram_margin:.0%} of the budget is kept free for the estimate's error")
+        return notes
 
     def fix(self) -> str:
         """The fix to print with a refusal: a course config that passes this check, or what would."""
@@ -111,17 +173,40 @@ class PreflightReport:
 FALLBACK_LADDER: tuple[str, ...] = ("zero2", *OFFLOAD_KINDS)
 
 
+def _row_order(*rows: dict[str, int]) -> list[str]:
+    """The rows of a plan's tables and pictures in one order: model states first, what the run adds after."""
+    from helpers.memory import COMPONENTS
+
+    order = ["params", "grads", "optimizer", "activations", ROW_STEP, *COMPONENTS, "model copy", ROW_IN_USE]
+    present = {name for r in rows for name, value in r.items() if value}
+    return [n for n in dict.fromkeys(order) if n in present] + sorted(present - set(order))
+
+
+def _need_rows(est: ModelStateEstimate, has_gpu: bool, activation_bytes: int, transient: int,
+               ram_in_use: int) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+    """(GPU, RAM, disk) rows whose sums are the needs pre-flight checks: the GPU's peak holds the larger of the
+    activations and the optimizer step's temporaries; without a GPU all of it sits in RAM, and the model built
+    on CPU is trained there in place (no 'model copy')."""
+    peak_extra = {"activations": int(activation_bytes)} if activation_bytes >= transient else {ROW_STEP: int(transient)}
+    if has_gpu:
+        gpu, ram = {**est.gpu, **peak_extra}, dict(est.cpu)
+    else:
+        gpu, ram = {}, dict(est.gpu)
+        for name, value in [*est.cpu.items(), *peak_extra.items()]:
+            if name != "model copy":
+                ram[name] = ram.get(name, 0) + value
+    ram[ROW_IN_USE] = int(ram_in_use)
+    keep = lambda rows: {k: int(v) for k, v in rows.items() if v}  # noqa: E731
+    return keep(gpu), keep(ram), keep(est.nvme)
+
+
 def _report(est: ModelStateEstimate, runtime: "Runtime", activation_bytes: int, nvme_path: Any,
             ram_in_use: int, transient: int = 0) -> PreflightReport:
-    if runtime.has_gpu:
-        gpu_needed, ram_needed = est.gpu_total + max(activation_bytes, transient), est.cpu_total + ram_in_use
-    else:  # on CPU what would sit on the GPU sits in RAM, and the model built on CPU is not copied
-        cpu_total = est.cpu_total - est.cpu.get("model copy", 0)
-        gpu_needed, ram_needed = 0, est.gpu_total + cpu_total + max(activation_bytes, transient) + ram_in_use
+    gpu, ram, disk = _need_rows(est, runtime.has_gpu, activation_bytes, transient, ram_in_use)
     disk_budget = int(shutil.disk_usage(nvme_path).free) if (nvme_path and os.path.isdir(nvme_path)) \
         else runtime.disk_free_bytes
-    return PreflightReport(est, gpu_needed, runtime.vram_budget_bytes, ram_needed, runtime.ram_budget_bytes,
-                           est.nvme_total, disk_budget)
+    return PreflightReport(est, gpu, runtime.vram_budget_bytes, ram, runtime.ram_budget_bytes, disk, disk_budget,
+                           activation_bytes=int(activation_bytes), step_transient_bytes=int(transient))
 
 
 def _check(config: dict[str, Any], n_params: int, runtime: "Runtime", largest_layer_params: int,
@@ -233,21 +318,38 @@ def _smaller_model_that_fits(n_params: int, runtime: "Runtime", precision: str, 
 
 @dataclass
 class Plan:
-    """The config, the estimate and the verdict for one choice of settings."""
+    """The config, the estimate and the verdict for one choice of settings (notebook 00's planner).
+
+    A speed model may set `step_time` (predicted tokens/s) on a plan: the planner then shows it; a plan without
+    that attribute (or with None) shows no speed (`_step_time_text`)."""
 
     shape: "ModelShape"
     config: dict[str, Any] | None
     report: PreflightReport | None
     activation_bytes: int
     error: str = ""
+    micro_batch_size: int = 4
+    seq_len: int = 512
+    checkpointing: bool = True
+    zero_init: bool = False  # built under deepspeed.zero.Init (stage 3): no fp32 model copy in RAM
+    runtime_label: str = ""
+
+    @property
+    def settings(self) -> str:
+        """'micro-batch 4 x 512 tokens, activation checkpointing' (+ ', model built under zero.Init' at stage 3)."""
+        text = f"micro-batch {self.micro_batch_size} x {self.seq_len} tokens" + (
+            ", activation checkpointing" if self.checkpointing else ", no activation checkpointing")
+        stage = int((self.config or {}).get("zero_optimization", {}).get("stage", 0))
+        return text + (", model built under zero.Init" if self.zero_init and stage == 3 else "")
 
     def __str__(self) -> str:
-        head = f"model {self.shape.name}: {self.shape.n_params / 1e6:,.1f}M params"
+        head = f"model {self.shape.name}: {self.shape.n_params / 1e6:,.1f}M params, {self.settings}"
         if self.error:
             return f"{head}\nconfig refused: {self.error}"
         assert self.report is not None
-        est = self.report.estimate.with_activations(self.activation_bytes)
-        text = [head, est.table(), str(self.report)]
+        text = [head, self.report.table(), str(self.report)]
+        if _step_time_text(self):
+            text.append(_step_time_text(self))
         if self.report.suggestion:
             init = " with the model built under deepspeed.zero.Init" if self.report.suggestion_zero_init else ""
             text.append(f"a config predicted to fit: build_ds_config(**{self.report.suggestion}){init}")
@@ -256,18 +358,25 @@ class Plan:
 
 def plan(model: "str | ModelShape" = "gpt2", stage: int = 2, *, offload_optimizer: str = "none",
          offload_param: str = "none", precision: str = "auto", micro_batch_size: int = 4, seq_len: int = 512,
-         checkpointing: bool = True, runtime: "Runtime | None" = None, nvme_path: str | None = None) -> Plan:
-    """Build the config and estimate it against the budget; a refused config is reported, not raised.
+         checkpointing: bool = True, zero_init: bool = False, runtime: "Runtime | None" = None,
+         nvme_path: str | None = None, ram_in_use: int | None = None) -> Plan:
+    """Build the config and estimate it against the budget; a refused config is reported, not raised (notebook 00).
 
-    Bad inputs that are not config settings (the model, seq_len) raise ValueError / ConfigError with the fix.
-    NVMe parameter buffers are sized for the model's largest tensor, as `offload_config` sizes them.
+    `zero_init`: the model is built under deepspeed.zero.Init (stage 3), so no fp32 copy of it sits in RAM; the
+    planner widget's checkbox sets it, so a cell and the widget give the same numbers for the same settings.
+    `nvme_path` defaults to the course's NVMe folder (`helpers.default_nvme_path`); `ram_in_use` to this
+    process's RSS now. Bad inputs that are not config settings (the model, seq_len) raise ValueError / ConfigError
+    with the fix. NVMe parameter buffers are sized for the model's largest tensor, as `offload_config` sizes them.
     """
-    from helpers.hardware import detect_runtime
+    from helpers.hardware import default_nvme_path, detect_runtime
     from helpers.models import ModelShape, model_shape
 
     check_number("seq_len", seq_len, positive=True, integer=True, example=512)
     runtime = runtime or detect_runtime()
+    nvme_path = nvme_path or default_nvme_path()
     shape = model if isinstance(model, ModelShape) else model_shape(model)
+    settings = dict(micro_batch_size=micro_batch_size, seq_len=seq_len, checkpointing=checkpointing,
+                    zero_init=bool(zero_init), runtime_label=runtime.label)
     try:
         config = build_ds_config(stage, precision=precision, runtime=runtime, micro_batch_size=micro_batch_size,
                                  offload_optimizer=offload_optimizer, offload_param=offload_param,
@@ -275,13 +384,24 @@ def plan(model: "str | ModelShape" = "gpt2", stage: int = 2, *, offload_optimize
                                  nvme_buffer_size=nvme_buffer_size_for(shape.largest_layer_params),
                                  activation_checkpointing=checkpointing)
     except ConfigError as exc:
-        return Plan(shape, None, None, 0, error=str(exc))
+        return Plan(shape, None, None, 0, error=str(exc), **settings)
     act_precision = "fp32" if runtime.precision == "fp32" else "fp16"
     act = estimate_activations(micro_batch_size, seq_len, shape.hidden, shape.n_layers, shape.vocab,
                                n_heads=shape.n_heads, precision=act_precision, checkpointing=checkpointing)
     report = preflight(config, shape.n_params, runtime, largest_layer_params=shape.largest_layer_params,
-                       activation_bytes=act, nvme_path=nvme_path, raise_on_failure=False)
-    return Plan(shape, config, report, act)
+                       activation_bytes=act, nvme_path=nvme_path, zero_init=bool(zero_init), ram_in_use=ram_in_use,
+                       raise_on_failure=False)
+    return Plan(shape, config, report, act, **settings)
+
+
+def _step_time_text(p: Plan) -> str:
+    """'predicted speed: ~1,234 tokens/s' when a speed model has set `step_time` on the plan, else ''."""
+    speed = getattr(p, "step_time", None)
+    if speed is None:
+        return ""
+    if isinstance(speed, (int, float)):
+        return f"predicted speed: ~{speed:,.0f} tokens/s"
+    return f"predicted speed: {speed}"
 
 
 # The planner widget's colours (verdict line) and the settings a suggestion may set.
@@ -300,12 +420,12 @@ def _may_touch_the_hub(model: str) -> bool:
 
 
 def _needs_line(report: PreflightReport) -> str:
-    """'GPU 3.90 / 15.00 GiB · RAM 11.70 / 12.13 GB · disk 0.0 / 80.0 GB' (needed / budget)."""
+    """'GPU 3.90 / 15.00 GiB · RAM 11.70 / 12.13 GB · disk 24.90 / 80.00 GB' (needed / budget)."""
     parts = [f"GPU {report.gpu_needed / GiB:.2f} / {report.gpu_budget / GiB:.2f} GiB" if report.gpu_budget
              else "no GPU: everything in RAM"]
     parts.append(f"RAM {report.ram_needed / GB:.2f} / {report.ram_budget / GB:.2f} GB")
     if report.disk_needed:
-        parts.append(f"disk {report.disk_needed / GB:.1f} / {report.disk_budget / GB:.1f} GB")
+        parts.append(f"disk {report.disk_needed / GB:.2f} / {report.disk_budget / GB:.2f} GB")
     return " · ".join(parts)
 
 
@@ -336,7 +456,8 @@ def _settings_text(settings: dict[str, Any]) -> str:
 
 
 def _verdict_html(p: "Plan | None", name: str, error: str = "") -> str:
-    """The one coloured line at the top of the planner: fits (green) / does not fit (red) / refused / cannot plan."""
+    """The one coloured line at the top of the planner: fits (green) / does not fit (red) / refused / cannot plan;
+    under it the predicted speed when the plan has one."""
     def line(colour: str, head: str, rest: str) -> str:
         return (f'<div class="ds-plan-verdict" style="border-left:6px solid {colour};padding:4px 8px;'
                 f'margin:2px 0;line-height:1.4"><b style="color:{colour}">{html.escape(head)}</b> '
@@ -348,27 +469,84 @@ def _verdict_html(p: "Plan | None", name: str, error: str = "") -> str:
         return line(_VERDICT_COLOURS["refused"], "config refused:", p.error)
     assert p.report is not None
     head = f"{p.shape.name} ({p.shape.n_params / 1e6:,.0f}M params) with {p.report.estimate.label}"
+    speed = _step_time_text(p)
+    speed_html = f'<div class="ds-plan-speed" style="padding:0 14px">{html.escape(speed)}</div>' if speed else ""
     if p.report.fits:
-        return line(_VERDICT_COLOURS["fits"], "fits", f"{head}: {_needs_line(p.report)}")
+        return line(_VERDICT_COLOURS["fits"], "fits", f"{head}: {_needs_line(p.report)}") + speed_html
     fix = _suggested_settings(p)
     rest = f"{head}: " + "; ".join(p.report.problems) + "."
     rest += f" Try: {_settings_text(fix)}." if fix else " " + p.report.fix() + "."
-    return line(_VERDICT_COLOURS["no"], "does NOT fit", rest)
+    return line(_VERDICT_COLOURS["no"], "does NOT fit", rest) + speed_html
+
+
+def _picture_html(p: "Plan | None") -> str:
+    """The plan as stacked bars against the budgets (helpers.plots.plot_plan), as an <img>; '' without a plan."""
+    if p is None or p.report is None:
+        return ""
+    from helpers.plots import figure_html, plot_plan
+
+    return figure_html(plot_plan(p, show=False), alt=f"memory plan of {p.shape.name}: {_needs_line(p.report)}",
+                       css_class="ds-plan-picture")
+
+
+_BUTTON_STYLE = ("display:inline-block;padding:2px 10px;margin:0 4px;border:1px solid #888;border-radius:3px;"
+                 "background:#f4f4f4;color:#111;font:inherit;text-decoration:none;cursor:pointer")
+# runs in the browser: the widget's HTML and a trusted output keep inline handlers (the kernel cannot reach the
+# clipboard); where the clipboard is blocked (an http page, some iframes) it says to use the download link
+_COPY_JS = ("const b = this, t = decodeURIComponent(b.dataset.json);"
+            "(navigator.clipboard ? navigator.clipboard.writeText(t) : Promise.reject())"
+            ".then(() => {b.textContent = 'copied'}, () => {b.textContent = 'copy blocked here: use download'});")
+
+
+def _json_actions_html(p: "Plan | None") -> str:
+    """'DeepSpeed config: [download ds_config.json] [copy JSON]' for the plan's config; '' without one."""
+    if p is None or p.config is None:
+        return ""
+    text = json.dumps(p.config, indent=2)
+    quoted = urllib.parse.quote(text)
+    return (f'<div class="ds-plan-actions" style="margin:4px 0">DeepSpeed config: '
+            f'<a class="ds-plan-download" download="ds_config.json" href="data:application/json;charset=utf-8,{quoted}"'
+            f' style="{_BUTTON_STYLE}">download ds_config.json</a>'
+            f'<button class="ds-plan-copy" type="button" data-json="{quoted}" onclick="{html.escape(_COPY_JS)}" '
+            f'style="{_BUTTON_STYLE}">copy JSON</button></div>')
+
+
+def _details_html(p: "Plan | None", name: str, error: str = "") -> str:
+    """The folded part: the plan's table and verdict, then its DeepSpeed JSON."""
+    if p is None:
+        return f"<pre>{html.escape(f'cannot plan {name!r}: {error}')}</pre>"
+    text = str(p) + ("\n\n" + json.dumps(p.config, indent=2) if p.config is not None else "")
+    return f"<pre>{html.escape(text)}</pre>"
+
+
+def _rendering(p: "Plan | None", name: str, error: str = "") -> dict[str, str]:
+    """The planner's parts as HTML: verdict (with the speed, when known), picture, JSON actions, details."""
+    return {"verdict": _verdict_html(p, name, error), "picture": _picture_html(p), "actions": _json_actions_html(p),
+            "details": _details_html(p, name, error)}
 
 
 # A reopened notebook has no widget state ("Error displaying widget: model not found"): the planner also displays a
-# static copy of its last plan, hidden by CSS while the live widget is in the same output area.
-# JupyterLab / Notebook 7: the cell's output area; a page without JupyterLab's classes (Colab's output frame of one
-# cell; untested there) as a whole. Two rules, so that a browser refusing one selector still reads the other.
+# static copy of its last plan. While the live widget is in the same output area, CSS hides the copy; while it is not
+# (a reopened notebook: the widget's output shows only that error, or "Loading widget..."), CSS hides the widget's
+# output instead. JupyterLab / Notebook 7: the cell's output area; a page without JupyterLab's classes (Colab's output
+# frame of one cell; untested there) as a whole. Separate rules, so that a browser refusing one still reads the others.
+_WIDGET_OUTPUT = ".jp-OutputArea-child:has([data-mime-type='application/vnd.jupyter.widget-view+json'])"
 _STATIC_STYLE = ("<style>.jp-OutputArea:has(.ds-planner) .ds-plan-static {display: none}\n"
-                 "body:not(:has(.jp-OutputArea)):has(.ds-planner) .ds-plan-static {display: none}</style>")
+                 "body:not(:has(.jp-OutputArea)):has(.ds-planner) .ds-plan-static {display: none}\n"
+                 f".jp-OutputArea:has(.ds-plan-static) {_WIDGET_OUTPUT}:not(:has(.ds-planner)) {{display: none}}"
+                 "</style>")
 
 
-def _static_copy_html(verdict: str, details: str) -> str:
-    """The planner's last plan as static HTML, for a notebook reopened without its kernel (issue 16, problem 5)."""
-    return (f'{_STATIC_STYLE}<div class="ds-plan-static"><p><b>The planner</b> (a saved copy of its last plan: '
-            f"re-run this cell for its controls)</p>{verdict}<details><summary>memory table and DeepSpeed JSON"
-            f"</summary>{details}</details></div>")
+def _static_html(parts: dict[str, str], note: str) -> str:
+    """The planner's last plan as static HTML (issue 16, problem 5), with `note` saying how to get the controls."""
+    return (f'<div class="ds-plan-static"><p><b>The planner</b> ({html.escape(note)})</p>{parts["verdict"]}'
+            f'{parts["picture"]}{parts["actions"]}<details><summary>memory table and DeepSpeed JSON</summary>'
+            f'{parts["details"]}</details></div>')
+
+
+def _static_copy_html(parts: dict[str, str]) -> str:
+    """The copy a live planner keeps in its output for a notebook reopened without its kernel."""
+    return _STATIC_STYLE + _static_html(parts, "a saved copy of its last plan: re-run this cell for its controls")
 
 
 def _display_handle() -> Any:
@@ -384,15 +562,22 @@ def _display_handle() -> Any:
     return display(HTML(""), display_id=True)
 
 
-def _details_text(p: Plan) -> str:
-    return str(p) + ("\n\n" + json.dumps(p.config, indent=2) if p.config is not None else "")
+def _plan_or_error(name: str, runtime: "Runtime", **settings: Any) -> tuple["Plan | None", str]:
+    """plan(name, ...) for the planner, or the error that stopped it (unknown model id, no network ...)."""
+    try:
+        return plan(name, runtime=runtime, **settings), ""
+    except Exception as exc:
+        return None, str(exc)
 
 
 def planner_widget(runtime: "Runtime | None" = None, model: str = "gpt2") -> Any:
-    """An ipywidgets dashboard over `plan`, starting at `model`: a coloured verdict line at the top (with the fix in
-    the widget's own settings and a button that applies it), the controls, and the memory table and DeepSpeed JSON
-    folded in an accordion. Changing a setting re-plans; the model field re-plans on Enter or when it loses focus
-    (`continuous_update=False`), and shows "looking up ..." before a name that may ask the Hugging Face Hub.
+    """An ipywidgets dashboard over `plan`, starting at `model` (notebook 00): a coloured verdict line at the top
+    (with the fix in the widget's own settings and a button that applies it, and the predicted speed when the plan
+    has one), the plan as stacked bars against this runtime's budgets, the controls, a download / copy of the
+    DeepSpeed JSON, and the memory table and JSON folded in an accordion. Changing a setting re-plans; the model
+    field re-plans on Enter or when it loses focus (`continuous_update=False`), and shows "looking up ..." before a
+    name that may ask the Hugging Face Hub (which answers within `helpers.models.HUB_LOOKUP_TIMEOUT_S` or fails).
+    The same settings give the same numbers as `plan(...)` in a cell ("built under zero.Init" is plan's `zero_init`).
 
     When a runner saves the notebook (`helpers.saved_run()`), a widget would be saved as `VBox(children=...)`: then the
     plan of the starting settings is returned as static HTML, saying to run the cell in Jupyter or Colab for controls.
@@ -405,15 +590,9 @@ def planner_widget(runtime: "Runtime | None" = None, model: str = "gpt2") -> Any
     if saved_run():
         from IPython.display import HTML
 
-        try:
-            p: Plan | None = plan(model, runtime=runtime, nvme_path="/tmp/nvme")
-            verdict, text = _verdict_html(p, model), _details_text(p)
-        except Exception as exc:  # unknown model id, no network ...
-            verdict, text = _verdict_html(None, model, str(exc)), f"cannot plan this: {exc}"
-        return HTML("<p><b>The planner</b> (a saved copy: run this cell in Jupyter or Colab for its controls). "
-                    f"The plan for {html.escape(model)} with ZeRO-2, micro-batch 4 x 512:</p>{verdict}"
-                    f"<details><summary>memory table and DeepSpeed JSON</summary><pre>{html.escape(text)}</pre>"
-                    "</details>")
+        p, error = _plan_or_error(model, runtime)
+        note = f"a saved copy: run this cell in Jupyter or Colab for its controls; {model}, ZeRO-2, micro-batch 4 x 512"
+        return HTML(_static_html(_rendering(p, model, error), note))
     import ipywidgets as w
 
     style = {"description_width": "initial"}
@@ -442,45 +621,35 @@ def planner_widget(runtime: "Runtime | None" = None, model: str = "gpt2") -> Any
         "zero_init": w.Checkbox(value=False, description=f"model {_ZERO_INIT_LABEL} (stage 3)", indent=False,
                                 style=style, layout=box("260px"), disabled=True),
     }
-    verdict = w.HTML()
+    verdict, picture, actions, details = w.HTML(), w.HTML(), w.HTML(), w.HTML()
     apply = w.Button(description="apply the fix", button_style="success", icon="check",
                      layout=w.Layout(width="auto", display="none"))
-    details = w.HTML()
     fold = w.Accordion(children=[details])
     fold.set_title(0, "memory table and DeepSpeed JSON")
     fold.selected_index = None
     state: dict[str, Any] = {"fix": {}, "busy": False, "static": _display_handle()}
 
-    def show(verdict_html: str, details_html: str) -> None:
-        verdict.value, details.value = verdict_html, details_html
+    def show(parts: dict[str, str]) -> None:
+        verdict.value, picture.value = parts["verdict"], parts["picture"]
+        actions.value, details.value = parts["actions"], parts["details"]
         if state["static"] is not None:
             from IPython.display import HTML
 
-            state["static"].update(HTML(_static_copy_html(verdict_html, details_html)))
+            state["static"].update(HTML(_static_copy_html(parts)))
 
     def refresh(_: Any = None) -> None:
         if state["busy"]:  # "apply" sets several controls: plan once, at the end
             return
-        kwargs = {k: c.value for k, c in controls.items()}
-        name, zero_init = str(kwargs.pop("model")), kwargs.pop("zero_init")
-        controls["zero_init"].disabled = kwargs["stage"] != 3
+        settings = {k: c.value for k, c in controls.items()}
+        name = str(settings.pop("model"))
+        controls["zero_init"].disabled = settings["stage"] != 3
         apply.layout.display = "none"
-        if _may_touch_the_hub(name):  # shown before a lookup that may take seconds (offline: retries)
+        if _may_touch_the_hub(name):  # shown before a lookup that may take seconds
             verdict.value = (f'<div class="ds-plan-verdict" style="color:{_VERDICT_COLOURS["busy"]};padding:4px 8px">'
                              f"<i>{html.escape(_LOOKUP_NOTE.format(name=repr(name)))}</i></div>")
-        try:
-            p = plan(name, runtime=runtime, nvme_path="/tmp/nvme", **kwargs)
-            if zero_init and kwargs["stage"] == 3 and p.config is not None:  # no fp32 model copy in RAM
-                p = replace(p, report=preflight(p.config, p.shape.n_params, runtime, nvme_path="/tmp/nvme",
-                                                largest_layer_params=p.shape.largest_layer_params,
-                                                activation_bytes=p.activation_bytes, zero_init=True,
-                                                raise_on_failure=False))
-        except Exception as exc:  # unknown model id, no network ...: the error, never the old verdict
-            state["fix"] = {}
-            show(_verdict_html(None, name, str(exc)), f"<pre>{html.escape(f'cannot plan {name!r}: {exc}')}</pre>")
-            return
-        state["fix"] = _suggested_settings(p)
-        show(_verdict_html(p, name), f"<pre>{html.escape(_details_text(p))}</pre>")
+        p, error = _plan_or_error(name, runtime, **settings)  # an error replaces the verdict, never the old one
+        state["fix"] = _suggested_settings(p) if p is not None else {}
+        show(_rendering(p, name, error))
         if state["fix"]:
             apply.description = "apply: " + _settings_text(state["fix"])
             apply.layout.display = None
@@ -501,6 +670,6 @@ def planner_widget(runtime: "Runtime | None" = None, model: str = "gpt2") -> Any
     refresh()
     c = list(controls.values())
     row = w.Layout(flex_flow="row wrap", gap="4px 12px")
-    ui = w.VBox([verdict, apply, w.HBox(c[:4], layout=row), w.HBox(c[4:], layout=row), fold])
+    ui = w.VBox([verdict, apply, picture, w.HBox(c[:4], layout=row), w.HBox(c[4:], layout=row), actions, fold])
     ui.add_class("ds-planner")
     return ui

@@ -14,16 +14,20 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from helpers.memory import ModelStateEstimate
+    from helpers.planner import Plan
     from helpers.train import RunResult
 
-__all__ = ["plot_peak_vram", "plot_memory_breakdown", "plot_memory_timeline", "plot_losses", "plot_speed_vs_memory",
-           "plot_expert_load", "plot_capacity_sweep", "plot_balance", "plot_params", "plot_zero_scaling"]
+__all__ = ["figure_html", "plot_peak_vram", "plot_memory_breakdown", "plot_memory_timeline", "plot_losses",
+           "plot_plan", "plot_plans", "plot_speed_vs_memory", "plot_expert_load", "plot_capacity_sweep", "plot_balance",
+           "plot_params", "plot_zero_scaling"]
 
 GiB = 1024**3
 GB = 1000**3
+# one colour per row of a memory breakdown or plan (helpers.memory.COMPONENTS, helpers.planner's extra rows)
 COLORS = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A868", "activations": "#C44E52",
-          "buffers": "#8172B3", "model copy": "#937860",
-          "staging": "#DA8BC3"}
+          "step temporaries": "#E6A5A5", "buffers": "#8172B3", "staging": "#DA8BC3", "model copy": "#937860",
+          "already in use": "#BBBBBB"}
+BUDGET_COLOR = "#C44E52"
 
 
 def _in_notebook() -> bool:
@@ -75,8 +79,11 @@ def plot_peak_vram(runs: Sequence["RunResult"], budget_gib: float | None = None,
 
 def plot_memory_breakdown(estimates: Sequence["ModelStateEstimate"], where: str = "gpu",
                           budget_gib: float | None = None, title: str | None = None,
-                          show: bool | None = None) -> "Figure | None":
-    """Stacked bars: params / grads / optimizer / activations per estimate, on 'gpu' or 'cpu'."""
+                          show: bool | None = None, budget_bytes: int | None = None) -> "Figure | None":
+    """Stacked bars: params / grads / optimizer / activations per estimate, on 'gpu' (GiB) or 'cpu' / 'nvme' (GB,
+    the course's unit for RAM and disk). The budget line: `budget_bytes`, or `budget_gib` (GPU)."""
+    unit, unit_name = (GiB, "GiB") if where == "gpu" else (GB, "GB")
+    budget = budget_bytes / unit if budget_bytes else (budget_gib * GiB / unit if budget_gib else None)
     fig = _figure()
     ax = fig.add_subplot()
     labels = [e.label for e in estimates]
@@ -84,16 +91,131 @@ def plot_memory_breakdown(estimates: Sequence["ModelStateEstimate"], where: str 
     present = {comp for e in estimates for comp, value in getattr(e, where).items() if value}
     components = [c for c in COLORS if c in present] + sorted(present - set(COLORS))
     for comp in components:
-        values = [getattr(e, where).get(comp, 0) / GiB for e in estimates]
+        values = [getattr(e, where).get(comp, 0) / unit for e in estimates]
         ax.bar(range(len(estimates)), values, bottom=bottoms, label=comp, color=COLORS.get(comp))
         bottoms = [b + v for b, v in zip(bottoms, values)]
-    if budget_gib:
-        ax.axhline(budget_gib, color="#C44E52", linestyle="--", label=f"budget {budget_gib:.1f} GiB")
+    if budget:
+        ax.axhline(budget, color=BUDGET_COLOR, linestyle="--", label=f"budget {budget:.1f} {unit_name}")
     ax.set_xticks(range(len(estimates)), labels, rotation=20, ha="right", fontsize=8)
-    ax.set_ylabel(f"{where.upper()} GiB (estimate)")
-    ax.set_title(title or f"What fills {where.upper()} memory")
+    place = {"gpu": "GPU", "cpu": "RAM", "nvme": "NVMe"}.get(where, where.upper())
+    ax.set_ylabel(f"{place} {unit_name} (estimate)")
+    ax.set_title(title or f"What fills {place} memory")
     ax.legend(fontsize=8)
     return _show(fig, show)
+
+
+# ---------------------------------------------------------------- the planner (notebook 00)
+
+# (attribute of a PreflightReport's rows and budget, label, bytes per unit, unit)
+_PLAN_PANELS = (("gpu", "GPU", GiB, "GiB"), ("ram", "CPU RAM", GB, "GB"), ("disk", "disk (NVMe)", GB, "GB"))
+
+
+def _plan_panels(plans: Sequence["Plan"]) -> list[tuple[str, str, float, str]]:
+    """The budgets some plan uses: GPU where the runtime has one, RAM always, disk where a plan offloads to NVMe."""
+    reports = [p.report for p in plans if p.report is not None]
+    keep = {"gpu": any(r.gpu_budget for r in reports), "ram": True, "disk": any(r.disk_rows for r in reports)}
+    return [panel for panel in _PLAN_PANELS if keep[panel[0]]]
+
+
+def _plan_label(p: "Plan") -> str:
+    """'ZeRO-3, opt.->cpu, params->cpu, zero.Init': the config in short, without the precision every bar shares."""
+    assert p.report is not None
+    parts = p.report.estimate.label.split(" + ")[:-1]  # the last part is the precision
+    label = ", ".join(part.replace("optimizer->", "opt.->") for part in parts)
+    return label + (", zero.Init" if p.zero_init and parts[0] == "ZeRO-3" else "")
+
+
+def _plan_figure(plans: Sequence["Plan"], title: str | None) -> "Figure":
+    """One horizontal panel per budget (GPU GiB, RAM GB, disk GB), one stacked bar per plan, the budget dashed (and,
+    for RAM, where the share kept free for the estimate's error begins, dotted); each bar's total at its end; the
+    legend on the right in the table's row order. Laid out in inches by hand: the planner redraws it on every change
+    and matplotlib's automatic layouts take most of the time."""
+    from matplotlib.figure import Figure
+
+    from helpers.planner import _row_order
+
+    plans = [p for p in plans if p.report is not None]
+    panels = _plan_panels(plans)
+    single = len(plans) == 1
+    longest = max((len(_plan_label(p)) for p in plans), default=0)
+    width, left, right = 7.6, (1.15 if single else 0.25 + 0.062 * longest), 1.55  # inches: y labels, legend
+    heights = [max(len(plans), 1) * 0.36 + 0.22 for _ in panels]
+    gap, top = 0.62, (0.42 if title else 0.22)
+    height = top + sum(heights) + gap * len(panels) - 0.12
+    fig = Figure(figsize=(width, height))
+    names = _row_order(*(getattr(p.report, f"{key}_rows") for p in plans for key, *_ in panels))
+    handles: dict[str, Any] = {}
+    y_top = height - top
+    for (key, label, unit, unit_name), panel_height in zip(panels, heights):
+        y_top -= panel_height
+        ax = fig.add_axes((left / width, y_top / height, (width - left - right) / width, panel_height / height))
+        y_top -= gap
+        y = list(range(len(plans)))[::-1]  # the first plan on top
+        ends = [0.0] * len(plans)
+        for name in names:
+            widths = [getattr(p.report, f"{key}_rows").get(name, 0) / unit for p in plans]
+            if any(widths):
+                bars = ax.barh(y, widths, left=ends, height=0.62, color=COLORS.get(name, "#999999"), label=name,
+                               edgecolor="white", linewidth=0.5)
+                handles.setdefault(name, bars)
+                ends = [a + b for a, b in zip(ends, widths)]
+        report = plans[0].report if plans else None
+        budget = getattr(report, f"{key}_budget") / unit if report is not None else 0.0
+        limit = budget * (1 - report.ram_margin) if key == "ram" and report is not None else budget
+        span = max(ends + [budget]) * 1.14 or 1.0
+        if budget:
+            ax.axvline(budget, color=BUDGET_COLOR, linestyle="--", linewidth=1.5)
+            ax.text(budget, 1.02, f"budget {budget:.2f} {unit_name}", transform=ax.get_xaxis_transform(),
+                    color=BUDGET_COLOR, fontsize=8, va="bottom", ha="right" if budget > 0.5 * span else "left")
+        if limit < budget:
+            ax.axvline(limit, color=BUDGET_COLOR, linestyle=":", linewidth=1)
+        for yy, total in zip(y, ends):
+            ax.text(total + 0.01 * span, yy, f"{total:.2f}" if total else "0", va="center", fontsize=8,
+                    fontweight="bold" if total else "normal",
+                    color=BUDGET_COLOR if budget and total > limit else "#222222" if total else "#888888")
+        ax.set_xlim(0, span)
+        ax.set_ylim(-0.55, len(plans) - 0.45)
+        ax.set_yticks(y, [label] if single else [_plan_label(p) for p in plans], fontsize=9 if single else 8)
+        ax.set_xlabel(unit_name if single else f"{label} ({unit_name})", fontsize=8, labelpad=1)
+        ax.tick_params(axis="both", length=2, pad=2)
+        ax.tick_params(axis="x", labelsize=8)
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+    order = [n for n in names if n in handles]  # the table's row order, top to bottom
+    fig.legend([handles[n] for n in order], order, loc="upper left", fontsize=8, frameon=False,
+               bbox_to_anchor=((width - right + 0.12) / width, (height - top) / height), borderaxespad=0)
+    if title:
+        fig.text(0.5, 1 - 0.1 / height, title, ha="center", va="top", fontsize=10)
+    return fig
+
+
+def plot_plan(plan: "Plan", title: str | None = None, show: bool | None = None) -> "Figure | None":
+    """One plan as a picture (notebook 00's planner): for each budget (GPU in GiB where there is a GPU, CPU RAM in GB,
+    disk in GB when it offloads to NVMe) a bar stacked from the rows of the plan's table, against this runtime's
+    budget (dashed; for RAM the dotted line is where the share kept free for the estimate's error begins)."""
+    if title is None and plan.report is not None:
+        title = f"{plan.shape.name}, {plan.report.estimate.label}: {plan.runtime_label}" if plan.runtime_label \
+            else f"{plan.shape.name}, {plan.report.estimate.label}"
+    return _show(_plan_figure([plan], title), show)
+
+
+def plot_plans(plans: Sequence["Plan"], title: str | None = None, show: bool | None = None) -> "Figure | None":
+    """Several plans side by side (notebook 00): one bar per plan in each budget's panel, as `plot_plan` draws one.
+    Refused configs (no estimate) are left out."""
+    return _show(_plan_figure(plans, title), show)
+
+
+def figure_html(fig: "Figure", alt: str = "", css_class: str = "", dpi: int = 100) -> str:
+    """`fig` as an <img> tag with the PNG inline (a widget's HTML, a static copy of it), at most as wide as its place."""
+    import base64
+    import html
+    import io
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi)
+    data = base64.b64encode(buffer.getvalue()).decode("ascii")
+    return (f'<img class="{html.escape(css_class)}" alt="{html.escape(alt)}" style="max-width:100%;height:auto" '
+            f'src="data:image/png;base64,{data}">')
 
 
 def plot_memory_timeline(samples: Sequence[dict[str, float]], title: str = "Memory during training",

@@ -161,3 +161,16 @@ def test_model_states_per_gpu_shrinks_as_each_stage_promises():
     t = model_states_per_gpu(PSI, "fp16")
     assert t[0] == {1: 16 * PSI, 2: 16 * PSI, 4: 16 * PSI, 8: 16 * PSI}
     assert t[3][8] == 16 * PSI // 8 and t[2][4] == 2 * PSI + 14 * PSI // 4 and t[1][2] == 4 * PSI + 12 * PSI // 2
+
+
+def test_the_breakdown_table_uses_the_course_units_and_its_rows_add_up():
+    from helpers.memory import estimate_model_states, round_to_total
+
+    assert round_to_total([1.004, 1.004], 2) == [1.01, 1.0] and round_to_total([1 / 3] * 3, 2) == [0.34, 0.33, 0.33]
+    table = estimate_model_states(1_557_611_200, 3, offload_optimizer="nvme", offload_param="nvme",
+                                  largest_layer_params=80_000_000).table()
+    lines = table.splitlines()
+    assert "GPU(s)" not in lines[0] and lines[1].split() == ["component", "GPU", "GiB", "RAM", "GB", "NVMe", "GB"]
+    rows = [[float(x) for x in line.split()[-3:]] for line in lines[2:-1]]
+    total = [float(x) for x in lines[-1].split()[-3:]]
+    assert [round(sum(col), 3) for col in zip(*rows)] == total

@@ -21,6 +21,8 @@ def test_plots_return_figures_without_touching_global_style():
     fig = plot_memory_breakdown(ests, budget_gib=15)
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert [x for x in labels if not x.startswith("budget")] == ["params", "grads", "optimizer", "activations"]
+    ram = plot_memory_breakdown(ests, where="cpu", budget_bytes=int(12.13e9)).axes[0]  # RAM in GB, as budgeted
+    assert ram.get_ylabel() == "RAM GB (estimate)" and ram.lines[0].get_ydata()[0] == 12.13
     samples = [{"t": 0.0, "rss": 1e9, "gpu_allocated": 2**30}, {"t": 1.0, "rss": 2e9, "gpu_allocated": 2**31}]
     fig = plot_memory_timeline(samples, ram_budget_gb=12.7)
     gpu_ax, host_ax = fig.axes  # one unit per axis: GiB for the GPU, GB for RAM and disk
@@ -89,3 +91,39 @@ def test_in_a_notebook_a_figure_is_displayed_where_it_is_made_and_not_returned(m
     assert plots.plot_losses([3.0, 2.0]) is None  # a cell ending with it shows it once, not twice
     assert len(shown) == 1 and type(shown[0]).__name__ == "Figure"
     assert plots.plot_losses([3.0, 2.0], show=False) is not None and len(shown) == 1
+
+
+def test_a_plan_is_drawn_as_stacked_bars_of_its_table_rows_against_this_runtimes_budgets():
+    from conftest import fake_runtime
+    from helpers.planner import plan
+    from helpers.plots import GB, GiB, plot_plan
+
+    t4 = fake_runtime()
+    p = plan("gpt2-xl", 3, offload_optimizer="nvme", offload_param="nvme", runtime=t4, ram_in_use=int(1e9))
+    fig = plot_plan(p, show=False)
+    gpu, ram, disk = fig.axes
+    for ax, rows, unit, budget in ((gpu, p.report.gpu_rows, GiB, 15.0), (ram, p.report.ram_rows, GB, 12.13),
+                                   (disk, p.report.disk_rows, GB, None)):
+        widths = [bar.get_width() for bar in ax.patches]
+        assert len(widths) == len(rows) and abs(sum(widths) - sum(rows.values()) / unit) < 1e-9  # one bar: the total
+        budget_line = ax.lines[0].get_xdata()[0]
+        assert budget is None or round(budget_line, 2) == budget  # this runtime's budget, in the column's unit
+    assert [ax.get_xlabel() for ax in fig.axes] == ["GiB", "GB", "GB"]
+    assert len(ram.lines) == 2  # RAM: the budget and where the share kept free for the estimate's error begins
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "model copy" in legend and "already in use" in legend and legend[0] == "params"
+
+
+def test_a_cpu_runtime_is_drawn_without_a_gpu_panel_and_several_plans_side_by_side():
+    from conftest import fake_runtime
+    from helpers.planner import plan
+    from helpers.plots import plot_plans
+
+    cpu = fake_runtime(device="cpu", gpu_name=None, compute_capability=None, gpu_total_bytes=0, vram_budget_bytes=0,
+                       ram_total_bytes=int(24e9), ram_budget_bytes=int(24e9), gpu_count=0, precision="fp32")
+    plans = [plan("gpt2", s, offload_optimizer=o, runtime=cpu, ram_in_use=int(1e9)) for s, o in ((2, "none"),
+                                                                                                  (2, "cpu"))]
+    plans.append(plan("gpt2", 2, offload_param="cpu", runtime=cpu))  # refused: left out
+    fig = plot_plans(plans, title="this runtime", show=False)
+    assert len(fig.axes) == 1 and fig.axes[0].get_xlabel() == "CPU RAM (GB)"  # no GPU here, nothing on disk
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["ZeRO-2", "ZeRO-2, opt.->cpu"]  # first on top
