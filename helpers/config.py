@@ -318,7 +318,9 @@ def build_ds_config(
                                                  nvme_buffer_count, nvme_buffer_size, pin_memory)
     config["zero_optimization"] = zero
     if uses_nvme:
-        config["aio"] = {"block_size": 1_048_576, "queue_depth": 8, "thread_count": 1,
+        # DeepSpeed 0.19.8 reads its I/O thread count from "intra_op_parallelism" ("thread_count", the older key,
+        # is ignored without a word: runtime/swap_tensor/aio_config.py)
+        config["aio"] = {"block_size": 1_048_576, "queue_depth": 8, "intra_op_parallelism": 1,
                          "single_submit": False, "overlap_events": True}
     if activation_checkpointing:
         # DeepSpeed's own section drives deepspeed.checkpointing; a Hugging Face model is switched with
