@@ -20,6 +20,8 @@ from helpers.config import *  # noqa: F403
 from helpers.data import *  # noqa: F403
 from helpers.models import *  # noqa: F403
 from helpers.health import *  # noqa: F403
+from helpers.limits import *  # noqa: F403
+from helpers.step_time import *  # noqa: F403
 from helpers.planner import *  # noqa: F403
 from helpers.bootstrap import *  # noqa: F403
 # floor 2: training, measuring, plotting
@@ -35,7 +37,7 @@ from helpers.rank import *  # noqa: F403
 from helpers.scale_out import *  # noqa: F403
 
 MODULES = ("atomic", "checks", "hardware", "runtime", "records", "progress", "memory", "config", "data", "models", "health",
-           "planner", "bootstrap", "train", "fresh_process", "plots", "checkpoints", "moe", "integrations", "launch",
+           "limits", "step_time", "planner", "bootstrap", "train", "fresh_process", "plots", "checkpoints", "moe", "integrations", "launch",
            "rank", "scale_out")
 
 

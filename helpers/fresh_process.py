@@ -81,7 +81,7 @@ def train_in_fresh_process(name: str, ds_config: dict[str, Any], model: str, *, 
                            mmap_threshold_mib: float = 0.0, cpus: set[int] | None = None,
                            timeout_s: float | None = None, gpu: str | None = None, progress: bool = True,
                            estimated_vram_bytes: int = 0, wrap: list[str] | None = None,
-                           env: dict[str, str] | None = None) -> "RunResult":
+                           env: dict[str, str] | None = None, time_micro_batches: bool = False) -> "RunResult":
     """Train `model` (a helpers.GPT2_LADDER name) with `ds_config` (`plain_pytorch`: without DeepSpeed) in a child
     process, through `helpers.train_run`.
 
@@ -89,6 +89,7 @@ def train_in_fresh_process(name: str, ds_config: dict[str, Any], model: str, *, 
     the time limit), `error` says how, and `peak_rss_gb` is the peak seen from outside. Interrupting the cell kills
     the child and its NVMe files stay for the caller to remove. `wrap` is put before the child's command line and
     `env` added to its environment (benchmarks/ladder.py --emulate starts it inside a Colab enclosure that way).
+    `time_micro_batches`: see `helpers.train_run`.
     """
     import psutil
     from helpers.progress import progress_bar
@@ -102,7 +103,7 @@ def train_in_fresh_process(name: str, ds_config: dict[str, Any], model: str, *, 
                 "nvme_path": str(nvme_path) if nvme_path else None, "dataset": dataset, "max_blocks": max_blocks,
                 "checkpointing": checkpointing, "untimed_steps": untimed_steps, "seed": seed,
                 "mmap_threshold_mib": mmap_threshold_mib, "result": str(result_path),
-                "estimated_vram_bytes": int(estimated_vram_bytes)}
+                "estimated_vram_bytes": int(estimated_vram_bytes), "time_micro_batches": time_micro_batches}
         spec_path.write_text(json.dumps(spec))
         child_env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
                          **(env or {}))
@@ -299,7 +300,8 @@ def _child(spec_path: str) -> int:
                           checkpointing=spec["checkpointing"], untimed_steps=spec["untimed_steps"], seed=spec["seed"],
                           model_name=spec["model"],
                           nvme_path=spec["nvme_path"], progress=False, on_step=on_step, on_phase=on_phase,
-                          estimated_bytes=spec["estimated_vram_bytes"])
+                          estimated_bytes=spec["estimated_vram_bytes"],
+                          time_micro_batches=spec.get("time_micro_batches", False))
     tmp = Path(spec["result"]).with_suffix(".part")
     tmp.write_text(json.dumps(r.as_dict()))
     os.replace(tmp, spec["result"])

@@ -237,7 +237,7 @@ def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *,
               seed: int = 0, estimated_bytes: int = 0, model_name: str = "", nvme_path: str | None = None,
               progress: bool = True, hooks: TrainHooks | None = None,
               on_step: Callable[[int, float], None] | None = None,
-              on_phase: Callable[[str], None] | None = None) -> RunResult:
+              on_phase: Callable[[str], None] | None = None, time_micro_batches: bool = False) -> RunResult:
     """Train a fresh model for `steps` optimizer steps with `ds_config` and measure it.
 
     Micro-batch, gradient accumulation, learning rate, weight decay, clipping and warm-up come from
@@ -248,6 +248,10 @@ def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *,
     while it runs. `hooks` add what one kind of model needs (`helpers.moe.MoEHooks`). CUDA out-of-memory is
     caught and reported in `RunResult.error`. Everything is torn down before returning, so runs can follow
     one another. `on_phase(name)` and `on_step(step, loss)` report progress (a child process sends them on).
+    `time_micro_batches=True` (benchmarks/offload_speed.py) waits for the GPU after every micro-batch and keeps
+    the seconds of each in `extras["micro_batch_s"]` (one list per optimizer step; the last micro-batch of a step
+    includes DeepSpeed's optimizer step), and DeepSpeed's count of steps skipped by fp16 overflow in
+    `extras["skipped_steps"]`.
     """
     import torch
 
@@ -262,6 +266,7 @@ def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *,
                        seq_len=seq_len, steps=steps, checkpointing=checkpointing, runtime=runtime.label)
     loop = _Loop(result, settings, runtime, hooks, ds_config, plain_pytorch,
                  on_step or (lambda step, loss: None), on_phase or (lambda phase: None))
+    loop.time_micro_batches = time_micro_batches
     try:
         with measure_peak(nvme_path=nvme_path) as mem:
             try:
@@ -304,6 +309,7 @@ class _Loop:
         self.result, self.settings, self.runtime, self.hooks = result, settings, runtime, hooks
         self.ds_config, self.plain, self.on_step, self.on_phase = ds_config, plain, on_step, on_phase
         self.ns: dict[str, Any] = {}
+        self.time_micro_batches = False
 
     def build(self, model_factory: Callable[[], Any], checkpointing: bool, train_blocks: Any) -> None:
         """Model, then the optimizer: a DeepSpeed engine, or AdamW + warm-up + GradScaler for plain PyTorch."""
@@ -350,7 +356,9 @@ class _Loop:
 
         accum = self.settings.grad_accum
         step_loss = 0.0
+        timings: list[float] = []
         for _ in range(accum):
+            started = time.perf_counter()
             ids = next(batches)["input_ids"].to(device)
             # the output is read and dropped before backward: it holds the logits (micro-batch x sequence x
             # vocabulary: 0.19 GiB at 4 x 512 for GPT-2 in fp16), which would otherwise add to the peak
@@ -371,6 +379,14 @@ class _Loop:
                 net.step()
                 step_loss += loss.item() / accum
             del loss, ids
+            if self.time_micro_batches:
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                timings.append(round(time.perf_counter() - started, 4))
+        if self.time_micro_batches:
+            self.result.extras.setdefault("micro_batch_s", []).append(timings)
+            if not self.plain:
+                self.result.extras["skipped_steps"] = int(getattr(net, "skipped_steps", 0))
         if self.plain:
             optimizer, scaler = self.ns["optimizer"], self.ns["scaler"]
             scaler.unscale_(optimizer)

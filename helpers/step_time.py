@@ -1,0 +1,218 @@
+"""How long one optimizer step takes, predicted from the bytes and FLOPs a config moves (notebook 02, the ladder).
+
+    limits = helpers.measure_limits(nvme_path)                   # helpers.limits: this runtime's bandwidths
+    est = helpers.estimate_step_time(ds_config, shape, limits, seq_len=512)
+    print(est.table())                                           # per component, then tokens/s and the roofline
+
+The memory model says whether a config fits; this one says how fast it runs once it does. Each component is
+work divided by a rate measured on this runtime (`RuntimeLimits`), per optimizer step of `grad_accum`
+micro-batches. What moves is read off DeepSpeed 0.19.8 (one GPU):
+
+- GPU compute: (6 + 2 with activation checkpointing) x N FLOPs per token for the weights (forward 2N, backward 4N,
+  recomputed forward 2N) plus (12 + 4) x layers x hidden x sequence for attention (nanoGPT's `estimate_mfu`),
+  at the measured matmul rate.
+- ZeRO-3 with the optimizer offloaded (`runtime/zero/stage3.py`, `partition_grads`): every micro-batch copies
+  each 16-bit gradient partition into the CPU gradient buffer and back to the GPU (the first micro-batch of a step:
+  `grad_buffer.copy_` then `.to(device)`; later ones: `.to(device)`, `add_`, `copy_` back): 2 x 2N bytes over PCIe.
+  At the accumulation boundary the fp32 gradients (4N) go to the host (`_offload_grad_partition_at_boundary`),
+  and with NVMe to disk (`swap_out_gradients`).
+- The NVMe optimizer step (`runtime/swap_tensor/partitioned_optimizer_swapper.py`): per sub-group, read the fp32
+  master weights, Adam's two moments (12N) and the fp32 gradients (4N); DeepSpeedCPUAdam; write the 12N back;
+  then the new 16-bit weights go to the GPU (2N). Without `pipeline_read`/`pipeline_write` these run one after
+  another, so the predicted time is their sum; the roofline is the slowest resource (GPU, PCIe, disk, CPU) alone,
+  what perfect overlap would give.
+- ZeRO-2 with the optimizer on the CPU (`runtime/zero/stage_1_and_2.py`): the fp32 gradients (4N) go to the host
+  every micro-batch (and come back to be accumulated after the first), CPU Adam, 16-bit weights back (2N).
+- Parameters offloaded (`offload_param`): each micro-batch fetches the 16-bit weights for the forward, the
+  recomputed forward and the backward (3 x 2N with checkpointing, else 2 x 2N): over PCIe from CPU, and also
+  read from disk with NVMe; the updated weights are written back to disk once per step.
+Without offload (plain, ZeRO 0-3 on the GPU) only compute is counted: the optimizer runs on the GPU at memory speed.
+On a CPU runtime (no GPU) compute runs on the CPU and nothing crosses PCIe (the copies "to the host" are RAM copies,
+not counted).
+Not counted: kernel launches, Python and hook overheads, loss-scale checks; measured/predicted says how much
+they weigh.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from helpers.limits import RuntimeLimits
+
+__all__ = ["StepTimeEstimate", "estimate_step_time", "training_flops_per_token"]
+
+GB = 1e9
+
+
+def training_flops_per_token(shape: Any, seq_len: int, *, checkpointing: bool = True) -> float:
+    """FLOPs to train on one token: forward + backward (+ the recomputed forward with activation checkpointing)."""
+    n = shape.n_params - seq_len * shape.hidden  # position embeddings are looked up, not multiplied
+    weight = (8 if checkpointing else 6) * n
+    attention = (16 if checkpointing else 12) * shape.n_layers * shape.hidden * seq_len
+    return float(weight + attention)
+
+
+@dataclass
+class StepTimeEstimate:
+    """Predicted seconds per optimizer step by component, the resource each uses, and tokens/s (notebook 02)."""
+
+    config: str
+    tokens_per_micro_batch: int
+    grad_accum: int
+    components: dict[str, float] = field(default_factory=dict)  # name -> seconds per optimizer step
+    resources: dict[str, str] = field(default_factory=dict)  # name -> "GPU", "PCIe", "disk" or "CPU"
+    missing: list[str] = field(default_factory=list)  # limits not measured: components left out
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.tokens_per_micro_batch * self.grad_accum
+
+    @property
+    def seconds(self) -> float:
+        """Predicted seconds per optimizer step: the components one after another (DeepSpeed runs them so)."""
+        return sum(self.components.values())
+
+    def resource_seconds(self) -> dict[str, float]:
+        """Seconds each resource is busy per optimizer step."""
+        out: dict[str, float] = {}
+        for name, s in self.components.items():
+            out[self.resources[name]] = out.get(self.resources[name], 0.0) + s
+        return out
+
+    @property
+    def roofline_seconds(self) -> float:
+        """The busiest resource alone: the step time if everything else overlapped with it."""
+        return max(self.resource_seconds().values(), default=0.0)
+
+    @property
+    def bottleneck(self) -> str:
+        busy = self.resource_seconds()
+        return max(busy, key=busy.get) if busy else ""
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_per_step / self.seconds if self.seconds else 0.0
+
+    @property
+    def roofline_tokens_per_s(self) -> float:
+        return self.tokens_per_step / self.roofline_seconds if self.roofline_seconds else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"config": self.config, "tokens_per_micro_batch": self.tokens_per_micro_batch,
+                "grad_accum": self.grad_accum, "components_s": {k: round(v, 4) for k, v in self.components.items()},
+                "resources": dict(self.resources), "seconds": round(self.seconds, 4),
+                "roofline_seconds": round(self.roofline_seconds, 4), "bottleneck": self.bottleneck,
+                "predicted_tokens_per_s": round(self.tokens_per_s, 1),
+                "roofline_tokens_per_s": round(self.roofline_tokens_per_s, 1), "missing": list(self.missing)}
+
+    def table(self, measured_s: dict[str, float] | None = None) -> str:
+        """Components (seconds per optimizer step, share), the total, tokens/s and the roofline, as text."""
+        measured_s = measured_s or {}
+        width = max([len(k) for k in self.components] + [24])
+        lines = [f"{'component':<{width}}  {'resource':<8} {'predicted s':>11}  share"
+                 + (f"  {'measured s':>10}" if measured_s else "")]
+        for name, s in self.components.items():
+            m = f"  {measured_s[name]:>10.2f}" if name in measured_s else ""
+            lines.append(f"{name:<{width}}  {self.resources[name]:<8} {s:>11.2f}  {s / self.seconds:>5.0%}{m}")
+        lines.append(f"{'one optimizer step':<{width}}  {'':<8} {self.seconds:>11.2f}  "
+                     f"({self.tokens_per_step:,} tokens: {self.tokens_per_s:,.0f} tokens/s predicted)")
+        lines.append(f"{'roofline (' + self.bottleneck + ' alone)':<{width}}  {'':<8} {self.roofline_seconds:>11.2f}  "
+                     f"({self.roofline_tokens_per_s:,.0f} tokens/s if everything else overlapped)")
+        lines += [f"(not counted, not measured here: {m})" for m in self.missing]
+        return "\n".join(lines)
+
+
+def _rate(limits: RuntimeLimits, attr: str) -> float | None:
+    v = getattr(limits, attr)
+    return v if v else None
+
+
+def estimate_step_time(ds_config: dict[str, Any] | None, shape: Any, limits: RuntimeLimits, *, seq_len: int,
+                       micro_batch: int | None = None, grad_accum: int | None = None, checkpointing: bool = True,
+                       name: str = "") -> StepTimeEstimate:
+    """Predicted time of one optimizer step of `ds_config` (None: plain PyTorch) for model `shape` (notebook 02).
+
+    `micro_batch` and `grad_accum` default to the config's. Components whose rate was not measured on this
+    runtime (no GPU, no NVMe folder given to `measure_limits`) are left out and listed in `missing`.
+    """
+    cfg = ds_config or {}
+    mb = int(micro_batch or cfg.get("train_micro_batch_size_per_gpu", 1))
+    accum = int(grad_accum or cfg.get("gradient_accumulation_steps", 1))
+    zero = cfg.get("zero_optimization", {})
+    stage = int(zero.get("stage", 0))
+    opt_dev = zero.get("offload_optimizer", {}).get("device", "none")
+    param_dev = zero.get("offload_param", {}).get("device", "none")
+    half = 4 if not (cfg.get("fp16", {}).get("enabled") or cfg.get("bf16", {}).get("enabled")) else 2
+    pinned = bool(zero.get("offload_optimizer", {}).get("pin_memory") or zero.get("offload_param", {}).get("pin_memory"))
+    n = shape.n_params
+    tokens = mb * seq_len
+    est = StepTimeEstimate(config=name or _config_name(cfg), tokens_per_micro_batch=tokens, grad_accum=accum)
+
+    def add(component: str, resource: str, seconds: float | None, what: str) -> None:
+        if seconds is None:
+            est.missing.append(what)
+            return
+        if resource == "PCIe" and not limits.has_gpu:
+            return  # nothing crosses a PCIe link on a CPU runtime
+        est.components[component] = est.components.get(component, 0.0) + seconds
+        est.resources[component] = resource
+
+    def pcie(direction: str, nbytes: float) -> float | None:
+        if not limits.has_gpu:
+            return 0.0  # no GPU: the "copies to the host" stay in RAM
+        rate = _rate(limits, f"{direction}_{'pinned' if pinned else 'pageable'}_gbps")
+        return None if rate is None else nbytes / (rate * GB)
+
+    def disk(kind: str, nbytes: float) -> float | None:
+        rate = _rate(limits, f"disk_{kind}_gbps")
+        return None if rate is None else nbytes / (rate * GB)
+
+    tflops = _rate(limits, "matmul_tflops")
+    flops = training_flops_per_token(shape, seq_len, checkpointing=checkpointing) * tokens * accum
+    device = "GPU" if limits.has_gpu else "CPU"
+    add(f"{device} compute", device, None if tflops is None else flops / (tflops * 1e12), "matmul rate")
+
+    if param_dev != "none":  # weights fetched for forward, recomputed forward and backward, every micro-batch
+        fetches = (3 if checkpointing else 2) * half * n * accum
+        add("weights to GPU (PCIe)", "PCIe", pcie("h2d", fetches), "host-to-GPU bandwidth")
+        if param_dev == "nvme":
+            add("weights from disk", "disk", disk("read", fetches), "disk read bandwidth")
+            add("weights to disk", "disk", disk("write", half * n), "disk write bandwidth")
+    if opt_dev != "none":
+        cpu_adam = _rate(limits, "cpu_adam_params_per_s")
+        if stage == 3:
+            # partition_grads: each micro-batch, the 16-bit gradient partition to the CPU buffer and back
+            add("gradients via host (PCIe)", "PCIe", _sum(pcie("d2h", half * n * accum), pcie("h2d", half * n * accum)),
+                "PCIe bandwidth")
+        else:
+            # stage 1/2 with a CPU optimizer: fp32 gradients to the host each micro-batch, back to accumulate after
+            add("gradients via host (PCIe)", "PCIe", _sum(pcie("d2h", 4 * n * accum),
+                                                          pcie("h2d", 4 * n * (accum - 1)) if accum > 1 else 0.0),
+                "PCIe bandwidth")
+        if stage == 3:
+            add("fp32 gradients to host (PCIe)", "PCIe", pcie("d2h", 4 * n), "GPU-to-host bandwidth")
+        if opt_dev == "nvme":
+            add("fp32 gradients to disk", "disk", disk("write", 4 * n), "disk write bandwidth")
+            add("optimizer states + gradients from disk", "disk", disk("read", 16 * n), "disk read bandwidth")
+        add("CPU Adam", "CPU", None if cpu_adam is None else n / cpu_adam, "CPU Adam rate")
+        if opt_dev == "nvme":
+            add("optimizer states to disk", "disk", disk("write", 12 * n), "disk write bandwidth")
+        if param_dev == "none":
+            add("new weights to GPU (PCIe)", "PCIe", pcie("h2d", half * n), "host-to-GPU bandwidth")
+    return est
+
+
+def _sum(*parts: float | None) -> float | None:
+    return None if any(p is None for p in parts) else float(sum(parts))  # type: ignore[arg-type]
+
+
+def _config_name(cfg: dict[str, Any]) -> str:
+    if not cfg:
+        return "plain PyTorch"
+    zero = cfg.get("zero_optimization", {})
+    parts = [f"ZeRO-{zero.get('stage', 0)}"]
+    for key, label in (("offload_param", "params"), ("offload_optimizer", "optimizer")):
+        dev = zero.get(key, {}).get("device", "none")
+        if dev != "none":
+            parts.append(f"{label} on {dev.upper() if dev == 'nvme' else dev.upper()}")
+    return ", ".join(parts)
