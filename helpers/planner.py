@@ -203,10 +203,18 @@ def _need_rows(est: ModelStateEstimate, has_gpu: bool, activation_bytes: int, tr
 def _report(est: ModelStateEstimate, runtime: "Runtime", activation_bytes: int, nvme_path: Any,
             ram_in_use: int, transient: int = 0) -> PreflightReport:
     gpu, ram, disk = _need_rows(est, runtime.has_gpu, activation_bytes, transient, ram_in_use)
-    disk_budget = int(shutil.disk_usage(nvme_path).free) if (nvme_path and os.path.isdir(nvme_path)) \
-        else runtime.disk_free_bytes
-    return PreflightReport(est, gpu, runtime.vram_budget_bytes, ram, runtime.ram_budget_bytes, disk, disk_budget,
-                           activation_bytes=int(activation_bytes), step_transient_bytes=int(transient))
+    return PreflightReport(est, gpu, runtime.vram_budget_bytes, ram, runtime.ram_budget_bytes, disk,
+                           _disk_budget(runtime, nvme_path), activation_bytes=int(activation_bytes),
+                           step_transient_bytes=int(transient))
+
+
+def _disk_budget(runtime: "Runtime", nvme_path: Any) -> int:
+    """Free space now where the NVMe folder is; a what-if runtime, which stands for another machine
+    (`helpers.colab_t4_profile`, notebook 00's Colab chart), keeps its own number."""
+    what_if = any("not this machine" in note for note in runtime.notes)  # colab_t4_profile's note says so
+    if nvme_path and os.path.isdir(nvme_path) and not what_if:
+        return int(shutil.disk_usage(nvme_path).free)
+    return runtime.disk_free_bytes
 
 
 def _check(config: dict[str, Any], n_params: int, runtime: "Runtime", largest_layer_params: int,
@@ -528,13 +536,15 @@ def _rendering(p: "Plan | None", name: str, error: str = "") -> dict[str, str]:
 # A reopened notebook has no widget state ("Error displaying widget: model not found"): the planner also displays a
 # static copy of its last plan. While the live widget is in the same output area, CSS hides the copy; while it is not
 # (a reopened notebook: the widget's output shows only that error, or "Loading widget..."), CSS hides the widget's
-# output instead. JupyterLab / Notebook 7: the cell's output area; a page without JupyterLab's classes (Colab's output
-# frame of one cell; untested there) as a whole. Separate rules, so that a browser refusing one still reads the others.
-_WIDGET_OUTPUT = ".jp-OutputArea-child:has([data-mime-type='application/vnd.jupyter.widget-view+json'])"
+# output instead: in JupyterLab and Notebook 7 the widget renderer's node is the one output without a data-mime-type
+# (class jupyter-widgets once it failed). A page without JupyterLab's classes (Colab's output frame of one cell;
+# untested there) is taken as a whole. Separate rules, so that a browser refusing one still reads the others.
 _STATIC_STYLE = ("<style>.jp-OutputArea:has(.ds-planner) .ds-plan-static {display: none}\n"
                  "body:not(:has(.jp-OutputArea)):has(.ds-planner) .ds-plan-static {display: none}\n"
-                 f".jp-OutputArea:has(.ds-plan-static) {_WIDGET_OUTPUT}:not(:has(.ds-planner)) {{display: none}}"
-                 "</style>")
+                 ".jp-OutputArea:has(.ds-plan-static) .jp-OutputArea-child:has(.jupyter-widgets):not(:has(.ds-planner))"
+                 " {display: none}\n"
+                 ".jp-OutputArea:has(.ds-plan-static) .jp-OutputArea-child:not(:has([data-mime-type]))"
+                 ":not(:has(.ds-planner)) {display: none}</style>")
 
 
 def _static_html(parts: dict[str, str], note: str) -> str:

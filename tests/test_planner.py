@@ -1,6 +1,7 @@
 import dataclasses
 import json
 import re
+import shutil
 
 import pytest
 
@@ -169,8 +170,8 @@ def test_the_static_copy_for_a_reopened_notebook_is_hidden_while_the_widget_live
     assert 'class="ds-plan-static"' in page and "re-run this cell" in page and "ds-plan-verdict" in page
     assert ".jp-OutputArea:has(.ds-planner) .ds-plan-static {display: none}" in page
     # reopened without its kernel, the widget's own output ("Error displaying widget: model not found") is hidden
-    assert (".jp-OutputArea:has(.ds-plan-static) .jp-OutputArea-child:has([data-mime-type='application/vnd.jupyter"
-            ".widget-view+json']):not(:has(.ds-planner)) {display: none}") in page
+    assert (".jp-OutputArea:has(.ds-plan-static) .jp-OutputArea-child:has(.jupyter-widgets):not(:has(.ds-planner)) "
+            "{display: none}") in page  # checked in a browser by scripts/browser_test.py
     assert 'class="ds-plan-picture"' in page and 'download="ds_config.json"' in page  # the picture and the JSON too
 
 
@@ -231,6 +232,17 @@ def test_the_nvme_plan_s_ram_is_derivable_from_its_table(t4):
     ram = {name: cells[1] for name, cells in rows.items() if name not in ("total", "budget") and cells[1]}
     assert set(ram) == {"grads", "buffers", "staging", "model copy", "already in use"}
     assert f"RAM {sum(ram.values()):.2f} / 12.13 GB" in str(p.report)
+
+
+def test_a_what_if_runtime_keeps_its_own_disk_budget(cpu, tmp_path):
+    """Notebook 00's Colab chart drawn on another machine: the disk is the profile's, not this machine's folder's."""
+    from helpers.hardware import colab_t4_profile
+
+    colab = colab_t4_profile(disk_free_gb=70.0)
+    nvme = dict(stage=3, offload_optimizer="nvme", offload_param="nvme", nvme_path=str(tmp_path))
+    assert plan("gpt2", runtime=colab, **nvme).report.disk_budget == int(70e9)
+    here = plan("gpt2", runtime=cpu, **nvme).report.disk_budget  # this machine: the folder's free space now
+    assert here != cpu.disk_free_bytes and abs(here - shutil.disk_usage(tmp_path).free) < 1e8
 
 
 def test_a_cpu_runtime_shows_no_gpu_column_no_gpu_count_and_one_unit_convention(cpu):
