@@ -1,6 +1,6 @@
 """The planner in a real browser (issue 16): scripts/browser_test.py under pytest.
 
-Opt-in (it runs notebook 00 in JupyterLab, ~3 min on 2 cores): DS_COURSE_BROWSER_TEST=1, with Debian's chromium and
+Opt-in (it runs notebook 00 in JupyterLab and the planner in Notebook 7, ~3-4 min on 2 cores): DS_COURSE_BROWSER_TEST=1, with Debian's chromium and
 chromium-driver installed and selenium in the environment (see the script's docstring). Skipped otherwise, so CI,
 which installs neither, does not run it.
 """
@@ -30,5 +30,6 @@ def test_the_planner_of_notebook_00_works_in_a_browser():
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert "PASSED" in done.stdout
     shots = sorted(p.name for p in out.glob("*.png"))
-    assert shots[:5] == ["01_planner_after_run_all.png", "02_model_gpt2-medium.png", "03_stage_3.png",
-                         "04_micro_batch_16_details_open.png", "05_reopened_without_kernel.png"], shots
+    assert shots == ["01_planner_after_run_all.png", "02_model_gpt2-medium.png", "03_stage_3.png",
+                     "04_micro_batch_16_details_open.png", "05_hub_lookup_error.png", "06_reopened_without_kernel.png",
+                     "07_notebook7_planner.png", "08_notebook7_reopened.png"], shots
