@@ -39,6 +39,9 @@ def test_benchmark_on_two_cpu_ranks_each_rank_holds_its_share(tmp_path):
     report = json.loads(out.read_text())
     assert "CPU gloo ranks" in report["runtime"] and report["backend"] == "gloo" and report["ranks"] == [2]
     assert report["commands"][0].startswith("deepspeed --num_accelerators 2 ")
+    port = re.search(r"--master_port (\d+)", report["commands"][0]).group(1)
+    # DeepSpeed's CPU all-reduce files of this launch (69 MB each; DeepSpeed never removes them) are gone
+    assert not list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"))
     rows = {r["stage"]: r for r in report["rows"]}
     n = psi()
     assert set(rows) == {0, 1, 2, 3} and all(r["n_params"] == n and r["ranks"] == 2 for r in rows.values())
@@ -68,15 +71,9 @@ def test_benchmark_on_two_cpu_ranks_each_rank_holds_its_share(tmp_path):
     assert out.with_suffix(".md").read_text().startswith("# Scaling out: model states per rank (CPU gloo ranks")
 
 
-def _shm_buffers() -> set[str]:
-    return {f.name for f in Path("/dev/shm").glob("deepspeed_allreduce_buffer_*")} if Path("/dev/shm").is_dir() else set()
-
-
 def test_pipeline_loss_matches_the_unsplit_model(tmp_path, blocks):
-    before = _shm_buffers()
     ranks = run_ranks(PROGRAMS / "pipeline_train.py", 2, tmp_path / "pipe", launcher="torchrun",
                       args=["--blocks", str(blocks), "--steps", "3", "--micro-batches", "4"])
-    assert _shm_buffers() <= before  # DeepSpeed's CPU all-reduce files (69 MB each) are removed after the ranks
     r0, r1 = ranks
     assert (r0["stage_id"], r1["stage_id"]) == (0, 1) and r0["pipeline_losses"] == r1["pipeline_losses"]
     assert r0["max_loss_gap"] < 1e-5, (r0["pipeline_losses"], r0["plain_losses"])
