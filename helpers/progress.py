@@ -34,13 +34,37 @@ def _text_tqdm() -> type:
     return TextTqdm
 
 
+def _widget_tqdm(base: type) -> type:
+    """`base` (tqdm.auto's class) whose notebook widget, once closed, leaves its last line as text instead.
+
+    A widget's state is not saved with the notebook: a finished bar reopened without its kernel reads "Error
+    displaying widget: model not found". Outside a notebook `base` is the text bar and nothing changes.
+    """
+    class ClosingToText(base):  # type: ignore[misc,valid-type]
+        def close(self) -> None:
+            container = getattr(self, "container", None)
+            shown = container is not None and not self.disable and self.leave
+            super().close()
+            if shown:
+                line = str(self)
+                container.close()
+                print(line)
+
+    return ClosingToText
+
+
 def progress_bar(iterable: Iterable[Any] | None = None, *, total: int | None = None, desc: str | None = None,
                  disable: bool = False, leave: bool = True) -> Any:
-    """A tqdm bar (notebooks 00-05 through `train_run`, `train_in_fresh_process`, the Accelerate driver)."""
+    """A tqdm bar (notebooks 00-05 through `train_run`, `train_in_fresh_process`, the Accelerate driver).
+
+    In a live notebook it is a widget while it runs and a line of text once closed (`_widget_tqdm`).
+    """
     if saved_run():
         tqdm = _text_tqdm()
     else:
-        from tqdm.auto import tqdm
+        from tqdm.auto import tqdm as auto
+
+        tqdm = _widget_tqdm(auto)
     return tqdm(iterable, total=total, desc=desc, disable=disable, leave=leave)
 
 
