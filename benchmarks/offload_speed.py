@@ -53,7 +53,8 @@ LEVERS: dict[str, tuple[str, int, int, dict[str, Any]]] = {
                           {"zero_optimization.offload_optimizer.pipeline_read": True,
                            "zero_optimization.offload_optimizer.pipeline_write": True}),
     "mb16_g8": ("micro-batch 16, 8 micro-batches per optimizer step", 16, 8, {}),
-    # small ones for a CPU check of the script
+    # CPU runtimes (compute is ~1000x slower: smaller steps)
+    "mb2_g4": ("micro-batch 2, 4 micro-batches per optimizer step", 2, 4, {}),
     "mb4_g2": ("micro-batch 4, 2 micro-batches per optimizer step", 4, 2, {}),
 }
 
@@ -81,8 +82,8 @@ def lever_config(name: str, runtime: Any, shape: Any, nvme: str, steps: int) -> 
 
 def measure_limits_in(enclosure: Any, nvme: str, aio: dict[str, Any], out: Path) -> RuntimeLimits:
     """helpers.limits measured in a child process (inside `enclosure` when given: its CPUs, its RAM)."""
-    cmd = [sys.executable, "-m", "helpers.limits", "--nvme", nvme, "--aio", json.dumps(aio), "--out", str(out),
-           "--refresh"]
+    argv = ["--nvme", nvme, "--aio", json.dumps(aio), "--out", str(out), "--refresh"]
+    cmd = [sys.executable, "-c", f"import sys; from helpers.limits import _main; sys.exit(_main({argv!r}))"]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     if enclosure is not None:
         proc = subprocess.Popen(enclosure.join_argv() + cmd, cwd=ROOT, env={**env, **enclosure.environment()})

@@ -162,7 +162,7 @@ def measure_pcie(size_bytes: int = 256 << 20, repeats: int = 3) -> dict[str, flo
     return out
 
 
-def measure_cpu_adam(n_params: int = 32_000_000, repeats: int = 3) -> float:
+def measure_cpu_adam(n_params: int = 16_000_000, repeats: int = 5) -> float:
     """Parameters per second that DeepSpeedCPUAdam updates (fp32 states, AdamW) on this process's cores.
 
     Builds DeepSpeed's cpu_adam op on first use (the same build CPU offload needs; minutes on 2 cores, then cached).
@@ -276,8 +276,8 @@ def measure_limits(nvme_path: str | os.PathLike[str] | None = None, *, runtime: 
 
 
 def _main(argv: list[str] | None = None) -> int:
-    """`python -m helpers.limits [--nvme PATH] [--out FILE] [--refresh]`: measure and print (benchmarks run it inside
-    a Colab enclosure, so that CPU Adam gets the enclosure's CPUs)."""
+    """`python -c "from helpers.limits import _main; _main()" [--nvme PATH] [--out FILE] [--refresh]`: measure and
+    print (benchmarks/offload_speed.py runs it inside a Colab enclosure, so that CPU Adam gets the enclosure's CPUs)."""
     import argparse
 
     p = argparse.ArgumentParser(description="Measure this runtime's disk, PCIe, CPU Adam and matmul rates.")
@@ -292,6 +292,3 @@ def _main(argv: list[str] | None = None) -> int:
         Path(args.out).write_text(json.dumps(limits.as_dict(), indent=1))
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(_main())
