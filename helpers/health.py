@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from helpers.hardware import Runtime
 
-__all__ = ["HealthCheck", "health_checks", "health_table", "parse_ds_report", "run_ds_report", "verdict"]
+__all__ = ["HealthCheck", "async_io_available", "health_checks", "health_table", "parse_ds_report", "run_ds_report",
+           "verdict"]
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 OP_LINE = re.compile(r"^(?P<op>[A-Za-z0-9_]+) \.+ \[(?P<installed>YES|NO)\] \.+ \[(?P<compatible>OKAY|NO)\]")
@@ -44,6 +45,19 @@ def run_ds_report(timeout_s: float = 300.0) -> str:
         raise RuntimeError(f"ds_report failed with exit code {proc.returncode}:\n{text[-2000:]}\n"
                            "Fix: reinstall deepspeed (pip install -r requirements.txt) in this environment.")
     return text
+
+
+def async_io_available(timeout_s: float = 120.0) -> bool:
+    """Whether DeepSpeed's async_io op (NVMe offload) can build here: its own check, run in a fresh Python (notebook 02).
+
+    `AsyncIOBuilder().is_compatible()` compiles and links a test program against libaio with stderr's file
+    descriptor redirected, and answers False on ANY exception; inside a notebook kernel that was interrupted while
+    it ran, it went on answering False where libaio is installed (a learner-habits run of notebook 02 skipped NVMe
+    with the libaio fix message). A child process has clean stdio, and an interrupt stops it cleanly.
+    """
+    code = "from deepspeed.ops.op_builder import AsyncIOBuilder; print('OK' if AsyncIOBuilder().is_compatible() else 'NO')"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s)
+    return proc.returncode == 0 and proc.stdout.strip().endswith("OK")
 
 
 def parse_ds_report(text: str) -> dict[str, Any]:

@@ -102,3 +102,11 @@ def test_run_the_real_ds_report():
     assert r["info"]["deepspeed info"].startswith("0.19.8")
     assert "cpu_adam" in r["ops"] and r["ninja"] is not None
     assert "\x1b[" not in text  # colours are stripped
+
+
+def test_async_io_check_in_a_fresh_python_agrees_with_deepspeeds_own():
+    from deepspeed.ops.op_builder import AsyncIOBuilder
+
+    from helpers.health import async_io_available
+
+    assert async_io_available() == AsyncIOBuilder().is_compatible()
