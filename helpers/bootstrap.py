@@ -21,7 +21,7 @@ import warnings
 from pathlib import Path
 
 from helpers.hardware import in_colab
-from helpers.progress import text_progress_if_asked
+from helpers.progress import course_progress_bars
 from helpers.runtime import announce_op_builds, warm_up_deepspeed
 
 __all__ = ["BOOTSTRAP_CELL", "DIST_NAME", "course_root", "install_libaio", "install_on_colab", "installed_root",
@@ -144,7 +144,7 @@ def start_notebook() -> None:
     quiet_warnings()
     _inline_plots()
     announce_op_builds()  # a line before DeepSpeed compiles an op for minutes on first use
-    text_progress_if_asked()  # text progress bars when a runner saves the executed notebook
+    course_progress_bars()  # text bars when a runner saves the notebook; widgets that end as text otherwise
     warm_s = warm_up_deepspeed()  # the first engine's ~1500 imports, now: an interrupted cell cannot half-import them
     import deepspeed
     import torch

@@ -3,7 +3,7 @@
 A tqdm widget's state is not kept in a saved notebook: an executed copy showed `0/40` above a finished run. The
 course's runners (scripts/run_notebooks.py and what imports it) set DS_COURSE_SAVED_RUN=1 for the kernels they
 start, and every bar is then text, whose final state is saved with the outputs: the helpers' own bars, and the
-notebooks' `from tqdm.auto import tqdm` (the bootstrap calls `text_progress_if_asked`).
+notebooks' `from tqdm.auto import tqdm` (the bootstrap calls `course_progress_bars`).
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Any, Iterable
 
-__all__ = ["SAVED_RUN_ENV", "progress_bar", "saved_run", "text_progress_if_asked"]
+__all__ = ["SAVED_RUN_ENV", "course_progress_bars", "progress_bar", "saved_run"]
 
 SAVED_RUN_ENV = "DS_COURSE_SAVED_RUN"
 
@@ -35,20 +35,36 @@ def _text_tqdm() -> type:
 
 
 def _widget_tqdm(base: type) -> type:
-    """`base` (tqdm.auto's class) whose notebook widget, once closed, leaves its last line as text instead.
+    """`base` (tqdm.auto's class) whose notebook widget becomes its last line of text, in place, once closed.
 
-    A widget's state is not saved with the notebook: a finished bar reopened without its kernel reads "Error
-    displaying widget: model not found". Outside a notebook `base` is the text bar and nothing changes.
+    A widget's state is not saved with the notebook: a finished bar reopened without its kernel read "Error
+    displaying widget: model not found". The bar is displayed under a display id and, on close, that output is
+    replaced by the bar's final text (closing the widget alone leaves its output, which is what fails on reopen).
+    Outside a notebook `base` is the text bar and is returned as it is.
     """
+    from tqdm.notebook import tqdm as notebook_tqdm
+
+    if not issubclass(base, notebook_tqdm) or getattr(base, "closes_to_text", False):
+        return base  # a text bar, or already this class (the bootstrap ran twice)
+
     class ClosingToText(base):  # type: ignore[misc,valid-type]
+        closes_to_text = True
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["display"] = False
+            super().__init__(*args, **kwargs)
+            self._handle = None
+            if not self.disable:
+                from IPython.display import display
+
+                self._handle = display(self.container, display_id=True)
+
         def close(self) -> None:
-            container = getattr(self, "container", None)
-            shown = container is not None and not self.disable and self.leave
+            handle, self._handle = getattr(self, "_handle", None), None
             super().close()
-            if shown:
-                line = str(self)
-                container.close()
-                print(line)
+            if handle is not None:
+                handle.update({"text/plain": str(self) if self.leave else ""}, raw=True)
+                self.container.close()
 
     return ClosingToText
 
@@ -68,16 +84,20 @@ def progress_bar(iterable: Iterable[Any] | None = None, *, total: int | None = N
     return tqdm(iterable, total=total, desc=desc, disable=disable, leave=leave)
 
 
-def text_progress_if_asked() -> bool:
-    """With DS_COURSE_SAVED_RUN set, make `from tqdm.auto import tqdm` give text bars on stdout; True if it did.
+def course_progress_bars() -> str:
+    """Make the notebooks' own `from tqdm.auto import tqdm` behave as `progress_bar`; returns "text" or "widget".
 
-    Called by every notebook's bootstrap, before the notebook imports tqdm. Without the variable (Colab, a learner's
-    Jupyter) nothing changes: the bars stay widgets.
+    Called by every notebook's bootstrap, before the notebook imports tqdm. A runner saving the executed notebook
+    (DS_COURSE_SAVED_RUN) gets text bars on stdout; a live notebook keeps widget bars, which become their last line of
+    text once closed (`_widget_tqdm`), so a reopened notebook shows no "Error displaying widget". Outside a notebook
+    tqdm.auto is the text bar already and is left alone.
     """
-    if not saved_run():
-        return False
     import tqdm.auto
     import tqdm.autonotebook
 
-    tqdm.auto.tqdm = tqdm.autonotebook.tqdm = _text_tqdm()
-    return True
+    if saved_run():
+        tqdm.auto.tqdm = tqdm.autonotebook.tqdm = _text_tqdm()
+        return "text"
+    bar = _widget_tqdm(tqdm.auto.tqdm)
+    tqdm.auto.tqdm = tqdm.autonotebook.tqdm = bar
+    return "widget" if getattr(bar, "closes_to_text", False) else "text"

@@ -159,7 +159,9 @@ def visible_widget_errors(driver, planner_only: bool = True) -> list[str]:
     area = ".jp-OutputArea:has(.ds-plan-static) " if planner_only else ""
     return driver.execute_script(
         f"return [...document.querySelectorAll('{area}.jp-OutputArea-output')].filter(o => o.offsetParent &&"
-        " /Error displaying widget|Loading widget/.test(o.textContent)).map(o => o.textContent.slice(0, 120));")
+        " /Error displaying widget|Loading widget/.test(o.textContent)).map(o => o.textContent.slice(0, 120) + ' (cell: '"
+        " + ((o.closest('.jp-Cell') || o).querySelector('.jp-InputArea, .CodeMirror, .cm-content') || o).textContent"
+        ".slice(0, 80) + ')');")
 
 
 def static_copy_state(driver) -> dict:
