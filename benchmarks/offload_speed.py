@@ -123,8 +123,9 @@ def measured_breakdown(micro_batch_s: list[list[float]], untimed: int) -> dict[s
 def markdown(report: dict[str, Any]) -> str:
     lim = report["limits"]
     lines = [f"# NVMe offload speed, lever by lever ({report['runtime']}, {report['date']})", "",
-             f"Model {report['model']} ({report['params'] / 1e6:,.0f}M), config `{CONFIG}` (ZeRO-3, fp16 weights on "
-             f"the GPU, optimizer states and fp32 gradients on NVMe), {report['settings']['seq_len']} tokens per "
+             f"Model {report['model']} ({report['params'] / 1e6:,.0f}M), config `{CONFIG}` (ZeRO-3, 16-bit weights "
+             "on the GPU - on a CPU runtime fp32 weights in RAM -, optimizer states and fp32 gradients on NVMe), "
+             f"{report['settings']['seq_len']} tokens per "
              f"sequence, {report['settings']['steps']} optimizer steps ({report['settings']['untimed_steps']} untimed), "
              "each row in a fresh process" + (" inside the Colab enclosure" if report.get("emulation") else "") + ".",
              "", "## Limits measured on this runtime", "", "```", RuntimeLimits.from_dict(lim).table(), "```", "",
@@ -266,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
                "tokens_per_s": m.tokens_per_s, **{k: v for k, v in est.as_dict().items() if k != "config"},
                "peak_rss_gb": m.peak_rss_gb, "disk_gb": m.disk_gb, "peak_vram_gib": m.peak_vram_gib,
                "losses": m.losses, "skipped_steps": m.extras.get("skipped_steps"), "micro_batch_s": timings,
-               "measured": measured, "rss_by_phase_gb": m.rss_by_phase, "seconds": m.seconds, "fits": fits,
+               "measured": measured, "rss_by_phase_gb": m.rss_by_phase, "run_seconds": m.seconds, "fits": fits,
                "reason": reason, "enclosure": enc_report}
         if measured:
             detail = (f"a micro-batch {measured['micro_batch_s']:.2f} s; the last one, with the optimizer step, adds "

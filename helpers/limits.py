@@ -202,6 +202,27 @@ def measure_matmul(dtype: str = "fp16", size: int = 8192, repeats: int = 5) -> f
     return 2 * size**3 / seconds / 1e12
 
 
+def _measure_disk_in_child(path: str, aio: dict[str, Any] | None) -> tuple[float, float]:
+    """`measure_disk` in a fresh Python. Inside a notebook kernel DeepSpeed's async_io op can refuse to load:
+    its compatibility check (`AsyncIOBuilder.is_compatible`) redirects stderr's file descriptor while it compiles a
+    test program and answers False on any exception; a child process has clean stdio (see
+    `helpers.async_io_available`)."""
+    import subprocess
+    import sys
+
+    code = ("import json, sys; from helpers.limits import measure_disk; "
+            f"print('DISK ' + json.dumps(measure_disk({path!r}, aio={aio or {}!r})))")
+    root = str(Path(__file__).resolve().parent.parent)  # the course: the child imports helpers from it
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=root, env=env)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("DISK ")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(tail)
+    read, write = json.loads(lines[-1][5:])
+    return read, write
+
+
 def _cache_file(label: str, disk_path: str | None) -> Path:
     device = ""
     if disk_path:
@@ -247,7 +268,7 @@ def measure_limits(nvme_path: str | os.PathLike[str] | None = None, *, runtime: 
 
     if disk:
         def disk_fn() -> None:
-            limits.disk_read_gbps, limits.disk_write_gbps = (round(v, 3) for v in measure_disk(disk, aio=aio))
+            limits.disk_read_gbps, limits.disk_write_gbps = (round(v, 3) for v in _measure_disk_in_child(disk, aio))
         run("disk", disk_fn)
     if runtime.has_gpu:
         def pcie_fn() -> None:

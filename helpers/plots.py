@@ -15,10 +15,11 @@ if TYPE_CHECKING:
 
     from helpers.memory import ModelStateEstimate
     from helpers.planner import Plan
+    from helpers.step_time import StepTimeEstimate
     from helpers.train import RunResult
 
-__all__ = ["figure_html", "plot_peak_vram", "plot_memory_breakdown", "plot_memory_timeline", "plot_losses",
-           "plot_plan", "plot_plans", "plot_speed_vs_memory", "plot_expert_load", "plot_capacity_sweep", "plot_balance",
+__all__ = ["figure_html", "plot_peak_vram", "plot_step_time", "plot_memory_breakdown", "plot_memory_timeline",
+           "plot_losses", "plot_plan", "plot_plans", "plot_speed_vs_memory", "plot_expert_load", "plot_capacity_sweep", "plot_balance",
            "plot_params", "plot_zero_scaling"]
 
 GiB = 1024**3
@@ -301,6 +302,44 @@ def plot_speed_vs_memory(runs: Sequence["RunResult"], ram_gb: Sequence[float] | 
     ax2.set_xticks(range(len(names)), list(names), rotation=20, ha="right", fontsize=8)
     ax2.set_ylabel("peak process RSS (GB)")
     ax2.set_title("CPU RAM")
+    return _show(fig, show)
+
+
+def plot_step_time(curve: dict[int, "StepTimeEstimate"], measured: dict[int, float] | None = None,
+                   title: str = "Speed for scale", show: bool | None = None) -> "Figure | None":
+    """Left: one optimizer step's predicted seconds by component (stacked) per gradient-accumulation count; right:
+    predicted tokens/s, the roofline and the measured points, against accumulation steps (notebook 02).
+
+    `curve`: accumulation steps -> helpers.estimate_step_time for it; `measured`: accumulation steps -> tokens/s.
+    """
+    fig = _figure(11, 4)
+    ax, ax2 = fig.subplots(1, 2)
+    steps = sorted(curve)
+    names = list(dict.fromkeys(n for g in steps for n in curve[g].components))
+    bottom = [0.0] * len(steps)
+    for i, name in enumerate(names):
+        heights = [curve[g].components.get(name, 0.0) for g in steps]
+        ax.bar(range(len(steps)), heights, bottom=bottom, color=f"C{i}",
+               label=f"{name} ({curve[steps[0]].resources.get(name, curve[steps[-1]].resources.get(name, ''))})")
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    ax.set_xticks(range(len(steps)), [str(g) for g in steps])
+    ax.set_xlabel("micro-batches per optimizer step (gradient accumulation)")
+    ax.set_ylabel("predicted seconds per optimizer step")
+    ax.set_title("Where one optimizer step's time goes")
+    ax.legend(fontsize=7)
+    ax2.plot(steps, [curve[g].tokens_per_s for g in steps], marker="o", label="predicted (components one after another)")
+    ax2.plot(steps, [curve[g].roofline_tokens_per_s for g in steps], linestyle="--", color="grey",
+             label="roofline (the busiest resource alone)")
+    if measured:
+        xs = sorted(measured)
+        ax2.scatter(xs, [measured[g] for g in xs], s=70, color="#C44E52", zorder=3, label="measured")
+    ax2.set_xscale("log", base=2)
+    ax2.set_xticks(steps, [str(g) for g in steps])
+    ax2.set_yscale("log")
+    ax2.set_xlabel("micro-batches per optimizer step")
+    ax2.set_ylabel("tokens/s")
+    ax2.set_title(title)
+    ax2.legend(fontsize=7)
     return _show(fig, show)
 
 

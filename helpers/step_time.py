@@ -100,8 +100,8 @@ class StepTimeEstimate:
     def as_dict(self) -> dict[str, Any]:
         return {"config": self.config, "tokens_per_micro_batch": self.tokens_per_micro_batch,
                 "grad_accum": self.grad_accum, "components_s": {k: round(v, 4) for k, v in self.components.items()},
-                "resources": dict(self.resources), "seconds": round(self.seconds, 4),
-                "roofline_seconds": round(self.roofline_seconds, 4), "bottleneck": self.bottleneck,
+                "resources": dict(self.resources), "predicted_step_s": round(self.seconds, 4),
+                "roofline_step_s": round(self.roofline_seconds, 4), "bottleneck": self.bottleneck,
                 "predicted_tokens_per_s": round(self.tokens_per_s, 1),
                 "roofline_tokens_per_s": round(self.roofline_tokens_per_s, 1), "missing": list(self.missing)}
 
@@ -150,7 +150,8 @@ def estimate_step_time(ds_config: dict[str, Any] | None, shape: Any, limits: Run
 
     def add(component: str, resource: str, seconds: float | None, what: str) -> None:
         if seconds is None:
-            est.missing.append(what)
+            if what not in est.missing:
+                est.missing.append(what)
             return
         if resource == "PCIe" and not limits.has_gpu:
             return  # nothing crosses a PCIe link on a CPU runtime

@@ -79,7 +79,7 @@ def test_table_and_dict_agree():
     est = estimate_step_time(_nvme_config(micro_batch_size=8, grad_accum_steps=4), XL, GPU_LIMITS, seq_len=512)
     d = est.as_dict()
     assert d["predicted_tokens_per_s"] == round(est.tokens_per_s, 1) and d["bottleneck"] == "disk"
-    assert math.isclose(sum(d["components_s"].values()), d["seconds"], rel_tol=1e-3)
+    assert math.isclose(sum(d["components_s"].values()), d["predicted_step_s"], rel_tol=1e-3)
     text = est.table({"CPU Adam": 2.0})
     assert "roofline (disk alone)" in text and "measured s" in text
 
@@ -99,3 +99,20 @@ def test_disk_is_measured_through_deepspeeds_aio(tmp_path):
     read, write = L.measure_disk(tmp_path, size_bytes=64 << 20, buffer_bytes=16 << 20)
     assert read > 0.01 and write > 0.01
     assert not list(tmp_path.iterdir())  # the probe file is removed
+
+
+def test_the_accumulation_picture_draws_every_component_and_the_measured_points():
+    from matplotlib.figure import Figure
+
+    from helpers.plots import plot_step_time
+
+    curve = {g: estimate_step_time(_nvme_config(micro_batch_size=2, grad_accum_steps=g), XL, GPU_LIMITS, seq_len=512)
+             for g in (1, 4, 16)}
+    fig = plot_step_time(curve, measured={1: 30.0}, show=False)
+    assert isinstance(fig, Figure)
+    left, right = fig.axes
+    assert len(left.patches) == 3 * len(curve[1].components)  # a stacked bar per component and accumulation count
+    assert [line.get_label() for line in right.lines][:2] == ["predicted (components one after another)",
+                                                             "roofline (the busiest resource alone)"]
+    assert list(right.lines[0].get_ydata()) == [curve[g].tokens_per_s for g in (1, 4, 16)]
+    assert len(right.collections) == 1  # the measured point

@@ -1,0 +1,55 @@
+"""The offload-speed benchmark's pieces (benchmarks/offload_speed.py): levers as config patches, what 'fits' means,
+the measured breakdown of a step, and the committed CPU report."""
+import importlib.util
+import json
+from types import SimpleNamespace
+
+from conftest import ROOT, fake_runtime
+
+import helpers
+
+spec = importlib.util.spec_from_file_location("offload_speed", ROOT / "benchmarks" / "offload_speed.py")
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+
+def test_a_lever_changes_only_what_it_names():
+    shape = helpers.model_shape(helpers.gpt2_config("gpt2-xl"))
+    base = bench.lever_config("mb8_g16", fake_runtime(), shape, "/nvme", steps=2)
+    aio = bench.lever_config("mb8_g16_aio", fake_runtime(), shape, "/nvme", steps=2)
+    assert base["train_micro_batch_size_per_gpu"] == 8 and base["gradient_accumulation_steps"] == 16
+    assert aio["aio"] == {**base["aio"], "queue_depth": 32, "intra_op_parallelism": 2, "block_size": 4 * 2**20}
+    assert {k: v for k, v in aio.items() if k != "aio"} == {k: v for k, v in base.items() if k != "aio"}
+    pipelined = bench.lever_config("mb8_g16_pipelined", fake_runtime(), shape, "/nvme", steps=2)
+    off = pipelined["zero_optimization"]["offload_optimizer"]
+    assert off["pipeline_read"] and off["pipeline_write"] and off["device"] == "nvme"
+    helpers.validate_ds_config(pipelined)  # DeepSpeed's own schema accepts every lever
+
+
+def test_measured_breakdown_separates_the_optimizer_step():
+    timings = [[9.0, 9.0, 9.0], [1.0, 1.2, 5.0], [1.0, 0.8, 5.0]]  # the first step is untimed
+    m = bench.measured_breakdown(timings, untimed=1)
+    assert m["micro_batch_s"] == 1.0 and m["boundary_and_optimizer_step_s"] == 4.0 and m["step_s"] == 7.0
+    assert bench.measured_breakdown([[3.0], [2.0]], untimed=1) == {"micro_batch_s": None,
+                                                                   "boundary_and_optimizer_step_s": 2.0, "step_s": 2.0}
+
+
+def test_a_run_fits_only_when_it_trained_within_the_budgets():
+    ok = SimpleNamespace(error="", losses=[5.0, 4.0], extras={"skipped_steps": 0}, peak_rss_gb=10.0, disk_gb=25.0)
+    assert bench.verdict(ok, 12.1) == (True, "")
+    assert not bench.verdict(SimpleNamespace(**{**vars(ok), "peak_rss_gb": 12.5}), 12.1)[0]
+    assert not bench.verdict(SimpleNamespace(**{**vars(ok), "losses": [5.0, 5.1]}), 12.1)[0]
+    skipped = bench.verdict(SimpleNamespace(**{**vars(ok), "extras": {"skipped_steps": 2}}), 12.1)
+    assert not skipped[0] and "overflow" in skipped[1]
+
+
+def test_committed_cpu_report_is_consistent():
+    report = json.loads((ROOT / "reports" / "offload_speed_cpu.json").read_text())
+    assert set(report["limits"]) >= {"disk_read_gbps", "disk_write_gbps", "cpu_adam_params_per_s", "matmul_tflops"}
+    for r in report["rows"]:
+        assert r["tokens_per_s"] > 0 and r["fits"], r["lever"]
+        assert r["roofline_tokens_per_s"] >= r["predicted_tokens_per_s"]
+        assert abs(sum(r["components_s"].values()) - r["predicted_step_s"]) < 1e-3
+        assert r["run_seconds"] > r["predicted_step_s"] * len(r["losses"]) / 2  # the whole run, start-up included
+    best = max(report["rows"], key=lambda r: r["tokens_per_s"])
+    assert report["best"]["lever"] == best["lever"] and report["baseline"]["lever"] == "baseline"
