@@ -9,10 +9,12 @@ from __future__ import annotations
 import gc
 import os
 import socket
+from pathlib import Path
 from typing import Any
 
 __all__ = ["DIST_ENV_VARS", "announce_op_builds", "clean_slate", "destroy_engine", "free_port", "gpu_allocated_bytes", "live_engines",
            "mmap_large_allocations", "release_host_memory", "release_nvme_swappers", "release_zero3_globals", "remove_deepspeed_hooks",
+           "remove_stale_build_lock",
            "require", "reset_peak_stats", "setup_single_process", "teardown", "warm_up_cuda", "warm_up_deepspeed",
            "hf_deepspeed_state", "reset_hf_deepspeed_state"]
 
@@ -272,6 +274,29 @@ def mmap_large_allocations(threshold_bytes: int = 1 << 20) -> bool:
     return bool(libc.mallopt(m_mmap_threshold, int(threshold_bytes)))
 
 
+def remove_stale_build_lock(folder: str | os.PathLike[str], idle_s: float = 600.0) -> bool:
+    """Remove torch's build lock in an op's build folder when it was left by a killed build; True if removed.
+
+    torch.utils.cpp_extension guards a build with a `lock` file (FileBaton) that only the building process removes.
+    A build killed outright (a kernel restarted or a runner's time limit mid-compile) leaves it, and every later load
+    of that op, cached or not, waits for it forever without a word (a CI run here sat 18 min on one). The lock is
+    taken as stale when nothing in the folder changed for `idle_s` (a compile writes its objects and logs there).
+    """
+    import time
+
+    folder = Path(folder)
+    lock = folder / "lock"
+    try:
+        newest = max(f.stat().st_mtime for f in folder.iterdir())
+        if not lock.exists() or time.time() - newest < idle_s:
+            return False
+        lock.unlink()
+    except (OSError, ValueError):
+        return False
+    print(f"removed a stale build lock left by a killed build of DeepSpeed's {folder.name} op ({lock})", flush=True)
+    return True
+
+
 def announce_op_builds() -> bool:
     """Print one line before DeepSpeed compiles a C++ op on first use, and one after (every notebook's bootstrap).
 
@@ -297,6 +322,7 @@ def announce_op_builds() -> bool:
             return jit_load(self, verbose)
         try:
             folder = _get_build_directory(name, verbose=False)
+            remove_stale_build_lock(folder)
             cached = any(f.endswith(".so") for f in os.listdir(folder))
         except OSError:
             cached = False

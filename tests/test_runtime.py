@@ -187,3 +187,21 @@ def test_an_op_build_is_announced_before_it_starts_and_a_cached_op_is_not(monkey
     op.name = "cached_op"
     assert OpBuilder.jit_load(op) == "cached_op" and capsys.readouterr().out == ""
     assert built == ["new_op", "cached_op"]
+
+
+def test_a_build_lock_left_by_a_killed_build_is_removed_and_a_live_one_kept(tmp_path, capsys):
+    import os
+    import time
+
+    from helpers.runtime import remove_stale_build_lock
+
+    (tmp_path / "build.ninja").write_text("")
+    lock = tmp_path / "lock"
+    lock.write_text("")
+    assert not remove_stale_build_lock(tmp_path)  # files just written: a build may be running
+    old = time.time() - 3600
+    for f in tmp_path.iterdir():
+        os.utime(f, (old, old))
+    assert remove_stale_build_lock(tmp_path) and not lock.exists()
+    assert "stale build lock" in capsys.readouterr().out
+    assert not remove_stale_build_lock(tmp_path)  # nothing left to remove
