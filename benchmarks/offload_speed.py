@@ -35,6 +35,8 @@ from helpers.step_time import estimate_step_time
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))  # colab_emulation, for --emulate
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _bench, also when loaded by path (tests)
+import _bench  # noqa: E402
 
 GB = 1e9
 CONFIG = "zero3_nvme_optimizer_gpu_params"
@@ -71,7 +73,7 @@ def patched(config: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def lever_config(name: str, runtime: Any, shape: Any, nvme: str, steps: int) -> dict[str, Any]:
+def lever_config(name: str, runtime: Any, shape: Any, nvme: str) -> dict[str, Any]:
     """The DeepSpeed config of one lever (the ladder's NVMe config, then the lever's changes)."""
     _, mb, accum, patch = LEVERS[name]
     cfg = helpers.offload_config(CONFIG, runtime, largest_param=shape.largest_layer_params, nvme_path=nvme,
@@ -199,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         pair = sorted(os.sched_getaffinity(0))[:limits_cls().cpus]
         return enclosure_cls(name, limits_cls(), cpus=pair, nvme_dir=str(nvme_root))
 
-    base_cfg = lever_config("baseline", runtime, shape, str(nvme_root / "probe"), args.steps)
+    base_cfg = lever_config("baseline", runtime, shape, str(nvme_root / "probe"))
     limits_file = args.work_dir / "limits.json"
     args.work_dir.mkdir(parents=True, exist_ok=True)
     if same and old.get("limits"):
@@ -228,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
                   "best": best and {k: best[k] for k in ("lever", "tokens_per_s", "predicted_tokens_per_s",
                                                          "roofline_tokens_per_s", "bottleneck", "peak_rss_gb",
                                                          "disk_gb", "grad_accum", "micro_batch")}}
-        helpers_write(args.out, report)
+        _bench.write_report(report, args.out, markdown)
 
     for name in args.levers:
         what, mb, accum, patch = LEVERS[name]
@@ -241,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         nvme = nvme_root / name
         shutil.rmtree(nvme, ignore_errors=True)
         nvme.mkdir(parents=True)
-        cfg = lever_config(name, runtime, shape, str(nvme), args.steps)
+        cfg = lever_config(name, runtime, shape, str(nvme))
         est = estimate_step_time(cfg, shape, limits, seq_len=args.seq_len, name=name)
         left = args.hard_stop_s - (time.perf_counter() - started) if args.hard_stop_s else None
         kwargs = dict(tokenizer_dir=args.work_dir / "tokenizer", steps=args.steps, seq_len=args.seq_len,
@@ -282,13 +284,6 @@ def main(argv: list[str] | None = None) -> int:
     write()
     print(args.out.with_suffix(".md").read_text())
     return 0
-
-
-def helpers_write(out: Path, report: dict[str, Any]) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import _bench
-
-    _bench.write_report(report, out, markdown)
 
 
 if __name__ == "__main__":

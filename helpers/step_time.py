@@ -215,5 +215,5 @@ def _config_name(cfg: dict[str, Any]) -> str:
     for key, label in (("offload_param", "params"), ("offload_optimizer", "optimizer")):
         dev = zero.get(key, {}).get("device", "none")
         if dev != "none":
-            parts.append(f"{label} on {dev.upper() if dev == 'nvme' else dev.upper()}")
+            parts.append(f"{label} on {dev.upper()}")
     return ", ".join(parts)

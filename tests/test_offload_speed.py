@@ -15,12 +15,12 @@ spec.loader.exec_module(bench)
 
 def test_a_lever_changes_only_what_it_names():
     shape = helpers.model_shape(helpers.gpt2_config("gpt2-xl"))
-    base = bench.lever_config("mb8_g16", fake_runtime(), shape, "/nvme", steps=2)
-    aio = bench.lever_config("mb8_g16_aio", fake_runtime(), shape, "/nvme", steps=2)
+    base = bench.lever_config("mb8_g16", fake_runtime(), shape, "/nvme")
+    aio = bench.lever_config("mb8_g16_aio", fake_runtime(), shape, "/nvme")
     assert base["train_micro_batch_size_per_gpu"] == 8 and base["gradient_accumulation_steps"] == 16
     assert aio["aio"] == {**base["aio"], "queue_depth": 32, "intra_op_parallelism": 2, "block_size": 4 * 2**20}
     assert {k: v for k, v in aio.items() if k != "aio"} == {k: v for k, v in base.items() if k != "aio"}
-    pipelined = bench.lever_config("mb8_g16_pipelined", fake_runtime(), shape, "/nvme", steps=2)
+    pipelined = bench.lever_config("mb8_g16_pipelined", fake_runtime(), shape, "/nvme")
     off = pipelined["zero_optimization"]["offload_optimizer"]
     assert off["pipeline_read"] and off["pipeline_write"] and off["device"] == "nvme"
     helpers.validate_ds_config(pipelined)  # DeepSpeed's own schema accepts every lever
