@@ -19,6 +19,7 @@ from helpers.memory import *  # noqa: F403
 from helpers.config import *  # noqa: F403
 from helpers.data import *  # noqa: F403
 from helpers.models import *  # noqa: F403
+from helpers.hub import *  # noqa: F403
 from helpers.health import *  # noqa: F403
 from helpers.limits import *  # noqa: F403
 from helpers.step_time import *  # noqa: F403
@@ -36,7 +37,7 @@ from helpers.launch import *  # noqa: F403
 from helpers.rank import *  # noqa: F403
 from helpers.scale_out import *  # noqa: F403
 
-MODULES = ("atomic", "checks", "hardware", "runtime", "records", "progress", "memory", "config", "data", "models", "health",
+MODULES = ("atomic", "checks", "hardware", "runtime", "records", "progress", "memory", "config", "data", "models", "hub", "health",
            "limits", "step_time", "planner", "bootstrap", "train", "fresh_process", "plots", "checkpoints", "moe", "integrations", "launch",
            "rank", "scale_out")
 

@@ -6,7 +6,11 @@
 #   source .gpu-bundle/setup.sh && bash scripts/gpu_evidence.sh /tmp/evidence [NOTEBOOK ...]   # default: all six
 #   LADDER_ARGS="--sizes gpt2-large gpt2-xl ..." bash scripts/gpu_evidence.sh ...   # ladder options; LADDER_ARGS=none: no ladder
 #   bash scripts/gpu_evidence.sh --collect /tmp/evidence $OUT                        # tars what is there
+#   LOCAL_HUB=0 bash scripts/gpu_evidence.sh ...   # notebooks 01/04 without the Hub cache: their offline branch
 #
+# The notebooks take Colab's branches, the Hub ones included: scripts/local_hub.py first builds a Hugging Face cache
+# with GPT-2 (124M, course-initialised) and the WikiText stand-in, and the runs read it with HF_HUB_OFFLINE=1 (nothing is
+# downloaded), so `from_pretrained("gpt2")`'s RAM is in the measurement as on Colab.
 # DeepSpeed's ops are built first, on all cores, one process per op, and timed (a notebook that built them itself
 # would hold the build lock while the others wait); the notebooks then load them from the cache.
 set -uo pipefail
@@ -31,6 +35,11 @@ print(json.dumps({'$op': round(time.perf_counter() - t, 1)}))" >"$out/logs/op-$o
 done
 wait
 echo "ops built after $(( $(date +%s) - start )) s" >>"$out/logs/progress.log"
+if [ "${LOCAL_HUB:-1}" = 1 ]; then
+  python3 scripts/local_hub.py /tmp/ds-course-hf-home --model-size gpt2 --env-file "$out/logs/hub.env" \
+    >"$out/logs/local_hub.log" 2>&1 && source "$out/logs/hub.env"
+  echo "local Hub cache built after $(( $(date +%s) - start )) s (HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-unset})" >>"$out/logs/progress.log"
+fi
 
 pids=()
 k=0

@@ -81,6 +81,19 @@ def test_readme_gpu_times_are_the_reports_and_link_the_executed_copies():
         assert executed.exists() and re.search(r'"image/png"', executed.read_text()), path.name
 
 
+def test_executed_copies_are_the_current_notebooks():
+    """reports/executed/ is what the README links as each notebook's run: its code cells must be the notebook's own
+    (a copy left from an older notebook shows outputs of code that no longer exists). Regenerate with
+    scripts/gpu_evidence.sh on the GPU machine when a notebook's code changes."""
+    for path in NOTEBOOKS:
+        code = [c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+        copy = nbformat.read(ROOT / "reports" / "executed" / path.name, as_version=4)
+        ran = [c.source for c in copy.cells if c.cell_type == "code"]
+        assert ran == code, (f"reports/executed/{path.name} is not the current notebook: {len(ran)} code cells vs "
+                             f"{len(code)}, first difference at code cell "
+                             f"{next((i for i, (a, b) in enumerate(zip(ran, code)) if a != b), min(len(ran), len(code)))}")
+
+
 def test_smoke_size_colab_values_are_the_parameters_cells():
     """helpers.smoke_size(globals(), runtime, NAME=(colab, cpu)) shrinks NAME only while it holds its Colab value:
     that value must be the parameters cell's, or an untouched parameter would count as the learner's own."""
