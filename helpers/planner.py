@@ -519,12 +519,15 @@ def _json_actions_html(p: "Plan | None") -> str:
             f'style="{_BUTTON_STYLE}">copy JSON</button></div>')
 
 
+_PRE = '<pre style="line-height:1.3">'  # ipywidgets 7's HTML widget (Colab's) sets a 28px line-height on its content
+
+
 def _details_html(p: "Plan | None", name: str, error: str = "") -> str:
     """The folded part: the plan's table and verdict, then its DeepSpeed JSON."""
     if p is None:
-        return f"<pre>{html.escape(f'cannot plan {name!r}: {error}')}</pre>"
+        return f"{_PRE}{html.escape(f'cannot plan {name!r}: {error}')}</pre>"
     text = str(p) + ("\n\n" + json.dumps(p.config, indent=2) if p.config is not None else "")
-    return f"<pre>{html.escape(text)}</pre>"
+    return f"{_PRE}{html.escape(text)}</pre>"
 
 
 def _rendering(p: "Plan | None", name: str, error: str = "") -> dict[str, str]:
@@ -537,20 +540,28 @@ def _rendering(p: "Plan | None", name: str, error: str = "") -> dict[str, str]:
 # static copy of its last plan. While the live widget is in the same output area, CSS hides the copy; while it is not
 # (a reopened notebook: the widget's output shows only that error, or "Loading widget..."), CSS hides the widget's
 # output instead: in JupyterLab and Notebook 7 the widget renderer's node is the one output without a data-mime-type
-# (class jupyter-widgets once it failed). A page without JupyterLab's classes (Colab's output frame of one cell;
-# untested there) is taken as a whole. Separate rules, so that a browser refusing one still reads the others.
+# (class jupyter-widgets once it failed). In classic Notebook 6 (ipywidgets 7.7.1, Colab's versions) the outputs are
+# .output_area's in .output: a widget it cannot find reads "A Jupyter widget could not be displayed ..." in a
+# .jupyter-widgets-view, or falls back to its text/plain (the `VBox(children=...` repr, a non-stream .output_text);
+# both are hidden there. A page without these classes (Colab's output frame of one cell; untested there) is taken as
+# a whole. Separate rules, so that a browser refusing one still reads the others.
 _STATIC_STYLE = ("<style>.jp-OutputArea:has(.ds-planner) .ds-plan-static {display: none}\n"
+                 ".output_wrapper .output:has(.ds-planner) .ds-plan-static {display: none}\n"
                  "body:not(:has(.jp-OutputArea)):has(.ds-planner) .ds-plan-static {display: none}\n"
                  ".jp-OutputArea:has(.ds-plan-static) .jp-OutputArea-child:has(.jupyter-widgets):not(:has(.ds-planner))"
                  " {display: none}\n"
                  ".jp-OutputArea:has(.ds-plan-static) .jp-OutputArea-child:not(:has([data-mime-type]))"
-                 ":not(:has(.ds-planner)) {display: none}</style>")
+                 ":not(:has(.ds-planner)) {display: none}\n"
+                 ".output_wrapper .output:has(.ds-plan-static) .output_area:has(.jupyter-widgets-view)"
+                 ":not(:has(.ds-planner)) {display: none}\n"
+                 ".output_wrapper .output:has(.ds-plan-static) .output_area:has(.output_text:not(.output_stream)"
+                 ":not(.output_error)):not(:has(.ds-planner)) {display: none}</style>")
 
 
 def _static_html(parts: dict[str, str], note: str) -> str:
     """The planner's last plan as static HTML (issue 16, problem 5), with `note` saying how to get the controls."""
     return (f'<div class="ds-plan-static"><p><b>The planner</b> ({html.escape(note)})</p>{parts["verdict"]}'
-            f'{parts["picture"]}{parts["actions"]}<details><summary>memory table and DeepSpeed JSON</summary>'
+            f'{parts["picture"]}{parts["actions"]}<details><summary style="display:list-item;cursor:pointer">memory table and DeepSpeed JSON</summary>'
             f'{parts["details"]}</details></div>')
 
 
@@ -607,8 +618,8 @@ def planner_widget(runtime: "Runtime | None" = None, model: str = "gpt2") -> Any
 
     style = {"description_width": "initial"}
 
-    def box(width: str) -> Any:
-        return w.Layout(width=width, min_width=width)
+    def box(width: str) -> Any:  # spaced by its margin: ipywidgets' Layout has no `gap` (7.7.1 and 8.1 alike)
+        return w.Layout(width=width, min_width=width, margin="2px 12px 2px 0")
 
     controls = {
         "model": w.Combobox(value=model, options=list(GPT2_LADDER), description="model", style=style,
@@ -679,7 +690,7 @@ def planner_widget(runtime: "Runtime | None" = None, model: str = "gpt2") -> Any
     apply.on_click(on_apply)
     refresh()
     c = list(controls.values())
-    row = w.Layout(flex_flow="row wrap", gap="4px 12px")
+    row = w.Layout(flex_flow="row wrap")
     ui = w.VBox([verdict, apply, picture, w.HBox(c[:4], layout=row), w.HBox(c[4:], layout=row), actions, fold])
     ui.add_class("ds-planner")
     return ui

@@ -34,13 +34,25 @@ def _text_tqdm() -> type:
     return TextTqdm
 
 
+def _widget_bundle(widget: Any) -> dict[str, Any]:
+    """What ipywidgets 7 (`Widget._ipython_display_`) and 8 (`Widget._repr_mimebundle_`) both display for `widget`:
+    its view (the same `version_major` 2 / `version_minor` 0 and model id in both, `get_view_spec`) and its repr,
+    cut at 110 characters as they cut it, as the text shown where no widget can be (a tqdm bar's repr is its text)."""
+    text = repr(widget)
+    return {"text/plain": text if len(text) <= 110 else text[:110] + "\u2026",
+            "application/vnd.jupyter.widget-view+json": widget.get_view_spec()}
+
+
 def _widget_tqdm(base: type) -> type:
     """`base` (tqdm.auto's class) whose notebook widget becomes its last line of text, in place, once closed.
 
     A widget's state is not saved with the notebook: a finished bar reopened without its kernel read "Error
     displaying widget: model not found". The bar is displayed under a display id and, on close, that output is
     replaced by the bar's final text (closing the widget alone leaves its output, which is what fails on reopen).
-    Outside a notebook `base` is the text bar and is returned as it is.
+    The widget's mimebundle is displayed here (`_widget_bundle`), not the widget: ipywidgets 7 (Colab's 7.7.1)
+    displays a widget from its `_ipython_display_`, which ignores `display_id`, so the update replaced nothing and
+    the finished bar vanished (its saved output read `0%`). Outside a notebook `base` is the text bar and is
+    returned as it is.
     """
     from tqdm.notebook import tqdm as notebook_tqdm
 
@@ -57,7 +69,8 @@ def _widget_tqdm(base: type) -> type:
             if not self.disable:
                 from IPython.display import display
 
-                self._handle = display(self.container, display_id=True)
+                self._handle = display(_widget_bundle(self.container), raw=True, display_id=True)
+                self.displayed = True  # tqdm's `delay` would display the widget again, without the display id
 
         def close(self) -> None:
             handle, self._handle = getattr(self, "_handle", None), None

@@ -163,6 +163,38 @@ def test_controls_are_sized_to_fit_and_the_micro_batch_is_exact(t4, monkeypatch)
     assert "&quot;train_micro_batch_size_per_gpu&quot;: 19" in fold.children[0].value
 
 
+def test_the_controls_are_spaced_by_what_ipywidgets_7_and_8_both_send(t4, monkeypatch):
+    """Colab runs ipywidgets 7.7.1 (issue 21). Layout(gap=...) is no trait there, nor in 8.1: traitlets drops it with a
+    DeprecationWarning and the front end never hears of it, so the controls touched. They are spaced by margins."""
+    import warnings
+
+    monkeypatch.delenv("DS_COURSE_SAVED_RUN", raising=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        d = _dashboard(planner_widget(t4))
+    dropped = [str(x.message).splitlines()[0] for x in caught if "unrecognized arguments" in str(x.message)]
+    assert not dropped, dropped  # every keyword given to a widget or a Layout is one it has
+    for name, c in d["controls"].items():
+        sides = [int(v.removesuffix("px")) for v in (c.layout.margin or "0").split()]  # CSS's shorthand, 1-4 values
+        top, right, bottom = (sides * 4)[:3]  # 1, 2, 3 or 4 values: these are the sides CSS gives them
+        assert right >= 8 and top + bottom >= 2, (name, c.layout.margin)  # room beside it and between the two rows
+    assert d["fold"].get_title(0) == "memory table and DeepSpeed JSON"  # set_title: 7's API, kept by 8
+
+
+def test_a_reopened_classic_notebook_shows_the_static_copy_not_the_widget_s_error(t4):
+    """Classic Notebook 6 (Colab's versions) shows a widget it cannot find as "A Jupyter widget could not be
+    displayed ..." (or its text/plain, 'VBox(children=...'): the copy's CSS hides either there (not a stream or an
+    error of that cell), and hides the copy beside a live planner."""
+    from helpers.planner import _rendering, _static_copy_html
+
+    page = _static_copy_html(_rendering(plan("gpt2", runtime=t4), "gpt2"))
+    assert ".output_wrapper .output:has(.ds-planner) .ds-plan-static {display: none}" in page
+    reopened = ".output_wrapper .output:has(.ds-plan-static) .output_area"  # checked by browser_test.py --classic
+    assert f"{reopened}:has(.jupyter-widgets-view):not(:has(.ds-planner)) {{display: none}}" in page
+    assert (f"{reopened}:has(.output_text:not(.output_stream):not(.output_error)):not(:has(.ds-planner)) "
+            "{display: none}") in page
+
+
 def test_the_static_copy_for_a_reopened_notebook_is_hidden_while_the_widget_lives(t4):
     from helpers.planner import _rendering, _static_copy_html
 

@@ -1,4 +1,7 @@
 """Progress bars: widgets while they run, text once closed or in a saved run (helpers.progress)."""
+import types
+
+import pytest
 from tqdm.notebook import tqdm as notebook_tqdm
 
 from helpers import progress
@@ -15,8 +18,8 @@ class _Handle:
 def _capture_displays(monkeypatch):
     handles = []
 
-    def display(obj, display_id=None):
-        assert display_id is True  # shown under a display id, so that it can be replaced
+    def display(obj, raw=False, display_id=None):
+        assert raw and display_id is True  # a mimebundle under a display id, so that it can be replaced
         handles.append(_Handle(obj))
         return handles[-1]
 
@@ -27,13 +30,64 @@ def _capture_displays(monkeypatch):
 def test_a_finished_widget_bar_is_replaced_in_place_by_its_last_line(monkeypatch):
     handles = _capture_displays(monkeypatch)
     bar = progress._widget_tqdm(notebook_tqdm)(range(3), desc="train")
+    model_id = bar.container.model_id
     for _ in bar:
         pass
     (handle,) = handles
-    assert handle.shown is bar.container  # the widget while it runs
+    view = handle.shown[WIDGET_VIEW]  # the widget while it runs
+    assert view == {"version_major": 2, "version_minor": 0, "model_id": model_id}
+    assert handle.shown["text/plain"].startswith("train:   0%|")  # where no widget can be shown: its text
     (update, raw), = handle.updates
     assert raw and update["text/plain"].startswith("train: 100%|")  # then its final state, as text, in its place
     assert bar.container.comm is None  # the widget is closed: nothing for a reopened notebook to miss
+
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+class _Publisher:
+    """The kernel's display publisher, recording the messages a front end would get."""
+
+    def __init__(self):
+        self.messages = []
+
+    def publish(self, data, metadata=None, source=None, *, transient=None, update=False, **_):
+        self.messages.append({"data": data, "display_id": (transient or {}).get("display_id"), "update": update})
+
+
+def _ipywidgets7_display(self, **kwargs):
+    """ipywidgets 7.7.1's Widget._ipython_display_ (Colab's): it displays its own mimebundle, with no display id."""
+    from IPython.display import display
+
+    display({"text/plain": repr(self), WIDGET_VIEW: self.get_view_spec()}, raw=True)
+
+
+@pytest.mark.parametrize("widgets", ["installed", "ipywidgets 7"])
+def test_the_final_line_replaces_the_bar_s_own_output_under_ipywidgets_7_and_8(monkeypatch, widgets):
+    """Through IPython's own display(), as in a kernel: the bar's output carries a display id, and close() updates
+    that output. Under ipywidgets 7 display(widget, display_id=True) left the id off (the widget's
+    _ipython_display_ displays itself), so the update went nowhere and the finished bar vanished."""
+    import ipywidgets
+    from IPython.core.formatters import DisplayFormatter
+    from IPython.core.interactiveshell import InteractiveShell
+
+    publisher = _Publisher()
+    shell = types.SimpleNamespace(display_pub=publisher, display_formatter=DisplayFormatter())
+    monkeypatch.setattr(InteractiveShell, "initialized", classmethod(lambda cls: True))
+    monkeypatch.setattr(InteractiveShell, "instance", classmethod(lambda cls, *a, **k: shell))
+    if widgets == "ipywidgets 7":
+        monkeypatch.setattr(ipywidgets.Widget, "_repr_mimebundle_", None, raising=False)
+        monkeypatch.setattr(ipywidgets.Widget, "_ipython_display_", _ipywidgets7_display, raising=False)
+    bar = progress._widget_tqdm(notebook_tqdm)(range(4), desc="training")
+    model_id = bar.container.model_id
+    for _ in bar:
+        pass
+    shown, *rest = publisher.messages
+    assert shown["display_id"] and not shown["update"]
+    assert shown["data"][WIDGET_VIEW]["model_id"] == model_id
+    assert [(m["display_id"], m["update"]) for m in rest] == [(shown["display_id"], True)], rest
+    (final,) = rest[0]["data"].values()  # text only: the widget's view is gone from the output
+    assert list(rest[0]["data"]) == ["text/plain"] and final.startswith("training: 100%|") and "| 4/4 [" in final
 
 
 def test_a_bar_that_is_not_kept_leaves_nothing(monkeypatch):
