@@ -3,6 +3,7 @@
 changed; asserts the plan changed each time, then checks Notebook 7 too, and saves screenshots under build/browser/.
 
     python scripts/browser_test.py            # exit status 0 when every check passed; ~2-4 min on 2 CPU cores
+    python scripts/browser_test.py --classic [--env build/colab-widgets-env]   # classic Notebook 6, Colab's widgets
 
 Needs (not in requirements*.txt: CI does not run it):
     apt-get install -y chromium chromium-driver     # Debian's headless browser and its driver
@@ -25,12 +26,30 @@ planner restored from it, checked the same way (picture, download link, labels, 
 and reopened there (static copy, no widget error); last, the notebook reopened in JupyterLab without a kernel.
 Notebooks run from copies in build/browser/nb/ (the front ends autosave; notebooks/ stays untouched). The kernel does
 not get DS_COURSE_SAVED_RUN (that would make the planner static HTML).
+
+`--classic` (issue 21: Colab's kernel runs ipywidgets 7.7.1, ipykernel 6.17.1, IPython 7.34.0): the server AND the
+kernel come from a venv holding Colab's versions, classic Notebook 6.5.7 with widgetsnbextension 3.6.10 (its
+nbextension is enabled by its own install), and notebook 00 runs top to bottom in classic Notebook's UI (/notebooks/).
+Build that venv (~70 s, then DeepSpeed and the course without changing Colab's versions):
+    .venv/bin/python scripts/colab_software.py build-env build/colab-widgets-env --torch local
+    build/colab-widgets-env/bin/pip install deepspeed==0.19.8 -c build/colab-widgets-env/colab-constraints.txt
+    build/colab-widgets-env/bin/pip install --no-deps --no-build-isolation -e .
+It checks: the kernel is that venv's, with ipywidgets 7.7.1; no traceback and no widget error; the training progress
+bar, once finished, is its final line of text (100 %), not 0 % and not nothing (ipywidgets 7 displays a widget without
+a display id: helpers.progress displays its mimebundle itself); the planner renders with spaced controls (margins:
+no Layout has `gap`) and re-plans on Enter, on a stage change and on an exact micro-batch, takes the JSON, fails an
+unanswered Hub id in the widget; then saved, its kernel shut down and the page reloaded (classic Notebook starts a new
+kernel, which holds none of the widgets): the bar's final text and the planner's static copy show, and nothing else in
+the planner's cell (no "A Jupyter widget could not be displayed", no `VBox(children=...` text). Screenshots under
+build/browser/classic/; the notebook runs from build/browser/classic/nb/. Op builds of that venv go to
+build/torch_ext_colab (two venvs sharing one extensions folder rebuild each other's ops).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -80,7 +99,7 @@ def start_lab(port: int, token: str, hub_endpoint: str) -> subprocess.Popen:
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
-def wait_for_server(port: int, token: str, timeout: float = 60) -> None:
+def wait_for_server(port: int, token: str, timeout: float = 60, log: Path = OUT / "jupyterlab.log") -> None:
     import urllib.request
 
     end = time.time() + timeout
@@ -90,7 +109,7 @@ def wait_for_server(port: int, token: str, timeout: float = 60) -> None:
             return
         except OSError:
             time.sleep(0.5)
-    raise RuntimeError(f"JupyterLab did not answer on port {port} within {timeout:.0f} s (see {OUT}/jupyterlab.log)")
+    raise RuntimeError(f"The Jupyter server did not answer on port {port} within {timeout:.0f} s (see {log})")
 
 
 def browser(width: int, height: int, downloads: Path):
@@ -208,10 +227,10 @@ def reopen_without_kernel(driver, check: Check, where: str, expect: tuple[str, .
         time.sleep(0.5)
 
 
-def shot(driver, name: str) -> Path:
+def shot(driver, name: str, out: Path = OUT) -> Path:
     from selenium.webdriver.common.by import By
 
-    path = OUT / name
+    path = out / name
     for no in driver.find_elements(By.XPATH, "//div[contains(@class,'jp-Notification-Toast')]//button[.='No']"):
         no.click()  # "Would you like to get notified about official Jupyter news?"
     planner = driver.find_elements(By.XPATH, PLANNER)
@@ -302,7 +321,7 @@ def take_the_json(driver, check: Check, port: int, downloads: Path) -> None:
         check(False, "'copy JSON' answers (copied, or says to use download)")
 
 
-def unreachable_hub_id(driver, check: Check, model) -> None:
+def unreachable_hub_id(driver, check: Check, model, out: Path = OUT) -> None:
     """A Hub id the (silent) Hub never answers for: 'looking up ...', then its error in the widget, in seconds."""
     from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.common.keys import Keys
@@ -327,16 +346,88 @@ def unreachable_hub_id(driver, check: Check, model) -> None:
               f"{text[:110]!r}")
     except TimeoutException:
         check(False, f"an unanswered Hub lookup fails in the widget (verdict {verdict_text(driver)[:100]!r})")
-    shot(driver, "05_hub_lookup_error.png")
+    shot(driver, "05_hub_lookup_error.png", out)
+
+
+def drive_planner(driver, check: Check, first: str, port: int, downloads: Path, out: Path = OUT,
+                  where: str = "") -> None:
+    """The live planner after the notebook ran (its verdict `first`): the model field re-plans on Enter and not while
+    typing, stage 3 and micro-batch 16 change the plan, the JSON can be taken, an unanswered Hub id fails in the widget,
+    then back at gpt2-medium (ZeRO-3) with the static copy following, hidden. Check names start with `where`."""
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    # 1. the model field: typing does not re-plan; Enter does
+    model = driver.find_element(By.XPATH, PLANNER + "//div[label[normalize-space()='model']]//input")
+    model.send_keys(Keys.CONTROL, "a")
+    model.send_keys(Keys.DELETE)
+    model.send_keys("gpt2-medium")
+    time.sleep(2)
+    check(verdict_text(driver) == first, f"{where}typing a model name does not re-plan before Enter")
+    picture = planner_state(driver)["src"]
+    model.send_keys(Keys.ENTER)
+    try:
+        wait(driver, lambda d: verdict_text(d) != first and "gpt2-medium" in verdict_text(d), 30,
+             "the verdict for gpt2-medium")
+        check(True, f"{where}Enter re-plans: {verdict_text(driver)[:120]!r}")
+        wait(driver, lambda d: planner_state(d)["src"] != picture, 10, "a new picture")
+        check(True, f"{where}the picture follows the plan")
+    except TimeoutException:
+        check(False, f"{where}Enter re-plans and redraws (verdict {verdict_text(driver)[:120]!r})")
+    shot(driver, "02_model_gpt2-medium.png", out)
+
+    # 2. ZeRO stage 3 from its dropdown
+    before, before_json = verdict_text(driver), json_text(driver)
+    select_stage(driver, "3")
+    try:
+        wait(driver, lambda d: "ZeRO-3" in verdict_text(d), 30, "a ZeRO-3 verdict")
+        check(verdict_text(driver) != before and json_text(driver) != before_json,
+              f"{where}stage 3 changes the plan: {verdict_text(driver)[:120]!r}")
+    except TimeoutException:
+        check(False, f"{where}stage 3 changes the plan (verdict still {verdict_text(driver)[:120]!r})")
+    shot(driver, "03_stage_3.png", out)
+
+    # 3. an exact micro-batch: 16, typed, then Enter
+    before_json = json_text(driver)
+    mb = driver.find_element(By.XPATH, PLANNER + "//div[label[normalize-space()='micro-batch']]//input")
+    mb.send_keys(Keys.CONTROL, "a")
+    mb.send_keys("16", Keys.ENTER)
+    try:
+        wait(driver, lambda d: '"train_micro_batch_size_per_gpu": 16' in json_text(d), 30,
+             "micro-batch 16 in the JSON")
+        check(json_text(driver) != before_json, f"{where}micro-batch 16 (exact) reaches the DeepSpeed JSON")
+    except TimeoutException:
+        check(False, f"{where}micro-batch 16 (exact) reaches the DeepSpeed JSON")
+    take_the_json(driver, check, port, downloads)
+    heads = driver.find_elements(By.XPATH, PLANNER + "//*[contains(@class,'jupyter-widget-Collapse-header') "
+                                 "or contains(@class,'p-Collapse-header')]")
+    if heads:  # open the folded details for the picture
+        heads[0].click()
+        time.sleep(1)
+    shot(driver, "04_micro_batch_16_details_open.png", out)
+    if heads:
+        heads[0].click()
+        time.sleep(0.5)
+
+    # 4. a Hub id that cannot be looked up, then back to the last plan for the saved copy
+    unreachable_hub_id(driver, check, model, out)
+    model.send_keys(Keys.CONTROL, "a")
+    model.send_keys(Keys.DELETE)
+    model.send_keys("gpt2-medium", Keys.ENTER)
+    wait(driver, lambda d: verdict_text(d).startswith("fits gpt2-medium"), 30, "the gpt2-medium plan again")
+
+    # 5. restart-safe: a static copy of the last plan, kept up to date and hidden while the widget lives
+    copy_state = driver.execute_script(
+        "const s = document.querySelector('.ds-plan-static');"
+        "return s ? [getComputedStyle(s).display, s.textContent.slice(0, 300)] : ['missing', ''];")
+    check(copy_state[0] == "none" and "fits gpt2-medium" in copy_state[1],
+          f"{where}the static copy follows the plan and is hidden beside the live widget ({copy_state[0]})")
 
 
 def lab_part(driver, args: argparse.Namespace, check: Check, base: str, port: int, copy: Path,
              downloads: Path) -> None:
     """Notebook 00 in JupyterLab: run all, drive the planner, take the JSON, reopen without the kernel."""
-    from selenium.common.exceptions import TimeoutException
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.common.keys import Keys
-
     started = time.time()
     driver.get(f"{base}/lab/tree/{copy.relative_to(ROOT).as_posix()}")
     wait(driver, kernel_idle, 120, "the notebook's kernel to be idle")
@@ -353,71 +444,7 @@ def lab_part(driver, args: argparse.Namespace, check: Check, base: str, port: in
     check_dashboard(driver, check, "JupyterLab")
     shot(driver, "01_planner_after_run_all.png")
 
-    # 1. the model field: typing does not re-plan; Enter does
-    model = driver.find_element(By.XPATH, PLANNER + "//div[label[normalize-space()='model']]//input")
-    model.send_keys(Keys.CONTROL, "a")
-    model.send_keys(Keys.DELETE)
-    model.send_keys("gpt2-medium")
-    time.sleep(2)
-    check(verdict_text(driver) == first, "typing a model name does not re-plan before Enter")
-    picture = planner_state(driver)["src"]
-    model.send_keys(Keys.ENTER)
-    try:
-        wait(driver, lambda d: verdict_text(d) != first and "gpt2-medium" in verdict_text(d), 30,
-             "the verdict for gpt2-medium")
-        check(True, f"Enter re-plans: {verdict_text(driver)[:120]!r}")
-        wait(driver, lambda d: planner_state(d)["src"] != picture, 10, "a new picture")
-        check(True, "the picture follows the plan")
-    except TimeoutException:
-        check(False, f"Enter re-plans and redraws (verdict {verdict_text(driver)[:120]!r})")
-    shot(driver, "02_model_gpt2-medium.png")
-
-    # 2. ZeRO stage 3 from its dropdown
-    before, before_json = verdict_text(driver), json_text(driver)
-    select_stage(driver, "3")
-    try:
-        wait(driver, lambda d: "ZeRO-3" in verdict_text(d), 30, "a ZeRO-3 verdict")
-        check(verdict_text(driver) != before and json_text(driver) != before_json,
-              f"stage 3 changes the plan: {verdict_text(driver)[:120]!r}")
-    except TimeoutException:
-        check(False, f"stage 3 changes the plan (verdict still {verdict_text(driver)[:120]!r})")
-    shot(driver, "03_stage_3.png")
-
-    # 3. an exact micro-batch: 16, typed, then Enter
-    before_json = json_text(driver)
-    mb = driver.find_element(By.XPATH, PLANNER + "//div[label[normalize-space()='micro-batch']]//input")
-    mb.send_keys(Keys.CONTROL, "a")
-    mb.send_keys("16", Keys.ENTER)
-    try:
-        wait(driver, lambda d: '"train_micro_batch_size_per_gpu": 16' in json_text(d), 30,
-             "micro-batch 16 in the JSON")
-        check(json_text(driver) != before_json, "micro-batch 16 (exact) reaches the DeepSpeed JSON")
-    except TimeoutException:
-        check(False, "micro-batch 16 (exact) reaches the DeepSpeed JSON")
-    take_the_json(driver, check, port, downloads)
-    heads = driver.find_elements(By.XPATH, PLANNER + "//*[contains(@class,'jupyter-widget-Collapse-header') "
-                                 "or contains(@class,'p-Collapse-header')]")
-    if heads:  # open the folded details for the picture
-        heads[0].click()
-        time.sleep(1)
-    shot(driver, "04_micro_batch_16_details_open.png")
-    if heads:
-        heads[0].click()
-        time.sleep(0.5)
-
-    # 4. a Hub id that cannot be looked up, then back to the last plan for the saved copy
-    unreachable_hub_id(driver, check, model)
-    model.send_keys(Keys.CONTROL, "a")
-    model.send_keys(Keys.DELETE)
-    model.send_keys("gpt2-medium", Keys.ENTER)
-    wait(driver, lambda d: verdict_text(d).startswith("fits gpt2-medium"), 30, "the gpt2-medium plan again")
-
-    # 5. restart-safe: a static copy of the last plan, kept up to date and hidden while the widget lives
-    copy_state = driver.execute_script(
-        "const s = document.querySelector('.ds-plan-static');"
-        "return s ? [getComputedStyle(s).display, s.textContent.slice(0, 300)] : ['missing', ''];")
-    check(copy_state[0] == "none" and "fits gpt2-medium" in copy_state[1],
-          f"the static copy follows the plan and is hidden beside the live widget ({copy_state[0]})")
+    drive_planner(driver, check, first, port, downloads)
     driver.execute_script("window.jupyterapp.commands.execute('docmanager:save');")  # the outputs, for what follows
     time.sleep(3)
 
@@ -496,6 +523,229 @@ def run(args: argparse.Namespace) -> int:
     return 0 if not check.failures else 1
 
 
+# ------------------------------------------------------------------ classic Notebook 6 with Colab's widgets (issue 21)
+
+CLASSIC_ENV = ROOT / "build" / "colab-widgets-env"
+CLASSIC_OUT = OUT / "classic"
+# what a widget that cannot be shown reads: JupyterLab's words, and ipywidgets 7's in classic Notebook
+WIDGET_ERROR = r"Error displaying widget|Error rendering Jupyter widget|widget could not be displayed|Loading widget"
+
+
+def start_classic(env: Path, port: int, token: str, hub_endpoint: str) -> subprocess.Popen:
+    """Classic Notebook of `env` (notebook 6.5.7 with widgetsnbextension 3.6.10, Colab's versions) serving ROOT. Its
+    python3 kernel runs the server's interpreter, so the notebook runs on `env`'s ipywidgets 7.7.1 and ipykernel;
+    `env`'s bin comes first on PATH (the programs the notebook starts), and its op builds go to their own folder."""
+    run_env = {k: v for k, v in os.environ.items() if k not in ("DS_COURSE_SAVED_RUN", "PYTHONPATH")}
+    run_env.update(HF_ENDPOINT=hub_endpoint, VIRTUAL_ENV=str(env), PATH=f"{env / 'bin'}{os.pathsep}{os.environ['PATH']}",
+                   TORCH_EXTENSIONS_DIR=str(ROOT / "build" / "torch_ext_colab"))
+    log = open(CLASSIC_OUT / "notebook.log", "w")
+    return subprocess.Popen(
+        [str(env / "bin" / "python"), "-m", "notebook", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+         f"--NotebookApp.token={token}", f"--NotebookApp.notebook_dir={ROOT}",
+         *(["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else [])],
+        cwd=ROOT, env=run_env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def classic_kernel_idle(driver) -> bool:
+    """Classic Notebook's kernel is connected and its indicator says idle."""
+    return driver.execute_script(
+        "const n = window.Jupyter && Jupyter.notebook; return !!(n && n.kernel && n.kernel.is_connected()"
+        " && document.querySelector('#kernel_indicator_icon.kernel_idle_icon'));")
+
+
+def classic_kernel_says(driver, code: str) -> str:
+    """What `code` prints in the classic notebook's kernel (not stored in its history)."""
+    driver.set_script_timeout(60)
+    return driver.execute_async_script(
+        "const done = arguments[arguments.length - 1]; let out = '';"
+        "Jupyter.notebook.kernel.execute(arguments[0], {iopub: {output: m => { out += m.content.text || ''; }},"
+        " shell: {reply: () => setTimeout(() => done(out), 500)}}, {silent: false, store_history: false});", code)
+
+
+def classic_outputs(driver) -> list[dict]:
+    """Every output a learner sees in classic Notebook (hidden ones have no offsetParent), with its cell's first
+    characters."""
+    return driver.execute_script(
+        "return [...document.querySelectorAll('.output_area')].filter(o => o.offsetParent).map(o => ({"
+        "text: o.textContent.trim(), cell: ((o.closest('.cell') || o).querySelector('.input_area') || o)"
+        ".textContent.slice(0, 80)}));")
+
+
+def training_bar(driver) -> dict:
+    """notebook 00's training bar (tqdm, desc 'training') as the page shows it: its text lines, and whether a
+    progress widget is still in that cell's output."""
+    return driver.execute_script(r"""
+        const cell = [...document.querySelectorAll('.code_cell')].find(c => /desc="training"/.test(
+            (c.querySelector('.input_area') || c).textContent));
+        if (!cell) return {found: false, lines: [], widget: false};
+        const outs = [...cell.querySelectorAll('.output_area')].filter(o => o.offsetParent);
+        return {found: true, lines: outs.map(o => o.textContent.trim()).filter(t => /training:/.test(t))
+                .map(t => t.slice(0, 120)), widget: !!cell.querySelector('.widget-hprogress, .widget-progress')};""")
+
+
+def check_training_bar(driver, check: Check, where: str) -> None:
+    """The finished bar is its final line of text (100 %, 40/40 on the CPU), not 0 %, not nothing, no widget."""
+    bar = training_bar(driver)
+    final = [t for t in bar["lines"] if re.search(r"training:\s*100%", t)]
+    check(bar["found"] and len(bar["lines"]) == 1 and final and not bar["widget"] and not [
+        t for t in bar["lines"] if re.search(r"training:\s*0%", t)],
+        f"{where}: the finished training bar shows its final text in place: {bar['lines']} "
+        f"(widget left: {bar['widget']})")
+    driver.execute_script(  # the bar's line in the middle of the screenshot
+        "const c = [...document.querySelectorAll('.code_cell')].find(c => /desc=\"training\"/.test("
+        "(c.querySelector('.input_area') || c).textContent)); const o = c && [...c.querySelectorAll('.output_area')]"
+        ".find(o => /training:/.test(o.textContent)); if (o || c) (o || c).scrollIntoView({block: 'center'});")
+    time.sleep(0.5)
+
+
+def control_gaps(driver) -> list[float]:
+    """Horizontal space (px) between neighbouring controls on the same line of the planner's two rows."""
+    return driver.execute_script("""
+        const gaps = [];
+        for (const row of document.querySelectorAll('.ds-planner .widget-hbox')) {
+            const kids = [...row.children].filter(k => k.offsetParent).map(k => k.getBoundingClientRect());
+            for (let i = 1; i < kids.length; i++)
+                if (Math.abs(kids[i].top - kids[i - 1].top) < 4) gaps.push(kids[i].left - kids[i - 1].right);
+        }
+        return gaps;""")
+
+
+def classic_part(driver, args: argparse.Namespace, check: Check, base: str, port: int, copy: Path,
+                 downloads: Path) -> None:
+    """Notebook 00 in classic Notebook on Colab's widgets: run all, the training bar, drive the planner."""
+    from selenium.webdriver.common.by import By
+
+    started = time.time()
+    driver.get(f"{base}/notebooks/{copy.relative_to(ROOT).as_posix()}")
+    wait(driver, classic_kernel_idle, 120, "the classic notebook's kernel to be idle")
+    says = classic_kernel_says(driver, "import sys, ipywidgets, IPython, ipykernel\n"
+                                       "print(sys.prefix, ipywidgets.__version__, IPython.__version__, ipykernel.__version__)")
+    words = says.split()
+    check(len(words) == 4 and Path(words[0]).resolve() == args.env and words[1] == "7.7.1", f"classic Notebook: the kernel is the Colab-versions venv's, "
+          f"with ipywidgets 7.7.1 (prefix, ipywidgets, IPython, ipykernel: {says.strip()!r})")
+    print(f"     notebook open, kernel idle after {time.time() - started:.0f} s; running all cells", flush=True)
+    driver.execute_script("Jupyter.notebook.execute_all_cells();")
+    wait(driver, lambda d: d.find_elements(By.XPATH, PLANNER + "//div[contains(@class,'ds-plan-verdict')]"),
+         args.timeout, "the planner's verdict line")
+    wait(driver, lambda d: d.execute_script(
+        "return Jupyter.notebook.get_cells().every(c => c.cell_type !== 'code' || c.input_prompt_number !== '*')"
+        " && !!document.querySelector('#kernel_indicator_icon.kernel_idle_icon');"), args.timeout,
+         "every cell to finish")
+    print(f"     notebook ran in {time.time() - started:.0f} s", flush=True)
+    errors = [f"{o['text'][:300]} (cell: {o['cell']})" for o in classic_outputs(driver)
+              if re.search("Traceback|" + WIDGET_ERROR, o["text"])]
+    check(not errors, "classic Notebook: no traceback or widget error in the outputs" + (f": {errors}" if errors
+                                                                                        else ""))
+    check_training_bar(driver, check, "classic Notebook")
+    shot_plain(driver, "00_training_bar_finished.png")
+    first = verdict_text(driver)
+    check(("fit" in first or "cannot plan" in first) and PLAN_MODEL_HINT in first,
+          f"classic Notebook: the planner starts at the notebook's model with a verdict: {first[:120]!r}")
+    check_dashboard(driver, check, "classic Notebook")
+    gaps = control_gaps(driver)
+    check(len(gaps) >= 4 and min(gaps) >= 8, f"classic Notebook: the planner's controls are spaced (px between "
+          f"neighbours: {[round(g) for g in gaps]})")
+    shot(driver, "01_planner_after_run_all.png", CLASSIC_OUT)
+    drive_planner(driver, check, first, port, downloads, CLASSIC_OUT, "classic Notebook: ")
+
+
+def shot_plain(driver, name: str) -> None:
+    """A screenshot of the page as it is scrolled now (shot() scrolls to the planner)."""
+    driver.save_screenshot(str(CLASSIC_OUT / name))
+    print(f"     screenshot {(CLASSIC_OUT / name).relative_to(ROOT)}", flush=True)
+
+
+def classic_reopened(driver, check: Check, base: str, copy: Path, expect: tuple[str, ...]) -> None:
+    """Saved, the kernel shut down, the page reloaded (classic Notebook starts a new kernel, which has none of the
+    old widgets): the training bar's final text and the planner's static copy show, and no widget error nor the
+    widget's text fallback (`VBox(children=...`) does."""
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.common.by import By
+
+    driver.set_script_timeout(60)
+    saved = driver.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "Jupyter.notebook.save_notebook().then(() => done(true), e => done('save failed: ' + e));")
+    check(saved is True, f"classic Notebook: the notebook is saved ({saved})")
+    time.sleep(1)
+    driver.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "Jupyter.notebook.session.delete(() => done(true), () => done(false));")
+    time.sleep(2)
+    driver.get(f"{base}/notebooks/{copy.relative_to(ROOT).as_posix()}")
+    where = "classic Notebook, reopened"
+    try:
+        wait(driver, lambda d: static_copy_state(d)["shown"], 120, "the static copy in the reopened notebook")
+        wait(driver, classic_kernel_idle, 120, "the reopened notebook's new kernel")
+        time.sleep(3)  # the widget manager has given up on the saved widgets by now
+        state = static_copy_state(driver)
+        check("re-run this cell" in state["text"] and all(e in state["text"] for e in expect) and state["picture"]
+              and state["download"], f"{where}: the notebook shows the last plan, its picture and the download "
+              f"link: {state['text'][:100]!r}")
+    except TimeoutException:
+        check(False, f"{where}: the notebook shows the planner's static copy")
+    outputs = classic_outputs(driver)
+    errors = [f"{o['text'][:120]} (cell: {o['cell']})" for o in outputs if re.search(WIDGET_ERROR, o["text"])]
+    check(not errors, f"{where}: no widget error anywhere" + (f": {errors}" if errors else ""))
+    shown = driver.execute_script(  # the planner cell's visible outputs: its static copy, nothing else
+        "const c = [...document.querySelectorAll('.code_cell')].find(c => /planner_widget\\(/.test("
+        "(c.querySelector('.input_area') || c).textContent)); return c ? [...c.querySelectorAll('.output_area')]"
+        ".filter(o => o.offsetParent).map(o => (o.querySelector('.ds-plan-static') ? 'static copy: ' : '')"
+        " + o.textContent.trim().slice(0, 80)) : [];")
+    check(len(shown) == 1 and shown[0].startswith("static copy: "), f"{where}: the planner's cell shows its static "
+          f"copy and nothing else (no widget error, no `VBox(children=...` text): {shown}")
+    statics = driver.find_elements(By.CLASS_NAME, "ds-plan-static")
+    if statics:
+        driver.execute_script("arguments[0].scrollIntoView({block: 'start'});", statics[0])
+        time.sleep(0.5)
+    shot_plain(driver, "06_reopened_planner_static_copy.png")
+    check_training_bar(driver, check, where)
+    shot_plain(driver, "07_reopened_training_bar.png")
+
+
+def run_classic(args: argparse.Namespace) -> int:
+    """Notebook 00 in classic Notebook, server and kernel from `args.env` (Colab's widget versions)."""
+    args.env = args.env.resolve()
+    if not (args.env / "bin" / "python").is_file():
+        print(f"no venv at {args.env}: build it (see this script's docstring)", flush=True)
+        return 2
+    CLASSIC_OUT.mkdir(parents=True, exist_ok=True)
+    nb_dir, downloads = CLASSIC_OUT / "nb", CLASSIC_OUT / "downloads"
+    nb_dir.mkdir(exist_ok=True)
+    downloads.mkdir(exist_ok=True)
+    copy = nb_dir / NOTEBOOK.name
+    shutil.copy(NOTEBOOK, copy)
+    hub = silent_hub()
+    token, port = secrets.token_hex(16), free_port()
+    server = start_classic(args.env, port, token, f"http://127.0.0.1:{hub.getsockname()[1]}")
+    driver = None
+    check = Check()
+    started = time.time()
+    try:
+        wait_for_server(port, token, log=CLASSIC_OUT / "notebook.log")
+        driver = browser(args.width, args.height, downloads)
+        base = f"http://127.0.0.1:{port}"
+        driver.get(f"{base}/tree?token={token}")  # logs in (a cookie)
+        classic_part(driver, args, check, base, port, copy, downloads)
+        classic_reopened(driver, check, base, copy, ("gpt2-medium", "ZeRO-3"))
+    except Exception as exc:  # the reason, and a picture of where it stopped
+        check(False, f"{type(exc).__name__}: {str(exc)[:500]}")
+        if driver is not None:
+            shot(driver, "99_failure.png", CLASSIC_OUT)
+    finally:
+        if driver is not None:
+            driver.quit()
+        server.terminate()
+        try:
+            server.wait(20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        hub.close()
+    print(f"{'PASSED' if not check.failures else 'FAILED'} (classic Notebook) in {time.time() - started:.0f} s; "
+          f"screenshots in {CLASSIC_OUT.relative_to(ROOT)}/", flush=True)
+    return 0 if not check.failures else 1
+
+
 PLAN_MODEL_HINT = "gpt2-xl"  # notebook 00's PLAN_MODEL: the planner must start there
 
 
@@ -505,7 +755,11 @@ def main() -> int:
     parser.add_argument("--height", type=int, default=1000)
     parser.add_argument("--timeout", type=float, default=600, help="seconds for notebook 00 to run")
     parser.add_argument("--skip-notebook7", action="store_true", help="JupyterLab only")
-    return run(parser.parse_args())
+    parser.add_argument("--classic", action="store_true", help="classic Notebook 6 on Colab's widget versions, "
+                        "server and kernel from --env, instead of JupyterLab and Notebook 7")
+    parser.add_argument("--env", type=Path, default=CLASSIC_ENV, help="the venv holding Colab's versions (--classic)")
+    args = parser.parse_args()
+    return run_classic(args) if args.classic else run(args)
 
 
 if __name__ == "__main__":
