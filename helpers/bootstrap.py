@@ -2,9 +2,9 @@
 
 `BOOTSTRAP_CELL` is that cell's exact text: it finds the checkout (the cwd or a folder above it; on Colab it clones
 the course into /content once), puts it first on sys.path and imports helpers, which is light (no torch). Then
-`start_notebook` does the rest: on Colab the pinned install (requirements.txt with Colab's own torch as a
-constraint, and helpers itself, editable, so launched programs import it; once per VM) and libaio for NVMe
-offload; programs launched from the notebook import this checkout's helpers (installed, or through PYTHONPATH);
+`start_notebook` does the rest: on Colab the install of what Colab lacks (requirements-colab.txt, every package
+Colab has held at its version, and helpers itself, editable, so launched programs import it; once per VM) and libaio
+for NVMe offload; programs launched from the notebook import this checkout's helpers (installed, or through PYTHONPATH);
 warnings filters; inline plots; DeepSpeed's first-engine imports (`warm_up_deepspeed`); and a short status block.
 A notebook's parameters cell comes after this cell (every notebook has a T4_BUDGET parameter), and the cell after
 it makes the runtime, once: `runtime = helpers.detect_runtime(T4_BUDGET)`.
@@ -25,7 +25,7 @@ from helpers.progress import course_progress_bars
 from helpers.runtime import announce_op_builds, warm_up_deepspeed
 
 __all__ = ["BOOTSTRAP_CELL", "DIST_NAME", "course_root", "install_libaio", "install_on_colab", "installed_root",
-           "launched_programs_import", "quiet_warnings", "start_notebook", "work_dir"]
+           "installed_versions", "launched_programs_import", "quiet_warnings", "start_notebook", "work_dir"]
 
 BOOTSTRAP_CELL = '''\
 # The course's bootstrap, the same cell in every notebook (helpers/bootstrap.py): find the course (on Colab, clone it)
@@ -47,7 +47,8 @@ import helpers
 helpers.start_notebook()  # Colab: pinned install (once); then warnings, plots, DeepSpeed warm-up, versions'''
 
 DIST_NAME = "deepspeed-course-helpers"  # pyproject.toml's project name
-COLAB_MARKER = ".colab-installed"  # in the checkout: the pinned install ran on this VM
+COLAB_MARKER = ".colab-installed"  # in the checkout: the Colab install ran on this VM
+COLAB_REQUIREMENTS = "requirements-colab.txt"  # what Colab lacks; everything Colab has stays as it is
 LIBAIO_HEADER = Path("/usr/include/libaio.h")
 
 
@@ -77,20 +78,52 @@ def installed_root() -> Path | None:
     return Path(url.removeprefix("file://")) if url.startswith("file://") else None
 
 
-def install_on_colab(root: Path) -> bool:
-    """On Colab, once per VM: requirements.txt with Colab's torch pinned (never replaced), then helpers itself,
-    editable, so programs the notebooks launch import it. Returns True when it installed something now."""
+def installed_versions() -> dict[str, str]:
+    """name -> version of every distribution this Python has (read from its metadata, nothing imported)."""
     import importlib.metadata
 
+    versions: dict[str, str] = {}
+    for dist in importlib.metadata.distributions():
+        name = (dist.metadata["Name"] or "").strip()
+        if name:
+            versions.setdefault(name.lower().replace("_", "-"), dist.version)
+    return versions
+
+
+def _imported_distributions(changed: set[str]) -> list[str]:
+    """Of the distributions in `changed`, those whose modules this process has already imported."""
+    import importlib.metadata
+
+    owners = importlib.metadata.packages_distributions()
+    imported = {m.split(".")[0] for m in list(sys.modules)}
+    return sorted({d.lower().replace("_", "-") for m in imported for d in owners.get(m, [])} & changed)
+
+
+def install_on_colab(root: Path) -> bool:
+    """On Colab, once per VM: only what Colab lacks (requirements-colab.txt: DeepSpeed and what it needs), then
+    helpers itself, editable, so programs the notebooks launch import it. Returns True when it installed now.
+
+    Every package Colab already has is held at its version by a constraint file listing them all: its torch (never
+    reinstalled), transformers, datasets and accelerate, and the jupyter / ipykernel / ipywidgets / notebook / tornado
+    packages its frontend runs on. scripts/colab_software.py checks this against Colab's own package list. Should a
+    package this kernel has already imported change anyway, the cell stops and says to restart the session.
+    """
     marker = root / COLAB_MARKER
     if not in_colab() or marker.exists():
         return False
-    constraint = root / "torch-constraint.txt"  # torch's version read without importing it
-    constraint.write_text(f"torch=={importlib.metadata.version('torch').split('+')[0]}\n")
+    before = installed_versions()
+    keep = root / "build" / "colab-installed-versions.txt"
+    keep.parent.mkdir(parents=True, exist_ok=True)
+    keep.write_text("".join(f"{name}=={version}\n" for name, version in sorted(before.items())))
     pip = [sys.executable, "-m", "pip", "install", "-q"]
-    subprocess.run([*pip, "-r", str(root / "requirements.txt"), "-c", str(constraint)], check=True)
+    subprocess.run([*pip, "-r", str(root / COLAB_REQUIREMENTS), "-c", str(keep)], check=True)
     subprocess.run([*pip, "--no-deps", "--no-build-isolation", "-e", str(root)], check=True)
     marker.touch()
+    after = installed_versions()
+    stale = _imported_distributions({n for n, v in before.items() if after.get(n) != v})
+    if stale:
+        raise RuntimeError(f"the install changed {', '.join(stale)}, which this session had already imported: "
+                           "choose Runtime > Restart session, then run this cell again (it will not install twice)")
     return True
 
 
@@ -149,7 +182,7 @@ def start_notebook() -> None:
     import deepspeed
     import torch
 
-    lines = [f"course code: {root}" + (" (pinned requirements installed now)" if installed else ""),
+    lines = [f"course code: {root}" + (" (DeepSpeed and what Colab lacks installed now)" if installed else ""),
              f"torch {torch.__version__} | deepspeed {deepspeed.__version__} | DeepSpeed warmed up in {warm_s:.1f} s"]
     how = launched_programs_import(root)
     print("\n".join(lines + ([how] if how != "installed" else [])))

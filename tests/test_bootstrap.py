@@ -1,6 +1,7 @@
 """helpers.bootstrap: the one bootstrap cell and `start_notebook` (every notebook's first code cell)."""
 import ast
 import os
+import re
 import subprocess
 import sys
 
@@ -51,16 +52,45 @@ def test_nothing_is_installed_off_colab(tmp_path, monkeypatch):
     assert calls == [] and not (tmp_path / bootstrap.COLAB_MARKER).exists()
 
 
-def test_on_colab_the_pinned_install_runs_once_and_never_names_torch(tmp_path, monkeypatch):
+def test_on_colab_the_install_adds_only_what_colab_lacks_once(tmp_path, monkeypatch):
+    """requirements-colab.txt, with every installed distribution (torch, the jupyter stack ...) held at its version by
+    a constraint file; then helpers, editable; once per VM (marker)."""
     monkeypatch.setenv("COLAB_RELEASE_TAG", "test")
     calls = []
     monkeypatch.setattr(bootstrap.subprocess, "run", lambda argv, **k: calls.append(argv))
     assert bootstrap.install_on_colab(tmp_path) is True
-    constraint = (tmp_path / "torch-constraint.txt").read_text()
-    assert constraint.startswith("torch==") and "+" not in constraint  # Colab's own torch, pinned
-    assert len(calls) == 2 and "-c" in calls[0] and calls[1][-2:] == ["-e", str(tmp_path)]
+    assert len(calls) == 2 and calls[0][-4:] == ["-r", str(tmp_path / "requirements-colab.txt"), "-c",
+                                                 str(tmp_path / "build" / "colab-installed-versions.txt")]
+    held = dict(line.split("==", 1) for line in (tmp_path / "build" / "colab-installed-versions.txt").read_text().split())
+    from importlib.metadata import version
+
+    assert held["torch"] == version("torch") and held["ipykernel"] == version("ipykernel")  # exactly as installed
+    assert calls[1][-2:] == ["-e", str(tmp_path)]
     assert not [a for argv in calls for a in argv if a.startswith("torch")]
     assert bootstrap.install_on_colab(tmp_path) is False and len(calls) == 2  # marker: once per VM
+
+
+def test_an_install_that_changes_an_imported_package_says_to_restart(tmp_path, monkeypatch):
+    monkeypatch.setenv("COLAB_RELEASE_TAG", "test")
+    monkeypatch.setattr(bootstrap.subprocess, "run", lambda argv, **k: None)
+    real = bootstrap.installed_versions()
+    seen = iter([real, {**real, "pytest": "0.1"}])  # this process has imported pytest
+    monkeypatch.setattr(bootstrap, "installed_versions", lambda: next(seen))
+    with pytest.raises(RuntimeError, match=r"changed pytest, .*Runtime > Restart session"):
+        bootstrap.install_on_colab(tmp_path)
+    assert (tmp_path / bootstrap.COLAB_MARKER).exists()  # the re-run after the restart does not install again
+
+
+def test_colab_requirements_name_only_what_colab_lacks():
+    """The install adds; it never asks for a package Colab ships (its versions come from Colab's own list)."""
+    import colab_software
+
+    pins = colab_software.colab_pins()
+    names = [colab_software.normalize(re.split(r"[=<>!~ ;\[]", line, maxsplit=1)[0])
+             for line in (ROOT / "requirements-colab.txt").read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+    assert names == ["deepspeed"]
+    assert not [n for n in names if n in pins]
 
 
 def test_start_notebook_prints_one_status_block_and_leaves_the_runtime_to_the_notebook(monkeypatch, capsys):

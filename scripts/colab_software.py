@@ -1,0 +1,497 @@
+"""Colab's software, emulated: its package versions, its install cell, its Hub branches, its clone (issue 21).
+
+    python scripts/colab_software.py versions ipywidgets notebook      # Colab's pins of these, from the fixture
+    python scripts/colab_software.py build-env build/colab-env [--torch local|colab]
+    python scripts/colab_software.py report [--torch colab|local] [--notebooks 00 01 02] [--install-only]
+    python scripts/colab_software.py refresh /path/to/googlecolab/backend-info    # a newer fixture
+
+The fixture is Colab's own list, `pip-freeze.gpu.txt` and `os-info-gpu.txt` of the googlecolab/backend-info repository
+(tests/data/colab/, with SOURCE.json naming the commit and its date). `build-env` makes a virtual environment holding
+Colab's version of every package the course touches (COURSE_TOUCHES, and their dependencies at Colab's versions where
+Colab lists them). Two things are not Colab's:
+- Python: Colab runs Python 3.13; here the venv uses this machine's Python (3.11), because no registry this machine
+  reaches serves a 3.13 interpreter. Reported as not emulated.
+- torch: `--torch colab` installs Colab's release (2.11.0) from PyPI, which is the CUDA build (~3 GB with its nvidia
+  packages; it runs on the CPU here), for the report; `--torch local` takes the CPU build already on disk (2.13.0), which
+  is what CI uses (CI never downloads a CUDA torch).
+
+`report` runs what a learner's first Colab session runs, in that environment, and writes reports/colab_software.json
+and .md: the bootstrap cell of a notebook opened from GitHub (Colab's kernel has `google.colab` imported; the cell
+clones the course from a local bare repository standing in for GitHub, then `helpers.start_notebook()` installs on
+the first run, the real `install_on_colab`), with pip's view before and after (added / upgraded / downgraded / removed,
+`pip check`) and the time; then notebooks top to bottom, smoke-sized on CPU, taking the Colab branches: the Hub model
+and dataset come from a local Hugging Face cache built by scripts/local_hub.py with HF_HUB_OFFLINE=1.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE = ROOT / "tests" / "data" / "colab"
+FREEZE = FIXTURE / "pip-freeze.gpu.txt"
+OS_INFO = FIXTURE / "os-info-gpu.txt"
+SOURCE = FIXTURE / "SOURCE.json"
+REPORT = ROOT / "reports" / "colab_software.json"
+
+# What the course imports, in the kernel or in the programs it launches, and what Colab's kernel and frontend run
+# on: each installed at Colab's version. Their own dependencies follow Colab's pins where Colab lists them.
+COURSE_TOUCHES = (
+    "transformers", "datasets", "accelerate", "huggingface_hub", "tokenizers", "safetensors", "hf-xet", "numpy",
+    "pyarrow", "pandas", "matplotlib", "psutil", "tqdm", "pydantic", "einops", "msgpack", "py-cpuinfo", "packaging",
+    "fsspec", "filelock", "requests", "httpx", "PyYAML", "regex", "sympy", "networkx", "Jinja2", "nvidia-ml-py",
+    "ipykernel", "ipython", "ipywidgets", "widgetsnbextension", "jupyterlab_widgets", "jupyter_client",
+    "jupyter_core", "traitlets", "notebook", "tornado", "nbformat", "nbclient", "nbconvert", "pyzmq", "comm",
+    "setuptools", "wheel",
+)
+# Colab's frontend and kernel talk through these: the course's install must never change them (issue 21).
+COLAB_FRONTEND = ("ipykernel", "ipython", "ipywidgets", "widgetsnbextension", "jupyterlab_widgets", "jupyter_client",
+                  "jupyter_core", "jupyter_server", "notebook", "tornado", "traitlets", "pyzmq", "comm", "nbformat",
+                  "nbclient", "nbconvert")
+
+
+# torch 2.13.0 (the CPU build on this disk, --torch local) requires setuptools>=77.0.3; Colab's 75.2.0 is kept only with
+# Colab's own torch (--torch colab)
+LOCAL_TORCH_UNPINNED = ("setuptools",)
+
+
+def normalize(name: str) -> str:
+    """PEP 503's normalised project name (what pip compares)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def colab_pins(path: Path = FREEZE) -> dict[str, str]:
+    """name (normalised) -> version from Colab's `pip freeze`; URL installs (`name @ ...`) are left out, and a local
+    version label ('+cu128') is cut, so the version is the release on PyPI."""
+    pins = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#") or " @ " in line or "==" not in line:
+            continue
+        name, version = line.split("==", 1)
+        pins[normalize(name)] = version.split("+")[0]
+    return pins
+
+
+def fixture_source() -> dict:
+    """Where the fixture came from (SOURCE.json) and what it says of the OS and Python."""
+    source = json.loads(SOURCE.read_text())
+    info = [ln.strip() for ln in OS_INFO.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    source["os"] = next((ln for ln in info if "Ubuntu" in ln or "Debian" in ln), "")
+    source["python"] = next((ln.split()[1] for ln in info if ln.startswith("Python ")), "")
+    return source
+
+
+def refresh(backend_info: Path) -> None:
+    """Copy a newer backend-info checkout's GPU files into the fixture and record its commit and date."""
+    for name in ("pip-freeze.gpu.txt", "os-info-gpu.txt"):
+        shutil.copyfile(backend_info / name, FIXTURE / name)
+    git = ["git", "-C", str(backend_info), "log", "-1", "--format=%H %cI", "--", "pip-freeze.gpu.txt"]
+    commit, date = subprocess.run(git, capture_output=True, text=True, check=True).stdout.split()
+    SOURCE.write_text(json.dumps({"repository": "https://github.com/googlecolab/backend-info", "commit": commit,
+                                  "date": date[:10], "files": ["pip-freeze.gpu.txt", "os-info-gpu.txt"]},
+                                 indent=2) + "\n")
+    print(f"fixture refreshed from {backend_info} at {commit[:10]} ({date[:10]})")
+
+
+# ---------------------------------------------------------------------------------------------- the environment
+
+def venv_python(venv: Path) -> Path:
+    return venv / "bin" / "python"
+
+
+def pip(venv: Path, *args: str, check: bool = True, quiet: bool = True) -> subprocess.CompletedProcess:
+    cmd = [str(venv_python(venv)), "-m", "pip", "--disable-pip-version-check", *args]
+    if quiet and args and args[0] == "install":
+        cmd.insert(cmd.index("install") + 1, "-q")
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if check and out.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    return out
+
+
+def installed(venv: Path) -> dict[str, str]:
+    """name (normalised) -> version of every distribution in the venv (pip list)."""
+    out = pip(venv, "list", "--format=json")
+    return {normalize(d["name"]): d["version"] for d in json.loads(out.stdout)}
+
+
+def pip_check(venv: Path) -> list[str]:
+    """`pip check`'s complaints (empty when every requirement is met)."""
+    out = pip(venv, "check", check=False)
+    return [ln for ln in out.stdout.splitlines() if ln.strip() and not ln.startswith("No broken requirements")]
+
+
+def torch_spec(mode: str, pins: dict[str, str]) -> str:
+    """torch for the venv: Colab's release ('colab', PyPI's CUDA build) or the CPU build on this disk ('local')."""
+    if mode == "colab":
+        return f"torch=={pins['torch']}"
+    if mode == "local":
+        return f"torch=={os.environ.get('DS_COURSE_LOCAL_TORCH', '2.13.0')}"
+    raise ValueError(f"--torch must be 'colab' or 'local' (got {mode!r})")
+
+
+def build_env(venv: Path, torch: str = "local", python: str | None = None) -> dict:
+    """A fresh venv at `venv` with Colab's versions of COURSE_TOUCHES (and their dependencies where Colab pins them)
+    and torch per `torch_spec`; returns what was made (versions, seconds)."""
+    pins = colab_pins()
+    if torch == "local":  # the CPU torch on disk (2.13) needs a newer setuptools than Colab's (75.2): pip's choice
+        pins = {n: v for n, v in pins.items() if n not in LOCAL_TORCH_UNPINNED}
+    # Colab's torch is the cu128 build with CUDA 12 packages; PyPI's torch of that release is a CUDA 13 build with its
+    # own: torch chooses its CUDA packages (they are not what the course touches, and there is no GPU here)
+    pins = {n: v for n, v in pins.items() if not (n.startswith(("nvidia-", "cuda-")) and n != "nvidia-ml-py")}
+    start = time.perf_counter()
+    if venv.exists():
+        shutil.rmtree(venv)
+    subprocess.run([python or sys.executable, "-m", "venv", str(venv)], check=True)
+    venv.mkdir(parents=True, exist_ok=True)
+    constraints = venv / "colab-constraints.txt"  # Colab's pins of everything it lists, torch aside
+    constraints.write_text("".join(f"{n}=={v}\n" for n, v in sorted(pins.items()) if n not in ("torch", "pip")))
+    pip(venv, "install", f"pip=={pins.get('pip', '24.1.2')}")
+    pip(venv, "install", f"numpy=={pins['numpy']}")  # before torch, which warns when it starts without numpy
+    pip(venv, "install", torch_spec(torch, pins), "-c", str(constraints))
+    wanted = [f"{n}=={pins[normalize(n)]}" for n in COURSE_TOUCHES if normalize(n) in pins]
+    missing = [n for n in COURSE_TOUCHES if normalize(n) not in colab_pins()]
+    pip(venv, "install", *wanted, "-c", str(constraints))
+    have = installed(venv)
+    colab = colab_pins()
+    off = {n: {"here": have[n], "colab": colab[n]} for n in have if n in colab and have[n] != colab[n]}
+    return {"venv": str(venv), "python": subprocess.run([str(venv_python(venv)), "-c",
+                                                          "import platform; print(platform.python_version())"],
+                                                         capture_output=True, text=True).stdout.strip(),
+            "torch": have.get("torch"), "torch_mode": torch, "packages": len(have),
+            "not_in_colab": sorted(n for n in have if n not in colab),
+            "course_packages_colab_lacks": missing, "differs_from_colab": off,
+            "seconds": round(time.perf_counter() - start, 1)}
+
+
+# ------------------------------------------------------------------ a learner's first Colab session, emulated
+
+# Colab's kernel has google.colab imported from its start; the bootstrap cell looks for it to decide to clone. This
+# IPython startup file puts a stand-in there (nothing of its API: the course uses none).
+COLAB_STARTUP = """import importlib.machinery, sys, types
+try:
+    import google
+except ImportError:
+    google = types.ModuleType("google")
+    google.__path__ = []
+    google.__spec__ = importlib.machinery.ModuleSpec("google", None, is_package=True)
+    sys.modules["google"] = google
+_colab = types.ModuleType("google.colab")
+_colab.__spec__ = importlib.machinery.ModuleSpec("google.colab", None)  # importlib.util.find_spec reads it
+sys.modules["google.colab"] = _colab
+google.colab = _colab
+"""
+PROBE_MODULES = ("import json, sys\n"
+                 "print('IMPORTED=' + json.dumps(sorted({m.split('.')[0] for m in list(sys.modules)})))")
+PROBE_AFTER = ("import json, helpers, deepspeed, transformers, datasets, accelerate, torch\n"
+               "print('LOADED=' + json.dumps({'helpers': helpers.__file__, 'deepspeed': deepspeed.__version__,\n"
+               "    'transformers': transformers.__version__, 'datasets': datasets.__version__,\n"
+               "    'accelerate': accelerate.__version__, 'torch': torch.__version__}))")
+
+
+def emulated_bootstrap(repo_url: str, content: Path) -> str:
+    """The notebooks' bootstrap cell with the course's address and Colab's /content pointed at a local bare repository
+    and a folder of the test's: the two values the cell writes once, replaced only here."""
+    sys.path.insert(0, str(ROOT))
+    from helpers.bootstrap import BOOTSTRAP_CELL
+
+    address = re.search(r'^COURSE_REPO = "([^"]+)"', BOOTSTRAP_CELL, flags=re.M).group(1)
+    cell = BOOTSTRAP_CELL
+    for old, new in ((f'COURSE_REPO = "{address}"', f'COURSE_REPO = "{repo_url}"'),
+                     ('pathlib.Path("/content/deepspeed-course")', f'pathlib.Path("{content}/deepspeed-course")')):
+        if cell.count(old) != 1:
+            raise RuntimeError(f"the bootstrap cell no longer holds {old!r} once: update emulated_bootstrap")
+        cell = cell.replace(old, new)
+    return cell
+
+
+class ColabSession:
+    """A kernel of `venv` that looks like Colab's to the course: google.colab imported, COLAB_RELEASE_TAG set, cwd a
+    'content' folder without the course, the NVMe folder and the Hugging Face cache the test's. Notebooks run from
+    copies in that folder with the emulated bootstrap cell."""
+
+    def __init__(self, venv: Path, work: Path, hf_env: dict[str, str]):
+        self.venv, self.work = venv.resolve(), work.resolve()
+        if any((d / "helpers" / "__init__.py").is_file() for d in [self.work, *self.work.parents]):
+            raise ValueError(f"{work} is inside a checkout of the course: the bootstrap cell would find that checkout "
+                             "instead of cloning. Fix: a work folder outside it, e.g. under /tmp")
+        self.content = self.work / "content"
+        self.content.mkdir(parents=True, exist_ok=True)
+        bare = self.work / "github" / "deepspeed-course.git"  # stands in for GitHub: the committed course
+        if not bare.exists():
+            subprocess.run(["git", "clone", "-q", "--bare", str(ROOT), str(bare)], check=True)
+        self.repo_url = f"file://{bare}"
+        startup = self.work / "ipython" / "profile_default" / "startup"
+        startup.mkdir(parents=True, exist_ok=True)
+        (startup / "00-google-colab.py").write_text(COLAB_STARTUP)
+        spec = self.work / "jupyter" / "kernels" / "colab-emulated"
+        spec.mkdir(parents=True, exist_ok=True)
+        env = {"COLAB_RELEASE_TAG": "emulated-by-scripts-colab_software", "IPYTHONDIR": str(self.work / "ipython"),
+               "DS_COURSE_NVME_DIR": str(self.work / "nvme"), "DS_COURSE_SAVED_RUN": "1",
+               "TORCH_EXTENSIONS_DIR": str(self.work / "torch_extensions"), "PYTHONNOUSERSITE": "1", **hf_env}
+        (spec / "kernel.json").write_text(json.dumps({
+            "argv": [str(venv_python(self.venv)), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+            "display_name": "Python 3 (Colab software, emulated)", "language": "python", "env": env}))
+        self.bootstrap = emulated_bootstrap(self.repo_url, self.content)
+
+    def run(self, cells: list[str], name: str, timeout_s: int = 3600) -> dict:
+        """Run `cells` as a notebook `name` in a fresh kernel; seconds per cell, outputs' text, the error if any."""
+        import nbformat
+
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+        return self._execute(nb, name, timeout_s)
+
+    def run_notebook(self, path: Path, timeout_s: int = 3600) -> dict:
+        """A course notebook as opened from GitHub in Colab: a copy in 'content', the emulated bootstrap."""
+        import nbformat
+
+        from helpers.bootstrap import BOOTSTRAP_CELL
+
+        nb = nbformat.read(path, as_version=4)
+        first = next(c for c in nb.cells if c.cell_type == "code")
+        if first.source != BOOTSTRAP_CELL:
+            raise RuntimeError(f"{path.name}'s first code cell is not the bootstrap cell")
+        first.source = self.bootstrap
+        return self._execute(nb, path.name, timeout_s)
+
+    def _execute(self, nb, name: str, timeout_s: int) -> dict:
+        import nbformat
+        from nbclient import NotebookClient
+
+        os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [str(self.work / "jupyter"),
+                                                                   os.environ.get("JUPYTER_PATH")]))
+        client = NotebookClient(nb, timeout=timeout_s, kernel_name="colab-emulated",
+                                resources={"metadata": {"path": str(self.content)}},
+                                extra_arguments=["--IPKernelApp.log_level=ERROR"])
+        seconds: list[float] = []
+        error, start = "", time.perf_counter()
+        try:
+            with client.setup_kernel():
+                for index, cell in enumerate(nb.cells):
+                    if cell.cell_type == "code":
+                        t = time.perf_counter()
+                        client.execute_cell(cell, index)
+                        seconds.append(round(time.perf_counter() - t, 1))
+        except Exception as exc:  # CellExecutionError carries the traceback
+            error = f"{type(exc).__name__}: {exc}"[-4000:]
+        out_dir = self.work / "executed"
+        out_dir.mkdir(exist_ok=True)
+        nbformat.write(nb, out_dir / (name if name.endswith(".ipynb") else f"{name}.ipynb"))
+        text = "\n".join(o.get("text", "") + o.get("data", {}).get("text/plain", "")
+                         for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+        return {"passed": not error, "seconds": round(time.perf_counter() - start, 1), "cell_seconds": seconds,
+                "error": error, "text": text}
+
+
+def _tagged(text: str, tag: str) -> object:
+    line = next((ln for ln in text.splitlines() if ln.startswith(tag + "=")), None)
+    return json.loads(line[len(tag) + 1:]) if line else None
+
+
+def diff_packages(before: dict[str, str], after: dict[str, str]) -> dict:
+    """added / removed / upgraded / downgraded between two `installed` views."""
+    from packaging.version import InvalidVersion, Version
+
+    def newer(a: str, b: str) -> bool:
+        try:
+            return Version(a) > Version(b)
+        except InvalidVersion:
+            return a > b
+
+    changed = {n: (before[n], after[n]) for n in before.keys() & after.keys() if before[n] != after[n]}
+    return {"added": {n: after[n] for n in sorted(after.keys() - before.keys())},
+            "removed": {n: before[n] for n in sorted(before.keys() - after.keys())},
+            "upgraded": {n: {"from": a, "to": b} for n, (a, b) in sorted(changed.items()) if newer(b, a)},
+            "downgraded": {n: {"from": a, "to": b} for n, (a, b) in sorted(changed.items()) if not newer(b, a)}}
+
+
+def restart_needed(changes: dict, imported: list[str], venv: Path) -> list[str]:
+    """Distributions the install changed whose modules the kernel had imported before it: Colab keeps running the
+    old code until "Runtime > Restart session"."""
+    code = ("import json, importlib.metadata as m; print(json.dumps({k: v for k, v in "
+            "m.packages_distributions().items()}))")
+    out = subprocess.run([str(venv_python(venv)), "-c", code], capture_output=True, text=True, check=True)
+    modules_of: dict[str, set[str]] = {}
+    for mod, dists in json.loads(out.stdout).items():
+        for d in dists:
+            modules_of.setdefault(normalize(d), set()).add(mod)
+    touched = set(changes["upgraded"]) | set(changes["downgraded"]) | set(changes["removed"])
+    return sorted(n for n in touched if modules_of.get(n, set()) & set(imported))
+
+
+def install_step(venv: Path, session: ColabSession) -> dict:
+    """The first notebook's bootstrap cell on a fresh 'VM': clone, install (helpers.bootstrap.install_on_colab),
+    import; pip's view before and after."""
+    before, check_before = installed(venv), pip_check(venv)
+    result = session.run([PROBE_MODULES, session.bootstrap, PROBE_AFTER], "install")
+    after, check_after = installed(venv), pip_check(venv)
+    changes = diff_packages(before, after)
+    imported = _tagged(result["text"], "IMPORTED") or []
+    frontend = {normalize(n) for n in COLAB_FRONTEND}
+    touched = {**changes["upgraded"], **changes["downgraded"], **changes["removed"]}
+    colab = colab_pins()
+    majors = {n: c for n, c in {**changes["upgraded"], **changes["downgraded"]}.items()
+              if n in colab and c["from"].split(".")[0] != c["to"].split(".")[0]}
+    return {"passed": result["passed"], "error": result["error"][-2000:],
+            "bootstrap_seconds": result["cell_seconds"][1] if len(result["cell_seconds"]) > 1 else None,
+            "loaded": _tagged(result["text"], "LOADED"), "changes": changes,
+            "counts": {k: len(v) for k, v in changes.items()},
+            "frontend_packages_changed": sorted(n for n in touched if n in frontend),
+            "major_versions_changed": majors, "restart_needed_for": restart_needed(changes, imported, venv),
+            "pip_check_before": check_before, "pip_check_after": check_after,
+            "printed": [ln for ln in result["text"].splitlines() if ln.strip() and not ln.startswith(("IMPORTED=",
+                                                                                                  "LOADED="))][:40]}
+
+
+def report(torch: str, notebooks: list[str], work: Path, install_only: bool = False, label: str = "") -> dict:
+    """Build the environment, run the install step and the notebooks; returns the report's entry for this run."""
+    import local_hub  # scripts/
+
+    work.mkdir(parents=True, exist_ok=True)
+    venv = work / "venv"
+    env_info = build_env(venv, torch)
+    hub_home = work / "hf-home"
+    hub_info = subprocess.run([str(venv_python(venv)), str(ROOT / "scripts" / "local_hub.py"), str(hub_home),
+                               "--model-size", "gpt2-tiny"], capture_output=True, text=True, cwd=ROOT)
+    if hub_info.returncode != 0:
+        raise RuntimeError(f"local_hub.py failed:\n{hub_info.stderr[-3000:]}")
+    session = ColabSession(venv, work, local_hub.environment(hub_home))
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    entry = {"label": label or f"torch {torch}", "date": dt.date.today().isoformat(), "course_commit": commit.strip(),
+             "environment": env_info, "install": install_step(venv, session), "notebooks": {}}
+    print(json.dumps({k: entry["install"][k] for k in ("passed", "bootstrap_seconds", "counts",
+                                                         "frontend_packages_changed", "restart_needed_for",
+                                                         "pip_check_after")}, indent=1), flush=True)
+    if install_only or not entry["install"]["passed"]:
+        return entry
+    for nn in notebooks:
+        path = next((ROOT / "notebooks").glob(f"{nn}_*.ipynb"))
+        result = session.run_notebook(path)
+        entry["notebooks"][path.name] = {"passed": result["passed"], "seconds": result["seconds"],
+                                         "error": result["error"][-2000:],
+                                         "branch": next((ln for ln in result["text"].splitlines()
+                                                         if ln.startswith(("Colab's branch", "no Hugging Face Hub"))),
+                                                        "")}
+        print(f"{path.name}: {'passed' if result['passed'] else 'FAILED'} in {result['seconds']} s", flush=True)
+        if result["error"]:
+            print(result["error"][-3000:], flush=True)
+    return entry
+
+
+NOT_EMULATED = [
+    "Python: Colab runs {python}; the environment here uses this machine's Python (3.11), as no registry this machine "
+    "reaches serves a 3.13 interpreter",
+    "Colab's own frontend (its output frames, its widget manager, its file browser): the browser test runs classic "
+    "Notebook 6.5.7 with Colab's ipywidgets 7.7.1 and widgetsnbextension 3.6.10 instead",
+    "the GPU and CUDA: the notebooks run smoke-sized on the CPU (the GPU emulation, reports/gpu_check.json, runs the "
+    "course's own package versions)",
+    "the network: GitHub is a local bare repository of the committed course, the Hugging Face Hub a local cache "
+    "(scripts/local_hub.py) read with HF_HUB_OFFLINE=1, and PyPI is the real one",
+]
+
+
+def markdown(data: dict) -> str:
+    """reports/colab_software.md from the JSON."""
+    fx = data["fixture"]
+    lines = ["# The course under Colab's software (issue 21)", "",
+             f"Colab's package list: `{'`, `'.join(fx['files'])}` of {fx['repository']} at commit "
+             f"`{fx['commit'][:10]}` ({fx['date']}): {fx['os']}, Python {fx['python']}. Made by "
+             "`python scripts/colab_software.py report` (see its docstring); the JSON beside this file has every "
+             "package.", ""]
+    for key, run in data.get("runs", {}).items():
+        env, ins = run["environment"], run["install"]
+        lines += [f"## {key} ({run['date']}, course commit `{run['course_commit'][:10]}`)", "",
+                  f"Environment: {env['packages']} packages at Colab's versions in {env['seconds']:.0f} s, Python "
+                  f"{env['python']}, torch {env['torch']} ({'Colab' if env['torch_mode'] == 'colab' else 'not Colab'}"
+                  f"'s release{'; PyPI build, CUDA 13, on the CPU' if env['torch_mode'] == 'colab' else ''}). "
+                  "Differs from Colab's list: " + (", ".join(f"{n} {d['here']} (Colab {d['colab']})"
+                                                            for n, d in env["differs_from_colab"].items()) or "nothing")
+                  + ".", ""]
+        counts = ins["counts"]
+        lines += [f"Install (the bootstrap cell on a fresh VM: clone, `install_on_colab`, import): "
+                  f"{'passed' if ins['passed'] else 'FAILED'}, {ins['bootstrap_seconds']} s. Added {counts['added']}, "
+                  f"upgraded {counts['upgraded']}, downgraded {counts['downgraded']}, removed {counts['removed']}.", ""]
+        ch = ins["changes"]
+        if ch["added"]:
+            lines.append("- added: " + ", ".join(f"{n} {v}" for n, v in ch["added"].items()))
+        for kind in ("upgraded", "downgraded"):
+            if ch[kind]:
+                lines.append(f"- {kind}: " + ", ".join(f"{n} {c['from']} -> {c['to']}" for n, c in ch[kind].items()))
+        if ch["removed"]:
+            lines.append("- removed: " + ", ".join(f"{n} {v}" for n, v in ch["removed"].items()))
+        lines += [f"- Colab frontend packages changed: {', '.join(ins['frontend_packages_changed']) or 'none'}",
+                  "- major versions of Colab's packages changed: " + (", ".join(
+                      f"{n} {c['from']} -> {c['to']}" for n, c in ins["major_versions_changed"].items()) or "none"),
+                  "- restart needed (changed packages the kernel had imported before the install): "
+                  + (", ".join(ins["restart_needed_for"]) or "no"),
+                  f"- `pip check` before: {'; '.join(ins['pip_check_before']) or 'no broken requirements'}",
+                  f"- `pip check` after: {'; '.join(ins['pip_check_after']) or 'no broken requirements'}", ""]
+        if ins.get("loaded"):
+            lines += ["Imported after the install: " + ", ".join(f"{k} {v}" for k, v in ins["loaded"].items()
+                                                                  if k != "helpers") + ".", ""]
+        if run["notebooks"]:
+            lines += ["| notebook | result | seconds (CPU, smoke-sized) | branch |", "|---|---|---|---|"]
+            lines += [f"| {n} | {'passed' if e['passed'] else 'FAILED'} | {e['seconds']:.0f} | {e['branch'] or '-'} |"
+                      for n, e in run["notebooks"].items()]
+            lines.append("")
+    if data.get("browser_test"):
+        lines += ["## Widgets in a browser", ""] + [f"- {k}: {v}" for k, v in data["browser_test"].items()] + [""]
+    lines += ["## Not emulated", ""] + [f"- {n.format(python=fx['python'])}" for n in NOT_EMULATED] + [""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    v = sub.add_parser("versions", help="Colab's pins of the named packages")
+    v.add_argument("names", nargs="*")
+    b = sub.add_parser("build-env", help="a venv with Colab's versions")
+    b.add_argument("venv", type=Path)
+    b.add_argument("--torch", default="local", choices=["local", "colab"])
+    r = sub.add_parser("refresh", help="copy a newer googlecolab/backend-info checkout into the fixture")
+    r.add_argument("backend_info", type=Path)
+    rep = sub.add_parser("report", help="the emulated first Colab session; writes reports/colab_software.json")
+    rep.add_argument("--torch", default="colab", choices=["local", "colab"])
+    rep.add_argument("--notebooks", nargs="*", default=["00", "01", "02"])
+    rep.add_argument("--install-only", action="store_true")
+    rep.add_argument("--work", type=Path, default=None,
+                     help="folder for the venv and the session, outside the checkout (default: a new one in /tmp)")
+    rep.add_argument("--key", default="after_fix", help="the report's entry to write (e.g. before_fix)")
+    rep.add_argument("--out", type=Path, default=REPORT)
+    args = parser.parse_args(argv)
+    if args.command == "versions":
+        pins = colab_pins()
+        for name in args.names or sorted(pins):
+            print(f"{name}=={pins[normalize(name)]}" if normalize(name) in pins else f"# {name}: not in Colab's list")
+    elif args.command == "build-env":
+        print(json.dumps(build_env(args.venv, args.torch), indent=2))
+    elif args.command == "refresh":
+        refresh(args.backend_info)
+    elif args.command == "report":
+        work = args.work or Path(tempfile.mkdtemp(prefix="colab-software-"))
+        entry = report(args.torch, args.notebooks, work, args.install_only, label=args.key)
+        data = json.loads(args.out.read_text()) if args.out.exists() else {}
+        data["fixture"] = fixture_source()
+        data.setdefault("runs", {})[args.key] = entry
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        data["not_emulated"] = [n.format(python=data["fixture"]["python"]) for n in NOT_EMULATED]
+        args.out.write_text(json.dumps(data, indent=2) + "\n")
+        args.out.with_suffix(".md").write_text(markdown(data))
+        print(f"wrote {args.out} and .md ({args.key}); work folder {work}")
+        ok = entry["install"]["passed"] and all(n["passed"] for n in entry["notebooks"].values())
+        return 0 if ok else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
