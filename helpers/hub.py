@@ -13,7 +13,7 @@ from pathlib import Path
 
 from helpers.hardware import in_colab
 
-__all__ = ["HUB_DEFAULTS", "hub_available", "hub_offline", "hub_or_local", "hub_source", "in_hub_cache"]
+__all__ = ["HUB_DEFAULTS", "hub_available", "hub_cache", "hub_offline", "hub_or_local", "hub_source", "in_hub_cache"]
 
 # what notebooks 01 and 04 load on Colab: GPT-2 (124M) and WikiText-2 ("name:config", helpers.load_text_dataset)
 HUB_DEFAULTS = {"model": "gpt2", "dataset": "Salesforce/wikitext:wikitext-2-raw-v1"}
@@ -30,7 +30,7 @@ def _hf_home() -> Path:
     return Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
 
 
-def _hub_cache() -> Path:
+def hub_cache() -> Path:
     """huggingface_hub's cache folder, read from the environment now (its constants are fixed at import)."""
     return Path(os.environ.get("HF_HUB_CACHE") or _hf_home() / "hub")
 
@@ -44,9 +44,13 @@ def in_hub_cache(model_id: str | None = None, dataset: str | None = None) -> boo
     way an earlier `load_dataset` leaves it), each where given, so they load with HF_HUB_OFFLINE=1."""
     from huggingface_hub import try_to_load_from_cache
 
-    if model_id is not None and not isinstance(
-            try_to_load_from_cache(model_id, "config.json", cache_dir=_hub_cache()), str):
-        return False
+    if model_id is not None:
+        try:
+            found = try_to_load_from_cache(model_id, "config.json", cache_dir=hub_cache())
+        except ValueError:  # not a Hub id at all (HFValidationError)
+            return False
+        if not isinstance(found, str):
+            return False
     if dataset is None:
         return True
     name, _, config = dataset.partition(":")

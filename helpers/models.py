@@ -111,9 +111,12 @@ def model_shape(model: str | int | float | Any) -> ModelShape:
         return ModelShape(name=f"{count / 1e9:.2f}B params" if count >= 1e9 else f"{count / 1e6:.0f}M params",
                           n_params=count, largest_layer_params=int(near.largest_layer_params * scale),
                           hidden=near.hidden, n_layers=near.n_layers, n_heads=near.n_heads, vocab=near.vocab)
-    if isinstance(model, str) and model in GPT2_LADDER:
+    cached = _offline_hub_config(model) if isinstance(model, str) else None
+    if isinstance(model, str) and model in GPT2_LADDER and cached is None:
         return _ladder_shape(model)
-    if isinstance(model, str) and Path(model).is_dir():
+    if cached is not None:
+        config, name = cached, model  # offline, from_pretrained(model) loads this cached config's model
+    elif isinstance(model, str) and Path(model).is_dir():
         config, name = AutoConfig.from_pretrained(model), Path(model).name
     elif isinstance(model, str):
         config, name = hub_config(model), model
@@ -133,6 +136,19 @@ def model_shape(model: str | int | float | Any) -> ModelShape:
                       hidden=first("hidden_size", "n_embd", "d_model"),
                       n_layers=first("num_hidden_layers", "n_layer", "num_layers"),
                       n_heads=first("num_attention_heads", "n_head"), vocab=first("vocab_size"))
+
+
+def _offline_hub_config(name: str) -> Any:
+    """The config `from_pretrained(name)` would load when the Hub is switched off (HF_HUB_OFFLINE=1) and the local
+    Hugging Face cache holds `name` (a real earlier download, or scripts/local_hub.py's stand-in); None otherwise.
+    Online, a ladder name is the Hub model's published architecture, so the ladder answers."""
+    from helpers.hub import hub_cache, hub_offline, in_hub_cache
+
+    if not hub_offline() or Path(name).is_dir() or not in_hub_cache(model_id=name):
+        return None
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(name, local_files_only=True, cache_dir=str(hub_cache()))
 
 
 def hub_config(repo_id: str, timeout_s: float | None = None) -> Any:

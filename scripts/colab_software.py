@@ -194,7 +194,7 @@ google.colab = _colab
 PROBE_MODULES = ("import json, sys\n"
                  "print('IMPORTED=' + json.dumps(sorted({m.split('.')[0] for m in list(sys.modules)})))")
 PROBE_AFTER = ("import json, helpers, deepspeed, transformers, datasets, accelerate, torch\n"
-               "print('LOADED=' + json.dumps({'helpers': helpers.__file__, 'deepspeed': deepspeed.__version__,\n"
+               "print('LOADED=' + json.dumps({'helpers': str(helpers.course_root()), 'deepspeed': deepspeed.__version__,\n"
                "    'transformers': transformers.__version__, 'datasets': datasets.__version__,\n"
                "    'accelerate': accelerate.__version__, 'torch': torch.__version__}))")
 
@@ -258,10 +258,11 @@ class ColabSession:
         from helpers.bootstrap import BOOTSTRAP_CELL
 
         nb = nbformat.read(path, as_version=4)
-        first = next(c for c in nb.cells if c.cell_type == "code")
-        if first.source != BOOTSTRAP_CELL:
-            raise RuntimeError(f"{path.name}'s first code cell is not the bootstrap cell")
-        first.source = self.bootstrap
+        boot = [c for c in nb.cells if c.cell_type == "code" and c.source == BOOTSTRAP_CELL]
+        if len(boot) != 1:
+            raise RuntimeError(f"{path.name} has {len(boot)} bootstrap cells (helpers.bootstrap.BOOTSTRAP_CELL): "
+                               "run scripts/apply_bootstrap.py")
+        boot[0].source = self.bootstrap
         return self._execute(nb, path.name, timeout_s)
 
     def _execute(self, nb, name: str, timeout_s: int) -> dict:
@@ -388,6 +389,27 @@ def report(torch: str, notebooks: list[str], work: Path, install_only: bool = Fa
     return entry
 
 
+def browser_results() -> dict[str, str]:
+    """scripts/browser_test.py in classic Notebook 6.5.7 on Colab's widget versions (its venv is built first when
+    missing) and in JupyterLab 4 / Notebook 7 on this checkout's: passed or failed, seconds, date."""
+    env = ROOT / "build" / "colab-widgets-env"
+    if not venv_python(env).exists():
+        build_env(env, "local")
+        pip(env, "install", "deepspeed==0.19.8", "-c", str(env / "colab-constraints.txt"))
+        pip(env, "install", "--no-deps", "--no-build-isolation", "-e", str(ROOT))
+    results = {}
+    for label, extra in (("classic Notebook 6.5.7, ipywidgets 7.7.1 (Colab's kernel-side versions)", ["--classic"]),
+                         ("JupyterLab 4 and Notebook 7, ipywidgets 8 (this checkout's .venv)", [])):
+        start = time.perf_counter()
+        out = subprocess.run([sys.executable, str(ROOT / "scripts" / "browser_test.py"), *extra],
+                             capture_output=True, text=True, cwd=ROOT)
+        seconds = time.perf_counter() - start
+        tail = (out.stdout + out.stderr).strip().splitlines()[-1:] or [""]
+        results[label] = (f"{'passed' if out.returncode == 0 else 'FAILED'} in {seconds:.0f} s on "
+                          f"{dt.date.today().isoformat()}" + ("" if out.returncode == 0 else f": {tail[0][:300]}"))
+    return results
+
+
 NOT_EMULATED = [
     "Python: Colab runs {python}; the environment here uses this machine's Python (3.11), as no registry this machine "
     "reaches serves a 3.13 interpreter",
@@ -468,6 +490,8 @@ def main(argv: list[str] | None = None) -> int:
                      help="folder for the venv and the session, outside the checkout (default: a new one in /tmp)")
     rep.add_argument("--key", default="after_fix", help="the report's entry to write (e.g. before_fix)")
     rep.add_argument("--out", type=Path, default=REPORT)
+    br = sub.add_parser("browser", help="run scripts/browser_test.py in both modes and record the result")
+    br.add_argument("--out", type=Path, default=REPORT)
     args = parser.parse_args(argv)
     if args.command == "versions":
         pins = colab_pins()
@@ -477,6 +501,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(build_env(args.venv, args.torch), indent=2))
     elif args.command == "refresh":
         refresh(args.backend_info)
+    elif args.command == "browser":
+        data = json.loads(args.out.read_text())
+        data["browser_test"] = browser_results()
+        args.out.write_text(json.dumps(data, indent=2) + "\n")
+        args.out.with_suffix(".md").write_text(markdown(data))
+        print(json.dumps(data["browser_test"], indent=1))
+        return 0 if all(r.startswith("passed") for r in data["browser_test"].values()) else 1
     elif args.command == "report":
         work = args.work or Path(tempfile.mkdtemp(prefix="colab-software-"))
         entry = report(args.torch, args.notebooks, work, args.install_only, label=args.key)

@@ -83,3 +83,21 @@ def test_branch_follows_colab_and_the_offline_cache(hub_home, monkeypatch, capsy
     assert not hub.hub_available("gpt2")
     monkeypatch.setenv("COLAB_RELEASE_TAG", "test")
     assert hub.hub_available("gpt2", "Salesforce/wikitext:wikitext-2-raw-v1")
+
+
+def test_offline_a_cached_ladder_name_has_the_cached_models_shape(hub_home, monkeypatch):
+    """What from_pretrained('gpt2') loads offline is the cache's model (here GPT-2's architecture at the tiny rung), so
+    the estimate uses its config; without the cache (or online) 'gpt2' is the published 124M architecture."""
+    from helpers.models import model_shape
+
+    home, info = hub_home
+    for k, v in local_hub.environment(home).items():
+        monkeypatch.setenv(k, v)
+    assert model_shape("gpt2").n_params == info["model"]["n_params"] < 10e6
+    assert model_shape("gpt2-medium").n_params > 300e6  # not in the cache: the ladder
+    with pytest.raises(ValueError, match="nor a Hugging Face Hub id"):
+        model_shape("not a repo id!")  # refused with the fix, not a crash in the cache lookup
+    with pytest.raises(ValueError):
+        model_shape("gpt2-xxl")
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    assert 124e6 < model_shape("gpt2").n_params < 125e6
