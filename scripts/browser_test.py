@@ -510,16 +510,26 @@ def run(args: argparse.Namespace) -> int:
         if driver is not None:
             shot(driver, "99_failure.png")
     finally:
-        if driver is not None:
-            driver.quit()
-        lab.terminate()
-        try:
-            lab.wait(20)
-        except subprocess.TimeoutExpired:
-            lab.kill()
-        hub.close()
-    print(f"{'PASSED' if not check.failures else 'FAILED'} in {time.time() - started:.0f} s; screenshots in "
-          f"{OUT.relative_to(ROOT)}/", flush=True)
+        stop(driver, lab, hub)
+    return verdict(check, started, "", OUT)
+
+
+def stop(driver, server: subprocess.Popen, hub) -> None:
+    """Close the browser, the Jupyter server (killed after 20 s) and the silent Hub."""
+    if driver is not None:
+        driver.quit()
+    server.terminate()
+    try:
+        server.wait(20)
+    except subprocess.TimeoutExpired:
+        server.kill()
+    hub.close()
+
+
+def verdict(check: Check, started: float, what: str, out: Path) -> int:
+    """Print PASSED/FAILED with the seconds and where the screenshots are; the exit status."""
+    print(f"{'PASSED' if not check.failures else 'FAILED'}{what} in {time.time() - started:.0f} s; screenshots in "
+          f"{out.relative_to(ROOT)}/", flush=True)
     return 0 if not check.failures else 1
 
 
@@ -733,17 +743,8 @@ def run_classic(args: argparse.Namespace) -> int:
         if driver is not None:
             shot(driver, "99_failure.png", CLASSIC_OUT)
     finally:
-        if driver is not None:
-            driver.quit()
-        server.terminate()
-        try:
-            server.wait(20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        hub.close()
-    print(f"{'PASSED' if not check.failures else 'FAILED'} (classic Notebook) in {time.time() - started:.0f} s; "
-          f"screenshots in {CLASSIC_OUT.relative_to(ROOT)}/", flush=True)
-    return 0 if not check.failures else 1
+        stop(driver, server, hub)
+    return verdict(check, started, " (classic Notebook)", CLASSIC_OUT)
 
 
 PLAN_MODEL_HINT = "gpt2-xl"  # notebook 00's PLAN_MODEL: the planner must start there
