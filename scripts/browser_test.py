@@ -480,13 +480,18 @@ def notebook7_part(driver, check: Check, base: str, copy: Path) -> None:
     driver.save_screenshot(str(OUT / "08_notebook7_reopened.png"))
 
 
-def run(args: argparse.Namespace) -> int:
-    OUT.mkdir(parents=True, exist_ok=True)
-    nb_dir, downloads = OUT / "nb", OUT / "downloads"
-    nb_dir.mkdir(exist_ok=True)
+def workspace(out: Path) -> tuple[Path, Path]:
+    """A fresh copy of notebook 00 under `out`/nb (the front ends autosave it) and the browser's downloads folder."""
+    nb_dir, downloads = out / "nb", out / "downloads"
+    nb_dir.mkdir(parents=True, exist_ok=True)
     downloads.mkdir(exist_ok=True)
     copy = nb_dir / NOTEBOOK.name
     shutil.copy(NOTEBOOK, copy)
+    return copy, downloads
+
+
+def run(args: argparse.Namespace) -> int:
+    copy, downloads = workspace(OUT)
     hub = silent_hub()
     token, port = secrets.token_hex(16), free_port()
     lab = start_lab(port, token, f"http://127.0.0.1:{hub.getsockname()[1]}")
@@ -719,12 +724,7 @@ def run_classic(args: argparse.Namespace) -> int:
     if not (args.env / "bin" / "python").is_file():
         print(f"no venv at {args.env}: build it (see this script's docstring)", flush=True)
         return 2
-    CLASSIC_OUT.mkdir(parents=True, exist_ok=True)
-    nb_dir, downloads = CLASSIC_OUT / "nb", CLASSIC_OUT / "downloads"
-    nb_dir.mkdir(exist_ok=True)
-    downloads.mkdir(exist_ok=True)
-    copy = nb_dir / NOTEBOOK.name
-    shutil.copy(NOTEBOOK, copy)
+    copy, downloads = workspace(CLASSIC_OUT)
     hub = silent_hub()
     token, port = secrets.token_hex(16), free_port()
     server = start_classic(args.env, port, token, f"http://127.0.0.1:{hub.getsockname()[1]}")
