@@ -169,6 +169,10 @@ def train_in_fresh_process(name: str, ds_config: dict[str, Any], model: str, *, 
         if result_path.exists() and proc.returncode == 0:
             result = RunResult.from_dict(json.loads(result_path.read_text()))
             result.peak_rss_gb = round(max(result.peak_rss_gb, state["peak_rss"] / GB), 3)
+            if result.extras.get("compiled_ops"):
+                print(f"  note: this child compiled DeepSpeed's {', '.join(result.extras['compiled_ops'])} op first (not "
+                      "cached yet), so its RAM peak includes the compiler's. helpers.build_ops(...) before the first "
+                      "measured run avoids that.", flush=True)
             return result
         result = RunResult(name=name, model=model, params=0, config="plain PyTorch" if plain_pytorch else name,
                            precision="", micro_batch=int(ds_config["train_micro_batch_size_per_gpu"]),
@@ -264,6 +268,10 @@ def _child(spec_path: str) -> int:
     if spec["mmap_threshold_mib"]:
         helpers.mmap_large_allocations(int(spec["mmap_threshold_mib"] * 2**20))
     runtime = helpers.detect_runtime()
+    import helpers.runtime as rt
+
+    rt.announce_op_builds()  # a compile in here is recorded: its RAM would be counted as the config's
+    rt.ON_OP_BUILD = lambda op: _say(phase=f"compiling DeepSpeed's {op} op")
     _say(phase="loading data")
     tokenizer = helpers.load_tokenizer(spec["tokenizer_dir"])
     ds = helpers.load_text_dataset(spec["dataset"])
@@ -302,6 +310,8 @@ def _child(spec_path: str) -> int:
                           nvme_path=spec["nvme_path"], progress=False, on_step=on_step, on_phase=on_phase,
                           estimated_bytes=spec["estimated_vram_bytes"],
                           time_micro_batches=spec.get("time_micro_batches", False))
+    if rt.COMPILED_OPS:
+        r.extras["compiled_ops"] = list(rt.COMPILED_OPS)
     tmp = Path(spec["result"]).with_suffix(".part")
     tmp.write_text(json.dumps(r.as_dict()))
     os.replace(tmp, spec["result"])

@@ -356,8 +356,9 @@ def detect_runtime(t4_budget: bool | None = None, disk_path: str = ".") -> Runti
         precision="fp32", notes=tuple(notes), ram_limit=ram_source)
 
 
-def colab_t4_profile(disk_free_gb: float = 70.0) -> Runtime:
-    """The free Colab T4 runtime as numbers, for what-if checks on any machine (notebook 02)."""
+def colab_t4_profile(disk_free_gb: float = COLAB_NVME_BUDGET_BYTES / GB) -> Runtime:
+    """The free Colab T4 runtime as numbers, for what-if checks on any machine (notebooks 00 and 02); its disk is
+    the course's NVMe budget on Colab (60 GB of the ~78 GB a fresh VM has free), as the emulation enforces."""
     return Runtime(device="cuda", gpu_name="Tesla T4", compute_capability=(7, 5),
                    gpu_total_bytes=int(T4_VRAM_GIB * GiB), vram_budget_bytes=int(T4_VRAM_GIB * GiB),
                    ram_total_bytes=COLAB_VM_RAM_BYTES, ram_budget_bytes=COLAB_RAM_BUDGET_BYTES,

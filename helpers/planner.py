@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from helpers.models import ModelShape
 
 __all__ = ["FALLBACK_LADDER", "RAM_ESTIMATE_MARGIN", "ROW_IN_USE", "ROW_STEP", "UNITS", "BudgetError", "Plan",
-           "PreflightReport", "plan", "planner_widget", "preflight"]
+           "PreflightReport", "config_kind", "fresh_runtime_command", "measured_fresh_runtime", "plan",
+           "planner_widget", "preflight"]
 
 # Pre-flight keeps this share of the RAM budget free: the RAM estimates of reports/ladder.json are within about 5 %
 # of the measured peaks (both ways), and a Colab kernel that runs out of RAM is killed without a Python error.
@@ -70,6 +71,11 @@ class PreflightReport:
     suggestion_report: "PreflightReport | None" = None
     smaller_model: str | None = None  # when no course config fits: the largest ladder model that does
     smaller_model_kind: str | None = None
+    # when no course config fits beside what runs now: the config the emulated ladder measured training this model
+    # from a fresh runtime (`measured_fresh_runtime`), and that measurement
+    fresh_runtime_kind: str | None = None
+    fresh_runtime: dict[str, Any] | None = None
+    model_name: str | None = None
     ram_margin: float = RAM_ESTIMATE_MARGIN  # share of the RAM budget kept free for the estimate's error
 
     @property
@@ -153,9 +159,19 @@ class PreflightReport:
                      if self.suggestion_zero_init else "")
             need = f" (predicted: {self.suggestion_report.needs()})" if self.suggestion_report else ""
             return f"Fix: the course's {self.suggestion_kind!r} config, {call}{built}{need}"
+        fresh = ""
+        if self.fresh_runtime_kind and self.fresh_runtime and self.model_name:
+            m = self.fresh_runtime
+            fresh = (f"; from a fresh runtime, without this kernel's RAM, {self.fresh_runtime_kind!r} trained it, "
+                     f"measured at {m['peak_ram_gb']:.2f} GB of {m['ram_limit_gb']} GB ({m['runtime']}, {m['batch']}): "
+                     "Runtime > "
+                     "Restart session, run the setup cell, then "
+                     f"!{fresh_runtime_command(self.fresh_runtime_kind, self.model_name)}")
         if self.smaller_model:
-            return (f"Fix: none of the course's configs fits this model here; a smaller one does: {self.smaller_model} "
-                    f"with {self.smaller_model_kind!r}. Or a machine with more memory")
+            return (f"Fix: none of the course's configs fits this model here{fresh}; a smaller one does: "
+                    f"{self.smaller_model} with {self.smaller_model_kind!r}. Or a machine with more memory")
+        if fresh:
+            return f"Fix: none of the course's configs fits this model here{fresh}"
         return ("Fix: none of the course's configs fits this model here, nor a smaller GPT-2: train a smaller model, "
                 "shorten sequences or micro-batch, or move to a machine with more memory")
 
@@ -296,6 +312,15 @@ def preflight(config: dict[str, Any], n_params: int, runtime: "Runtime", *, larg
     if report.suggestion is None:
         report.smaller_model, report.smaller_model_kind = _smaller_model_that_fits(
             n_params, runtime, precision, activation_bytes, nvme_path, ram_in_use)
+        if runtime.is_colab or runtime.t4_budget:  # the emulated ladder measured a Colab T4's budgets
+            from helpers.models import GPT2_LADDER, model_shape
+
+            report.model_name = next((m for m in GPT2_LADDER if model_shape(m).n_params == n_params), None)
+            for kind in OFFLOAD_KINDS:
+                m = measured_fresh_runtime(kind, report.model_name) if report.model_name else None
+                if m and m["fits"]:
+                    report.fresh_runtime_kind, report.fresh_runtime = kind, m
+                    break
     if raise_on_failure:
         ram_problem = any(p.startswith("CPU RAM") for p in report.problems)
         model_copy_counted = runtime.has_gpu and est.cpu.get("model copy", 0) > 0
@@ -322,6 +347,72 @@ def _smaller_model_that_fits(n_params: int, runtime: "Runtime", precision: str, 
                       args["stage"] == 3, ram_in_use).fits:
                 return name, kind
     return None, None
+
+
+# The committed ladder measured inside the Colab emulation (RAM, CPUs and VRAM enforced), each rung alone in a fresh
+# process: what a learner gets from a fresh runtime (benchmarks/ladder.py --emulate).
+EMULATED_LADDER = "reports/ladder_colab_emulation.json"
+
+
+def config_kind(config: dict[str, Any] | None) -> str | None:
+    """The course offload config (helpers.OFFLOAD_KINDS) a DeepSpeed dict is, by stage and offload devices; None
+    for any other config."""
+    if not config:
+        return None
+    zero = config.get("zero_optimization") or {}
+    got = {"stage": int(zero.get("stage", 0))}
+    for section in ("offload_optimizer", "offload_param"):
+        device = (zero.get(section) or {}).get("device", "none")
+        if device != "none":
+            got[section] = device
+    return next((kind for kind, kwargs in OFFLOAD_KINDS.items() if dict(kwargs) == got), None)
+
+
+def fresh_runtime_command(kind: str, model: str, *, nvme_path: str = "/content/nvme",
+                          out: str | None = None) -> str:
+    """The command that trains `model` with the course config `kind` alone, in a fresh process, and writes what it
+    measured (benchmarks/ladder.py; notebooks 00 and 02, the README). Run it after Runtime > Restart session and the
+    setup cell, so that no notebook kernel holds RAM beside it. tests/test_ladder.py runs it smoke-sized in a
+    memory cgroup."""
+    if kind not in OFFLOAD_KINDS:
+        raise ValueError(f"unknown offload config {kind!r}. Fix: one of {', '.join(OFFLOAD_KINDS)}.")
+    out = out or f"/content/ladder-{model}.json"
+    return (f"python benchmarks/ladder.py --configs {kind} --sizes {model} --verify-refusals {kind} --fresh "
+            f"--nvme-path {nvme_path} --out {out}")
+
+
+def measured_fresh_runtime(kind: str | None, model: str) -> dict[str, Any] | None:
+    """The emulated ladder's row for (`kind`, `model`) when it ran to the end there, else None: {'fits', 'peak_ram_gb',
+    'ram_limit_gb', 'tokens_per_s', 'runtime', 'batch'} (notebook 00's planner, notebook 02)."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / EMULATED_LADDER
+    if kind is None or not path.is_file():
+        return None
+    report = json.loads(path.read_text())
+    for r in report.get("rows", []):
+        if (r.get("config"), r.get("model")) == (kind, model) and r.get("ran") and not r.get("timed_out"):
+            enc = r.get("enclosure", {})
+            return {"fits": bool(r.get("fits")), "peak_ram_gb": enc.get("peak_ram_gb"),
+                    "ram_limit_gb": enc.get("ram_limit_gb", report.get("budgets", {}).get("ram_gb")),
+                    "tokens_per_s": r.get("tokens_per_s", 0.0), "runtime": report.get("runtime", ""),
+                    "batch": f"micro-batch {report['settings']['micro_batch']} x {report['settings']['seq_len']}"}
+    return None
+
+
+def _measured_text(p: "Plan") -> str:
+    """For a refused plan whose config and model the emulated ladder trained from a fresh runtime: that measurement
+    and the command that repeats it; else ''."""
+    if p.report is None or p.report.fits:
+        return ""
+    kind = config_kind(p.config)
+    m = measured_fresh_runtime(kind, p.shape.name)
+    if not m or not m["fits"]:
+        return ""
+    return (f"measured from a fresh runtime ({m['runtime']}, {m['batch']}): it trains, peak RAM {m['peak_ram_gb']:.2f} GB of "
+            f"{m['ram_limit_gb']} GB, {m['tokens_per_s']:,.0f} tokens/s. The estimate above counts what this "
+            "kernel holds and keeps a margin, so beside a notebook it refuses; to run it, Runtime > Restart session, "
+            f"run the setup cell, then: !{fresh_runtime_command(kind, p.shape.name)}")  # type: ignore[arg-type]
 
 
 @dataclass
@@ -356,6 +447,8 @@ class Plan:
             return f"{head}\nconfig refused: {self.error}"
         assert self.report is not None
         text = [head, self.report.table(), str(self.report)]
+        if _measured_text(self):
+            text.append(_measured_text(self))
         if _step_time_text(self):
             text.append(_step_time_text(self))
         if self.report.suggestion:
@@ -484,7 +577,10 @@ def _verdict_html(p: "Plan | None", name: str, error: str = "") -> str:
     fix = _suggested_settings(p)
     rest = f"{head}: " + "; ".join(p.report.problems) + "."
     rest += f" Try: {_settings_text(fix)}." if fix else " " + p.report.fix() + "."
-    return line(_VERDICT_COLOURS["no"], "does NOT fit", rest) + speed_html
+    measured = _measured_text(p)
+    measured_html = (f'<div class="ds-plan-measured" style="padding:0 14px">{html.escape(measured)}</div>'
+                     if measured else "")
+    return line(_VERDICT_COLOURS["no"], "does NOT fit", rest) + measured_html + speed_html
 
 
 def _picture_html(p: "Plan | None") -> str:

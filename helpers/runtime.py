@@ -10,9 +10,9 @@ import gc
 import os
 import socket
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-__all__ = ["DIST_ENV_VARS", "announce_op_builds", "clean_slate", "destroy_engine", "free_port", "gpu_allocated_bytes", "live_engines",
+__all__ = ["COMPILED_OPS", "DIST_ENV_VARS", "OP_BUILDERS", "announce_op_builds", "build_ops", "clean_slate", "destroy_engine", "free_port", "gpu_allocated_bytes", "live_engines",
            "mmap_large_allocations", "release_host_memory", "release_nvme_swappers", "release_zero3_globals", "remove_deepspeed_hooks",
            "remove_stale_build_lock",
            "require", "reset_peak_stats", "setup_single_process", "teardown", "warm_up_cuda", "warm_up_deepspeed",
@@ -297,6 +297,117 @@ def remove_stale_build_lock(folder: str | os.PathLike[str], idle_s: float = 600.
     return True
 
 
+# ops compiled in this process by `announce_op_builds`'s wrapper (a fresh child's record: helpers.fresh_process)
+COMPILED_OPS: list[str] = []
+ON_OP_BUILD: Callable[[str], None] | None = None  # called with the op's name before it compiles
+# the course's names for DeepSpeed's JIT ops -> their builder classes (deepspeed.ops.op_builder)
+OP_BUILDERS: dict[str, str] = {"cpu_adam": "CPUAdamBuilder", "async_io": "AsyncIOBuilder",
+                               "fused_adam": "FusedAdamBuilder"}
+_BUILD_CODE = """
+import sys, time
+from deepspeed.accelerator import get_accelerator
+for cls in sys.argv[1:]:
+    b = get_accelerator().create_op_builder(cls)
+    if b is None or not b.is_compatible(verbose=False):
+        print("SKIP", cls, flush=True)
+        continue
+    t = time.perf_counter()
+    b.load(verbose=False)
+    print("BUILT", cls, round(time.perf_counter() - t, 1), flush=True)
+"""
+
+
+def _op_cached(name: str) -> bool:
+    """True when torch's extension cache already holds op `name`'s compiled library."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+
+        folder = _get_build_directory(name, verbose=False)
+        return any(f.endswith(".so") for f in os.listdir(folder))
+    except (OSError, ImportError):
+        return False
+
+
+def build_ops(*names: str, timeout_s: float = 1800.0) -> dict[str, str]:
+    """Compile DeepSpeed's JIT ops `names` now, in a fresh Python, before any measured run (notebook 02).
+
+    DeepSpeed compiles `cpu_adam` (CPU offload) and `async_io` (NVMe) with g++ the first time a process needs them:
+    1-4 min on 2 CPU cores, and inside a measured child process the compiler's RAM is counted as the config's
+    (issue 22: a config measured 4.87 GB against 0.84 GB once the op was cached). Built once here, every later process
+    loads them from torch's extension cache. Returns {name: "cached" | "built in N s" | "not available here"};
+    prints one line per op it builds, with a progress bar from the first second.
+    """
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    unknown = [n for n in names if n not in OP_BUILDERS]
+    if unknown:
+        raise ValueError(f"unknown DeepSpeed op {unknown[0]!r}. Fix: one of {', '.join(OP_BUILDERS)}.")
+    out = {n: "cached" for n in names if _op_cached(n)}
+    todo = [n for n in names if n not in out]
+    if not todo:
+        return out
+    from helpers.progress import progress_bar
+
+    print(f"compiling DeepSpeed's {', '.join(todo)} op{'s' if len(todo) > 1 else ''} now, before the measured runs "
+          "(first use on this runtime; 1-4 min each on 2 CPU cores, then cached)", flush=True)
+    for name in todo:
+        try:
+            from torch.utils.cpp_extension import _get_build_directory
+
+            remove_stale_build_lock(_get_build_directory(name, verbose=False))
+        except (OSError, ImportError):
+            pass
+    proc = subprocess.Popen([sys.executable, "-c", _BUILD_CODE, *(OP_BUILDERS[n] for n in todo)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+
+    def read() -> None:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            lines.append(line.rstrip())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    start = time.perf_counter()
+    bar = progress_bar(total=len(todo), desc="compiling DeepSpeed ops")
+    try:
+        while proc.poll() is None:
+            done = sum(line.startswith(("BUILT", "SKIP")) for line in lines)
+            if done != bar.n:
+                bar.update(done - bar.n)
+            if time.perf_counter() - start > timeout_s:
+                proc.kill()
+                break
+            time.sleep(0.5)
+    except BaseException:  # an interrupt: no compiler left running (its lock is removed on the next call)
+        proc.kill()
+        proc.wait()
+        bar.close()
+        raise
+    proc.wait()
+    reader.join(timeout=5)
+    done = sum(line.startswith(("BUILT", "SKIP")) for line in lines)
+    bar.update(done - bar.n)
+    bar.close()
+    by_class = {v: k for k, v in OP_BUILDERS.items()}
+    for line in lines:
+        word, *rest = line.split()
+        if word == "BUILT":
+            out[by_class[rest[0]]] = f"built in {float(rest[1]):.0f} s"
+        elif word == "SKIP":
+            out[by_class[rest[0]]] = "not available here"
+    missing = [n for n in todo if n not in out]
+    if missing:
+        tail = "\n".join(lines[-15:])
+        raise RuntimeError(f"compiling DeepSpeed's {', '.join(missing)} failed (exit code {proc.returncode}):\n{tail}\n"
+                           "Fix: run `ds_report` (notebook 00) to see which op cannot build here; a CUDA mismatch "
+                           "between torch and the system's nvcc is the usual cause.")
+    print("; ".join(f"{n}: {v}" for n, v in out.items()), flush=True)
+    return out
+
+
 def announce_op_builds() -> bool:
     """Print one line before DeepSpeed compiles a C++ op on first use, and one after (every notebook's bootstrap).
 
@@ -330,12 +441,16 @@ def announce_op_builds() -> bool:
             return jit_load(self, verbose)
         print(f"compiling DeepSpeed's {name} op (first use on this machine; 1-4 min on 2 CPU cores, then cached) ...",
               flush=True)
+        COMPILED_OPS.append(name)
+        if ON_OP_BUILD is not None:
+            ON_OP_BUILD(name)
         start = time.perf_counter()
-        module = jit_load(self, verbose)
+        module = announced_jit_load._original(self, verbose)  # type: ignore[attr-defined]
         print(f"compiled {name} in {time.perf_counter() - start:.0f} s", flush=True)
         return module
 
     announced_jit_load._announces = True  # type: ignore[attr-defined]
+    announced_jit_load._original = jit_load  # type: ignore[attr-defined]
     OpBuilder.jit_load = announced_jit_load
     return True
 

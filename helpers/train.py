@@ -24,7 +24,8 @@ from helpers.runtime import reset_peak_stats, setup_single_process, teardown
 if TYPE_CHECKING:
     from helpers.hardware import Runtime
 
-__all__ = ["RunResult", "RunSettings", "TrainHooks", "train_run", "oom_summary", "evaluate", "results_table"]
+__all__ = ["RunResult", "RunSettings", "SpeedComparison", "TrainHooks", "compare_speed", "train_run", "oom_summary",
+           "evaluate", "results_table"]
 
 # fields written in GiB by reports before issue 14, now in GB (what `RunResult.from_dict` converts)
 _GIB_TO_GB = {"peak_rss_gib": "peak_rss_gb", "baseline_rss_gib": "baseline_rss_gb", "disk_gib": "disk_gb"}
@@ -48,6 +49,8 @@ class RunResult:
     losses: list[float] = field(default_factory=list)
     val_losses: list[tuple[int, float]] = field(default_factory=list)
     tokens_per_s: float = 0.0
+    # wall seconds of each timed optimizer step (after the untimed ones; evaluation excluded): the spread of tokens/s
+    step_seconds: list[float] = field(default_factory=list)
     peak_vram_gib: float = 0.0  # peak GPU allocated above the idle baseline
     peak_reserved_gib: float = 0.0
     estimated_vram_gib: float = 0.0
@@ -71,6 +74,28 @@ class RunResult:
     def val_loss(self) -> float:
         """The last validation loss (nan without one)."""
         return self.val_losses[-1][1] if self.val_losses else math.nan
+
+    def step_tokens_per_s(self) -> list[float]:
+        """tokens/s of each timed optimizer step, sorted (empty when none was timed)."""
+        tokens = self.micro_batch * self.grad_accum * self.seq_len
+        return sorted(tokens / s for s in self.step_seconds if s > 0)
+
+    def speed_spread(self) -> tuple[float, float, float]:
+        """(lower quartile, median, upper quartile) of the per-step tokens/s: the middle half of the timed steps.
+
+        With fewer than 2 timed steps all three are `tokens_per_s` (no spread measured)."""
+        rates = self.step_tokens_per_s()
+        if len(rates) < 2:
+            return self.tokens_per_s, self.tokens_per_s, self.tokens_per_s
+        return _quantile(rates, 0.25), _quantile(rates, 0.5), _quantile(rates, 0.75)
+
+    def speed_text(self) -> str:
+        """'16,316 tokens/s (steps: 15,900-16,700, middle half of 18)': the median step and its spread."""
+        low, mid, high = self.speed_spread()
+        n = len(self.step_seconds)
+        if n < 2:
+            return f"{self.tokens_per_s:,.0f} tokens/s (one timed step: no spread)"
+        return f"{mid:,.0f} tokens/s (steps {low:,.0f}-{high:,.0f}, middle half of {n})"
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -100,6 +125,53 @@ class RunResult:
             return f"{self.name:<{width}}{growth:>15.2f}{self.peak_rss_gb:>13.2f}{self.tokens_per_s:>10.0f}" + losses
         return (f"{self.name:<{width}}{self.peak_vram_gib:>9.2f}{self.estimated_vram_gib:>9.2f}{self.ratio:>7.2f}"
                 f"{self.tokens_per_s:>10.0f}{self.peak_rss_gb:>9.2f}" + losses)
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    """Linear-interpolated quantile `q` of an already sorted list."""
+    pos = (len(sorted_values) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+@dataclass(frozen=True)
+class SpeedComparison:
+    """Run `a` against run `b` in tokens/s, with the spread of their steps (notebooks 01 and 03)."""
+
+    a: str
+    b: str
+    ratio: float  # median step of a / median step of b
+    separated: bool  # the middle halves of their per-step tokens/s do not overlap
+    low: float  # ratio of a's lower quartile to b's upper quartile
+    high: float  # ratio of a's upper quartile to b's lower quartile
+
+    @property
+    def verdict(self) -> str:
+        """'faster', 'slower' or 'no difference beyond the spread'."""
+        if not self.separated:
+            return "no difference beyond the spread"
+        return "faster" if self.ratio > 1 else "slower"
+
+    def __str__(self) -> str:
+        spread = f"x{self.ratio:.2f} (x{self.low:.2f}-x{self.high:.2f} between the middle halves of their steps)"
+        if not self.separated:
+            return f"{self.a} vs {self.b}: {spread}: no difference beyond the step-to-step spread"
+        return f"{self.a} vs {self.b}: {spread}: {self.verdict}"
+
+
+def compare_speed(a: RunResult, b: RunResult) -> SpeedComparison:
+    """Compare two runs' tokens/s by their per-step spread: a difference counts only when the middle halves of their
+    steps do not overlap (a's lower quartile above b's upper quartile, or the reverse).
+
+    Runs with fewer than 2 timed steps have no spread: they are never called different."""
+    a_lo, a_mid, a_hi = a.speed_spread()
+    b_lo, b_mid, b_hi = b.speed_spread()
+    if not (a_mid > 0 and b_mid > 0 and b_lo > 0):
+        return SpeedComparison(a.name, b.name, math.nan, False, math.nan, math.nan)
+    measured = len(a.step_seconds) >= 2 and len(b.step_seconds) >= 2
+    separated = measured and (a_lo > b_hi or a_hi < b_lo)
+    return SpeedComparison(a.name, b.name, a_mid / b_mid, separated, a_lo / b_hi, a_hi / b_lo)
 
 
 def results_table(results: list[RunResult]) -> str:
@@ -417,13 +489,19 @@ class _Loop:
         net.train()
         start = time.perf_counter()
         timed_from = None
+        result.step_seconds = []
         bar = progress_bar(range(steps), desc=result.name, disable=not progress)
         for step in bar:
             if step == untimed_steps:
                 if runtime.has_gpu:
                     torch.cuda.synchronize()
                 timed_from = time.perf_counter()
+            step_started = time.perf_counter()
             step_loss = self.step(net, batches, device)
+            if timed_from is not None:
+                if device == "cuda":
+                    torch.cuda.synchronize()  # plain PyTorch's optimizer step is still queued after .item()
+                result.step_seconds.append(round(time.perf_counter() - step_started, 5))
             result.losses.append(step_loss)
             self.on_step(step, step_loss)
             postfix = {"loss": f"{step_loss:.3f}", **self.hooks.after_step(step, result)}

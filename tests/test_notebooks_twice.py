@@ -96,3 +96,33 @@ def test_notebook_survives_interrupts_and_reruns(path, tmp_path):
     assert hygiene_problems(nbformat.read(tmp_path / path.name, as_version=4)) == []
     assert result["log"][-1] == "live DeepSpeed engines: 0"
     assert any("run again" in line for line in result["log"])
+
+
+@pytest.mark.skipif(not MECHANISM.startswith("cgroup"), reason=f"cgroups not writable here: {WHY}")
+def test_02_teaches_on_what_fits_when_the_ram_is_too_small_for_its_wall_model(tmp_path):
+    """Issue 22: in a memory cgroup too small for every offload config of the wall model (a laptop, a container),
+    notebook 02 said so correctly and then crashed (`max()` of nothing). Here the wall model is gpt2 (124M: each
+    offload config needs >= 2.7 GB beside the kernel on CPU) in the 3 GB group: the notebook must pass top to bottom
+    on the largest GPT-2 that fits, with no process killed."""
+    _build_ops_outside()
+    nb = nbformat.read(ROOT / "notebooks" / "02_zero3_offload_nvme.ipynb", as_version=4)
+    params = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    assert 'WALL_MODEL = "gpt2-large"' in params.source
+    params.source = params.source.replace('WALL_MODEL = "gpt2-large"', 'WALL_MODEL = "gpt2"')
+    work = ROOT / "build" / "test-02-small-ram"  # inside the checkout: the bootstrap cell finds helpers/ above it
+    work.mkdir(parents=True, exist_ok=True)
+    path = work / "02_zero3_offload_nvme.ipynb"
+    nbformat.write(nb, path)
+    limit = RAM_LIMIT_BYTES["02_zero3_offload_nvme.ipynb"]
+    result = emu.run_notebook(path, out_dir=tmp_path, limits=emu.ColabLimits(ram_bytes=limit))
+    enc = result["enclosure"]
+    assert result["passed"], result["error"][-3000:]
+    assert enc["oom_kills"] == 0 and enc["peak_ram_gb"] <= limit / 1e9, enc
+    text = "\n".join(o.get("text", "") + o.get("data", {}).get("text/plain", "")
+                     for c in nbformat.read(tmp_path / path.name, as_version=4).cells if c.cell_type == "code"
+                     for o in c.get("outputs", []))
+    assert "None of the offload configs trains gpt2 within this runtime's RAM" in text
+    assert "this notebook continues with gpt2-tiny" in text
+    assert "trained it (loss" in text  # the summary: at least one offload config trained the model that fits
+    assert "compiled DeepSpeed's" not in text  # no measured child compiled an op (helpers.build_ops ran first)
+    assert not emu.leftover_groups()

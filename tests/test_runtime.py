@@ -187,6 +187,37 @@ def test_an_op_build_is_announced_before_it_starts_and_a_cached_op_is_not(monkey
     op.name = "cached_op"
     assert OpBuilder.jit_load(op) == "cached_op" and capsys.readouterr().out == ""
     assert built == ["new_op", "cached_op"]
+    import helpers.runtime as rt
+
+    assert rt.COMPILED_OPS[-1:] == ["new_op"]  # what a measured child reports (helpers.fresh_process)
+
+
+def test_build_ops_refuses_an_unknown_op_with_the_names_it_knows():
+    from helpers.runtime import OP_BUILDERS, build_ops
+
+    with pytest.raises(ValueError, match="unknown DeepSpeed op 'cpu_adamw'") as err:
+        build_ops("cpu_adamw")
+    assert all(name in str(err.value) for name in OP_BUILDERS)
+
+
+def test_build_ops_builds_once_and_a_child_after_it_compiles_nothing(tmp_path, capsys):
+    """Issue 22 item 3: the ops a notebook needs are compiled before its first measured child, in their own process;
+    the child's record (RunResult.extras['compiled_ops']) then names none, so its RAM peak is the config's own."""
+    import helpers
+
+    first = helpers.build_ops("cpu_adam")
+    assert first["cpu_adam"] == "cached" or first["cpu_adam"].startswith("built in")
+    capsys.readouterr()
+    assert helpers.build_ops("cpu_adam") == {"cpu_adam": "cached"} and capsys.readouterr().out == ""
+    rt = helpers.detect_runtime()
+    ds = helpers.load_text_dataset("local")
+    helpers.train_tokenizer(ds["train"]["text"][:400], tmp_path / "tok")
+    cfg = helpers.offload_config("zero2_offload_cpu", rt, micro_batch_size=2, lr=1e-3, warmup_steps=1)
+    r = helpers.train_in_fresh_process("zero2 offload", cfg, "gpt2-tiny", tokenizer_dir=tmp_path / "tok", steps=3,
+                                       seq_len=32, max_blocks=16, progress=False)
+    assert not r.error, r.error
+    assert "compiled_ops" not in r.extras and "compiled DeepSpeed's" not in capsys.readouterr().out
+    assert len(r.step_seconds) == 2  # 3 steps, the first untimed: the spread of tokens/s (helpers.compare_speed)
 
 
 def test_a_build_lock_left_by_a_killed_build_is_removed_and_a_live_one_kept(tmp_path, capsys):
