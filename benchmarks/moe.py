@@ -3,7 +3,8 @@
     DS_COURSE_T4_BUDGET=1 python benchmarks/moe.py
 
 Trains the dense twin, MoE top-1 and MoE top-2 (same data, steps, batch and config) and writes
-reports/moe.json (+ moe.md): per row params_total, params_active, measured FLOPs per token, tokens_per_s,
+reports/moe.json (+ moe.md): per row params_total, params_active, measured FLOPs per token, tokens_per_s (the
+run's average, validation included), step_seconds and tokens_per_s_steps (quartiles of the per-step tokens/s),
 peak_vram_gib, val_loss and the expert load per expert; then the aux-loss coefficient sweep (top-1), a
 capacity-factor sweep on the trained top-1 model, DeepSpeed's ZeRO-3 refusal, and with --ep the 2-process
 expert-parallel run (2 GPUs if the machine has them, else 2 CPU processes over gloo).
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import helpers
 from helpers.gpt import GPTConfig, build_gpt
-from helpers.moe import MoEHooks
+from helpers.moe import MoEHooks, run_from_report_row
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -66,6 +67,8 @@ def row(run: helpers.RunResult) -> dict:
     d["loss_last5"] = round(sum(e["lm_losses"][-5:]) / 5, 4)
     d["dropped_fraction"] = e["routing"].get("dropped_fraction")
     d["imbalance"] = e["routing"].get("imbalance")
+    # per-step tokens/s: lower quartile, median, upper quartile of the timed steps (validation excluded)
+    d["tokens_per_s_steps"] = [round(x, 1) for x in run.speed_spread()]
     return d
 
 
@@ -95,6 +98,14 @@ def expert_parallel(args: argparse.Namespace, runtime: helpers.Runtime, blocks, 
     return {"device": device, "ranks": ranks}
 
 
+def speed(row: dict) -> str:
+    """A row's tokens/s: the median step and its middle half when the steps were timed, else the run's average."""
+    steps = row.get("tokens_per_s_steps")
+    if steps and len(row.get("step_seconds", [])) >= 2:
+        return f"{steps[1]:,.0f} ({steps[0]:,.0f}-{steps[2]:,.0f})"
+    return f"{row['tokens_per_s']:,.0f}"
+
+
 def markdown(report: dict) -> str:
     lines = [f"# Dense vs Mixture of Experts at equal active compute ({report['runtime']}, {report['date']})", "",
              f"GPT-style model, hidden {report['shape']['hidden']}, {report['shape']['layers']} layers, "
@@ -109,8 +120,16 @@ def markdown(report: dict) -> str:
         dropped = "-" if r["dropped_fraction"] is None else f"{100 * r['dropped_fraction']:.1f} %"
         imb = "-" if r["imbalance"] is None else f"{r['imbalance']:.2f}"
         lines.append(f"| {r['name']} | {r['params_total']:,} | {r['params_active']:,} | {r['flops_per_token'] / 1e6:.2f}M "
-                     f"| {r['tokens_per_s']:,.0f} | {r['peak_vram_gib']:.3f} | {r['loss_first5']:.3f} -> "
+                     f"| {speed(r)} | {r['peak_vram_gib']:.3f} | {r['loss_first5']:.3f} -> "
                      f"{r['loss_last5']:.3f} | {r['val_loss']:.3f} | {dropped} | {imb} |")
+    runs = [run_from_report_row(r) for r in report["rows"]]
+    if len(runs) > 1 and all(len(r.step_seconds) >= 2 for r in runs):
+        lines += ["", "tokens/s: the median timed step (the middle half of the steps in brackets, validation excluded); "
+                  "a difference counts only where the middle halves do not overlap:", ""]
+        lines += [f"- {c}" for c in helpers.speed_verdicts(runs)]
+    else:
+        lines += ["", "tokens/s: the average over the timed steps, validation included; no per-step times recorded, "
+                  "so no spread and no faster/slower verdict."]
     lines += ["", "Aux-loss coefficient (top-1):", "",
               "| aux coef | busiest/mean (per step) | dropped | val loss |", "|---:|---:|---:|---:|"]
     for r in report["aux_sweep"]:
@@ -180,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         if "probe" in r.extras:
             report["capacity_sweep"] = r.extras["probe"]
         print(f"{name:<12} total {r.extras['params_total']:>11,} active {r.extras['params_active']:>11,} "
-              f"{r.tokens_per_s:>10,.0f} tok/s {r.peak_vram_gib:>7.3f} GiB val {r.val_loss:.3f}", flush=True)
+              f"{r.speed_text()} {r.peak_vram_gib:>7.3f} GiB val {r.val_loss:.3f}", flush=True)
         write()
     for coef in args.aux_sweep:
         r = runs["MoE top-1"] if coef == args.aux_coef else train(

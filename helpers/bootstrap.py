@@ -14,7 +14,9 @@ into the notebooks; tests/test_repo.py checks each has it, unchanged.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -135,10 +137,60 @@ def install_libaio() -> bool:
     return LIBAIO_HEADER.exists()
 
 
+# Log lines of the libraries that say nothing a learner can act on, by logger and the start of the message:
+# - DeepSpeed's WarmupLR asks itself for a learning rate while it is being built (lr_schedules.py, before its first
+#   step; once per engine: ten times in notebook 01);
+# - transformers (modeling_utils' `loss_function`) says `loss_type=None` is unrecognized for every GPT-2 config,
+#   then uses the causal-LM loss anyway, which is the loss these models train with.
+NOISE_LOG_MESSAGES = {
+    "DeepSpeed": ("Attempting to get learning rate from scheduler before it has started",),
+    "transformers.modeling_utils": ("`loss_type=None` was set in the config but it is unrecognized",),
+}
+# DeepSpeed's ZeRO-3 step warns, in a paragraph meant for multi-rank jobs, when PyTorch's allocator had to flush its
+# cache to find memory (stage3.py): that is memory pressure, worth one plain line for a learner, not nothing.
+ALLOCATOR_FLUSHES = re.compile(r"(\d+) pytorch allocator cache flushes since last step")
+
+
+class _DropMessages(logging.Filter):
+    """Drops the records whose message starts with one of `starts`; every other record passes."""
+
+    def __init__(self, starts: tuple[str, ...]) -> None:
+        super().__init__()
+        self.starts = starts
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.starts)
+
+
+class _AllocatorFlushesInOneLine(logging.Filter):
+    """Rewrites DeepSpeed's allocator-flush paragraph as one line a learner can act on (never drops a record)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        found = ALLOCATOR_FLUSHES.match(record.getMessage())
+        if found:
+            record.msg = (f"GPU memory is nearly full: PyTorch freed its cached memory {found.group(1)} time(s) in the "
+                          "last step to find room, which slows training (a smaller micro-batch, or more offload, "
+                          "gives it room)")
+            record.args = ()
+        return True
+
+
 def quiet_warnings() -> None:
-    """Hide the FutureWarning and UserWarning noise of torch, transformers and DeepSpeed (the notebooks' habit)."""
+    """Hide the FutureWarning and UserWarning noise of torch, transformers and DeepSpeed (the notebooks' habit), drop
+    the log lines of `NOISE_LOG_MESSAGES` (exactly those) and shorten DeepSpeed's allocator-flush warning to one line.
+
+    Filters sit on the loggers that make those records (DeepSpeed's "DeepSpeed", transformers' module logger), so
+    nothing else they log is touched; calling this again adds no second filter."""
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=UserWarning)
+    wanted: dict[str, list[logging.Filter]] = {name: [_DropMessages(starts)]
+                                               for name, starts in NOISE_LOG_MESSAGES.items()}
+    wanted["DeepSpeed"].append(_AllocatorFlushesInOneLine())
+    for name, filters in wanted.items():
+        logger = logging.getLogger(name)
+        for new in filters:
+            if not any(type(old) is type(new) for old in logger.filters):
+                logger.addFilter(new)
 
 
 def _inline_plots() -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from helpers.runtime import setup_single_process, teardown
-from helpers.train import RunResult, TrainHooks
+from helpers.train import RunResult, SpeedComparison, TrainHooks, compare_speed
 
 if TYPE_CHECKING:
     from helpers.gpt import GPTConfig
@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 __all__ = ["ZERO3_REFUSAL", "ParamCounts", "count_moe_params", "moe_param_groups", "describe_param_groups",
            "measure_flops_per_token", "expert_capacity", "analytic_flops_per_token", "RoutingRecorder",
            "RoutingSummary", "set_capacity_factor", "MoEHooks", "moe_table", "evaluate_moe", "capacity_sweep",
-           "moe_ds_config", "zero3_refusal", "expert_parallel_summary", "quiet_deepspeed"]
+           "moe_ds_config", "zero3_refusal", "expert_parallel_summary", "quiet_deepspeed", "speed_verdicts", "Evenness",
+           "evenness", "most_even", "run_from_report_row", "committed_report_note"]
 
 ZERO3_REFUSAL = "Native DeepSpeed MoE is not supported with ZeRO Stage 3"
 
@@ -314,19 +315,104 @@ def set_capacity_factor(model: Any, factor: float) -> None:
 
 
 def moe_table(runs: Sequence[RunResult]) -> str:
-    """Fixed-width comparison of MoE runs (`train_run` with `MoEHooks`): parameters, FLOPs, tokens/s, peak VRAM,
-    LM losses, validation loss, dropped share."""
-    head = (f"{'run':<24}{'total M':>9}{'active M':>9}{'MFLOP/tok':>10}{'tokens/s':>10}{'peak GiB':>9}"
+    """Fixed-width comparison of MoE runs (`train_run` with `MoEHooks`): parameters, FLOPs, tokens/s of the median
+    timed step and the middle half of the steps (`RunResult.speed_spread`), peak VRAM (when a GPU was measured), the
+    RAM the run added over its start, LM losses, validation loss, dropped share."""
+    gpu = any(r.peak_vram_gib for r in runs)
+    head = (f"{'run':<24}{'total M':>9}{'active M':>9}{'MFLOP/tok':>10}{'tokens/s':>10}{'steps, middle half':>21}"
+            + (f"{'peak GiB':>9}" if gpu else "") + f"{'RAM +GB':>8}"
             f"{'loss0':>7}{'lossN':>7}{'val':>7}{'dropped':>8}")
     lines = [head, "-" * len(head)]
     for r in runs:
         e = r.extras
         lm = e["lm_losses"]
         dropped = e["routing"].get("dropped_fraction")
+        low, mid, high = r.speed_spread()
+        spread = f"{low:,.0f}-{high:,.0f}" if len(r.step_seconds) >= 2 else "one step: none"
         lines.append(f"{r.name:<24}{e['params_total'] / 1e6:>9.3f}{e['params_active'] / 1e6:>9.3f}"
-                     f"{e['flops_per_token'] / 1e6:>10.2f}{r.tokens_per_s:>10,.0f}{r.peak_vram_gib:>9.3f}"
+                     f"{e['flops_per_token'] / 1e6:>10.2f}{mid:>10,.0f}{spread:>21}"
+                     + (f"{r.peak_vram_gib:>9.3f}" if gpu else "")
+                     + f"{max(r.peak_rss_gb - r.baseline_rss_gb, 0.0):>8.2f}"
                      f"{lm[0]:>7.3f}{sum(lm[-5:]) / len(lm[-5:]):>7.3f}"
                      f"{r.val_loss:>7.3f}" + (f"{100 * dropped:>7.1f}%" if dropped is not None else f"{'-':>8}"))
+    return "\n".join(lines)
+
+
+def speed_verdicts(runs: Sequence[RunResult], baseline: str = "dense") -> list[SpeedComparison]:
+    """Each run against the run named `baseline` by `helpers.compare_speed`: median step ratio and whether the middle
+    halves of their per-step tokens/s are apart (only then is one called faster or slower)."""
+    base = next(r for r in runs if r.name == baseline)
+    return [compare_speed(r, base) for r in runs if r is not base]
+
+
+@dataclass(frozen=True)
+class Evenness:
+    """How even one run's routing was, by the two measures notebook 03 shows (1.0 = perfectly even)."""
+
+    per_step: float  # busiest expert's routes / the mean within a step, averaged over steps, worst MoE layer
+    whole_run: float  # busiest expert's share of the whole run's routes x num_experts, first MoE layer (the bars)
+
+
+def evenness(routing: dict[str, Any]) -> Evenness:
+    """Both evenness measures of a `RoutingSummary.as_dict()` (`RunResult.extras['routing']`)."""
+    row = routing["demand"][0]
+    return Evenness(per_step=routing["imbalance"], whole_run=max(row) * len(row) / max(sum(row), 1))
+
+
+def most_even(routings: dict[float, dict[str, Any]]) -> dict[str, list[float]]:
+    """The aux-loss coefficients (keys) whose routing was the most even, by each measure of `Evenness`: several where
+    they tie to the printed two decimals. {'per_step': [...], 'whole_run': [...]}."""
+    measures = {c: evenness(r) for c, r in routings.items()}
+    out = {}
+    for field in ("per_step", "whole_run"):
+        best = min(round(getattr(m, field), 2) for m in measures.values())
+        out[field] = [c for c, m in measures.items() if round(getattr(m, field), 2) == best]
+    return out
+
+
+def run_from_report_row(row: dict[str, Any]) -> RunResult:
+    """The speed part of a benchmarks/moe.py report row as a `RunResult` (rows before issue 22 lack the record's
+    other fields, and `step_seconds`)."""
+    return RunResult(name=row["name"], model="course GPT", params=row.get("params_total", 0), config=row["name"],
+                     precision=row.get("precision", ""), micro_batch=row["micro_batch"],
+                     grad_accum=row.get("grad_accum", 1), seq_len=row["seq_len"], steps=row["steps"],
+                     checkpointing=False, runtime=row.get("runtime", ""), tokens_per_s=row["tokens_per_s"],
+                     step_seconds=list(row.get("step_seconds", [])))
+
+
+def committed_report_note(report: dict[str, Any], runs: Sequence[RunResult] | None = None,
+                          runtime_label: str | None = None) -> str:
+    """Where the committed benchmark's numbers come from, next to this run's (notebook 03, reports/moe.json).
+
+    The report is a separate run of benchmarks/moe.py (its own machine, date, load and size): its tokens/s are never
+    compared with this run's; each run's MoE / dense ratios are compared within that run only, with the spread of its
+    steps where the report recorded them (`step_seconds`, reports written after issue 22)."""
+    shape = report.get("shape", {})
+    lines = [f"reports/moe.json: benchmarks/moe.py on '{report['runtime']}' ({report.get('gpu') or 'no GPU'}), "
+             f"{report['date']}, torch {report.get('torch', '?')}, deepspeed {report.get('deepspeed', '?')}: "
+             f"hidden {shape.get('hidden')}, {shape.get('layers')} layers, {report['steps']} steps of "
+             f"{report['micro_batch']} x {report['seq_len']} tokens, {report.get('precision')}."]
+    if runs:
+        here = runs[0]
+        lines.append(f"This notebook's runs: '{runtime_label or here.runtime}', {here.steps} steps of "
+                     f"{here.micro_batch} x {here.seq_len} tokens, {here.precision}. Different runs (machine, load, "
+                     "size): their tokens/s are not compared with each other, only the ratios within each run.")
+    rows = {r["name"]: run_from_report_row(r) for r in report.get("rows", [])}
+    if "dense" in rows:
+        if all(len(r.step_seconds) >= 2 for r in rows.values()):
+            lines.append("In the report (median step, middle half of the steps): "
+                         + "; ".join(str(c) for c in speed_verdicts(list(rows.values()))))
+        else:
+            d = rows["dense"]
+            lines.append("In the report, tokens/s is each run's average over its timed steps, validation passes "
+                         f"included (every {max(1, d.steps // 5)} steps), with no per-step times recorded: no spread, "
+                         "so its ratios are not called faster or slower ("
+                         + ", ".join(f"{n} x{r.tokens_per_s / d.tokens_per_s:.2f} dense" for n, r in rows.items()
+                                     if n != "dense") + ").")
+    if runs:
+        lines.append("This run's averages of the same kind (timed steps with validation): "
+                     + ", ".join(f"{r.name} {r.tokens_per_s:,.0f}" for r in runs)
+                     + " tokens/s; its median steps: " + ", ".join(f"{r.name} {r.speed_text()}" for r in runs) + ".")
     return "\n".join(lines)
 
 

@@ -293,8 +293,14 @@ def plot_speed_vs_memory(runs: Sequence["RunResult"], ram_gb: Sequence[float] | 
         ax.bar(range(len(names)), [r.tokens_per_s for r in runs], color=[f"C{i}" for i in range(len(names))])
         ax.set_xticks(range(len(names)), list(names), rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("tokens/s")
-    ax.set_yscale("log")
-    ax.set_title(title)
+    speeds = [r.tokens_per_s for r in runs if r.tokens_per_s > 0]
+    if speeds and max(speeds) > 10 * min(speeds):  # a log axis only where the speeds span orders of magnitude
+        ax.set_yscale("log")
+        ax.set_ylabel("tokens/s (log scale)")
+    else:
+        ax.set_ylim(bottom=0)
+    ax.set_title("speed" + (" against peak GPU memory" if any(r.peak_vram_gib for r in runs) else " per run"))
+    fig.suptitle(title)  # the long runtime label once, above both panels (it overlapped the right panel's title)
     ax2.bar(range(len(names)), list(peak_rss_gb), color=[f"C{i}" for i in range(len(names))])
     if ram_budget_gb:
         ax2.axhline(ram_budget_gb, color="#C44E52", linestyle="--", label=f"RAM budget {ram_budget_gb:.1f} GB")
@@ -338,7 +344,8 @@ def plot_step_time(curve: dict[int, "StepTimeEstimate"], measured: dict[int, flo
     ax2.set_yscale("log")
     ax2.set_xlabel("micro-batches per optimizer step")
     ax2.set_ylabel("tokens/s")
-    ax2.set_title(title)
+    ax2.set_title("tokens/s against accumulation")
+    fig.suptitle(title)  # the long label once, above both panels
     ax2.legend(fontsize=7)
     return _show(fig, show)
 
@@ -431,7 +438,7 @@ def plot_zero_scaling(rows: Sequence[dict[str, Any]], title: str = "Model states
     from helpers.scale_out import estimate_parts
 
     stages = sorted({r["stage"] for r in rows})
-    fig = Figure(figsize=(3.2 * len(stages), 3.4), layout="constrained")
+    fig = Figure(figsize=(3.2 * len(stages), 4.0), layout="constrained")
     axes = fig.subplots(1, len(stages), sharey=True, squeeze=False)[0]
     colors = {"params": "tab:blue", "grads_peak": "tab:orange", "optimizer": "tab:green"}
     labels = {"params": "params", "grads_peak": "grads (peak)", "optimizer": "optimizer"}
@@ -452,6 +459,8 @@ def plot_zero_scaling(rows: Sequence[dict[str, Any]], title: str = "Model states
         ax.set_title(f"ZeRO-{stage}")
         ax.set_xlabel("ranks N")
     axes[0].set_ylabel("MB per rank (log scale)")
-    axes[-1].legend(fontsize=7)
+    # below the panels, not inside one: on the last (ZeRO-3) panel every line falls with N and the legend hid them
+    handles, names = axes[-1].get_legend_handles_labels()
+    fig.legend(handles, names, loc="outside lower center", ncol=3, fontsize=7, frameon=False)
     fig.suptitle(title)
     return _show(fig, show)

@@ -99,3 +99,36 @@ def test_start_notebook_prints_one_status_block_and_leaves_the_runtime_to_the_no
     out = capsys.readouterr().out
     assert f"course code: {ROOT}\n" in out and "Runtime" not in out
     assert "| DeepSpeed warmed up in 0.5 s" in out
+
+
+def test_quiet_warnings_drops_exactly_the_library_noise_and_shortens_the_allocator_warning():
+    """The DeepSpeed and transformers lines a learner cannot act on are dropped at their loggers; other lines of the
+    same loggers pass untouched; DeepSpeed's allocator-flush paragraph (memory pressure) becomes one plain line."""
+    import logging
+
+    bootstrap.quiet_warnings()
+    bootstrap.quiet_warnings()  # a second call (every notebook calls it) adds no second filter
+
+    def passes(logger_name, msg, *args):
+        logger = logging.getLogger(logger_name)
+        record = logger.makeRecord(logger_name, logging.WARNING, "x.py", 1, msg, args, None)
+        return record if logger.filter(record) else None
+
+    assert passes("DeepSpeed", "Attempting to get learning rate from scheduler before it has started") is None
+    assert passes("transformers.modeling_utils", "`loss_type=None` was set in the config but it is unrecognized. "
+                  "Using the default loss: `ForCausalLMLoss`.") is None
+    for name, msg in [("DeepSpeed", "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536"),
+                      ("DeepSpeed", "Using unknown warmup_type: x. The increasing function is set to default (log)"),
+                      ("transformers.modeling_utils", "`loss_type=ForMaskedLM` was set ..."),
+                      ("transformers.modeling_utils", "Some weights of GPT2LMHeadModel were not initialized"),
+                      ("some.other.library", "Attempting to get learning rate from scheduler before it has started")]:
+        record = passes(name, msg)
+        assert record is not None and record.getMessage() == msg, (name, msg)
+    flush = passes("DeepSpeed", "%d pytorch allocator cache flushes since last step. this happens when there is high "
+                   "memory pressure and is detrimental to performance. if this is happening frequently consider "
+                   "adjusting settings to reduce memory consumption.", 3)
+    assert flush is not None and flush.getMessage().startswith("GPU memory is nearly full: PyTorch freed its cached "
+                                                               "memory 3 time(s) in the last step")
+    assert "\n" not in flush.getMessage() and "ranks" not in flush.getMessage()
+    kinds = [type(f).__name__ for f in logging.getLogger("DeepSpeed").filters]
+    assert sorted(kinds) == sorted(set(kinds))

@@ -14,8 +14,8 @@ from helpers.data import load_text_dataset, pack_blocks, train_tokenizer
 from helpers.hardware import detect_runtime
 from helpers.gpt import GPTConfig, build_gpt
 from helpers.moe import (ZERO3_REFUSAL, MoEHooks, RoutingRecorder, analytic_flops_per_token, capacity_sweep,
-                         count_moe_params, expert_capacity, measure_flops_per_token, moe_ds_config, moe_param_groups,
-                         moe_table, zero3_refusal)
+                         committed_report_note, count_moe_params, evenness, expert_capacity, measure_flops_per_token,
+                         moe_ds_config, moe_param_groups, moe_table, most_even, speed_verdicts, zero3_refusal)
 from helpers.runtime import DIST_ENV_VARS, setup_single_process
 from helpers.train import RunResult, train_run
 
@@ -167,6 +167,65 @@ def test_moe_trains_under_zero2_with_the_aux_loss_added(blocks):
     assert dense.extras["kind"] == "dense" and len(dense.val_losses) == 1
     table = moe_table([dense, run])
     assert "dense" in table and f"{run.val_loss:.3f}" in table
+    # train_run timed every step after the two untimed ones: the table gives the median step and the middle half
+    assert len(run.step_seconds) == steps - 2 and len(dense.step_seconds) == 2
+    low, mid, high = run.speed_spread()
+    assert low <= mid <= high and f"{mid:>10,.0f}" in table and f"{low:,.0f}-{high:,.0f}" in table
+    assert "RAM +GB" in table and f"{max(run.peak_rss_gb - run.baseline_rss_gb, 0):.2f}" in table
+    assert ("peak GiB" in table) == bool(run.peak_vram_gib or dense.peak_vram_gib)
+
+
+def timed(name, step_seconds, tokens_per_s=0.0, routing=None):
+    """A RunResult with only its name, timed steps (8 x 32 tokens each) and routing set."""
+    return RunResult(name=name, model="m", params=1, config=name, precision="fp32", micro_batch=8, grad_accum=1,
+                     seq_len=32, steps=len(step_seconds) + 2, checkpointing=False, runtime="test",
+                     tokens_per_s=tokens_per_s, step_seconds=step_seconds, extras={"routing": routing or {}})
+
+
+def test_speed_verdicts_call_a_difference_only_beyond_the_spread():
+    dense = timed("dense", [0.010, 0.011, 0.012, 0.010, 0.011])
+    slow = timed("MoE top-1", [0.020, 0.021, 0.022, 0.020, 0.021])  # the middle halves far apart: slower
+    noisy = timed("MoE top-2", [0.008, 0.011, 0.016, 0.009, 0.013])  # overlaps dense's: no verdict
+    verdicts = {c.a: c for c in speed_verdicts([dense, slow, noisy])}
+    assert set(verdicts) == {"MoE top-1", "MoE top-2"} and all(c.b == "dense" for c in verdicts.values())
+    assert verdicts["MoE top-1"].separated and verdicts["MoE top-1"].verdict == "slower"
+    assert verdicts["MoE top-1"].ratio == pytest.approx(0.011 / 0.021, rel=1e-3)
+    assert not verdicts["MoE top-2"].separated
+    assert verdicts["MoE top-2"].verdict == "no difference beyond the spread"
+
+
+def test_most_even_follows_each_measure_and_they_can_disagree():
+    # reports/moe.json's aux sweep pattern: 0.01 the most even per step, 0.1 over the whole run (the bars)
+    routings = {0.0: {"imbalance": 4.94, "demand": [[40, 10, 10, 20]]},
+                0.01: {"imbalance": 2.59, "demand": [[30, 20, 20, 30]]},
+                0.1: {"imbalance": 2.89, "demand": [[26, 24, 25, 25]]}}
+    assert evenness(routings[0.1]).whole_run == pytest.approx(26 * 4 / 100)
+    assert evenness(routings[0.01]).per_step == 2.59
+    assert most_even(routings) == {"per_step": [0.01], "whole_run": [0.1]}
+    routings[0.1]["imbalance"] = 2.588  # equal to the printed two decimals: both named
+    assert most_even(routings)["per_step"] == [0.01, 0.1]
+
+
+def test_committed_report_note_says_where_its_numbers_come_from():
+    def row(name, tps, steps=None):
+        r = {"name": name, "runtime": "GPU box", "micro_batch": 8, "seq_len": 32, "steps": 20, "tokens_per_s": tps,
+             "params_total": 1, "precision": "fp16"}
+        if steps is not None:
+            r["step_seconds"] = steps
+        return r
+
+    report = {"runtime": "GPU box", "gpu": "GPU", "date": "2026-01-01", "shape": {"hidden": 8, "layers": 2},
+              "steps": 20, "micro_batch": 8, "seq_len": 32, "precision": "fp16",
+              "rows": [row("dense", 1000.0), row("MoE top-1", 500.0)]}
+    here = [timed("dense", [0.01, 0.011, 0.012], 900.0), timed("MoE top-1", [0.02, 0.021, 0.022], 400.0)]
+    old = committed_report_note(report, here, "CPU here")
+    assert "'GPU box'" in old and "2026-01-01" in old and "'CPU here'" in old and "not compared" in old
+    assert "no per-step times recorded" in old and "x0.50 dense" in old  # an old report: no verdict, its ratio only
+    assert "vs dense" not in old  # no SpeedComparison line without per-step times
+    assert "dense 900" in old and here[0].speed_text() in old  # this run's numbers, labelled as this run's
+    report["rows"] = [row("dense", 1000.0, [0.010, 0.011, 0.012]), row("MoE top-1", 500.0, [0.020, 0.021, 0.022])]
+    new = committed_report_note(report)
+    assert "In the report (median step" in new and "slower" in new and "This run" not in new
 
 
 def test_an_interrupted_moe_run_removes_its_gate_hooks(blocks):
@@ -289,7 +348,12 @@ def test_benchmark_smoke(tmp_path):
     assert len(report["rows"][1]["expert_load"][0]) == 4
     assert [a["aux_loss_coef"] for a in report["aux_sweep"]] == [0.0, 0.01]
     assert ZERO3_REFUSAL in report["zero3_refusal"]
-    assert out.with_suffix(".md").read_text().startswith("# Dense vs Mixture of Experts")
+    for r in report["rows"]:  # 4 steps, 2 untimed: the per-step times and their quartiles are in the report
+        assert len(r["step_seconds"]) == 2 and len(r["tokens_per_s_steps"]) == 3
+        assert r["tokens_per_s_steps"][0] <= r["tokens_per_s_steps"][1] <= r["tokens_per_s_steps"][2]
+    md = out.with_suffix(".md").read_text()
+    assert md.startswith("# Dense vs Mixture of Experts")
+    assert "MoE top-1 vs dense: x" in md and "middle halves" in md  # the verdicts, from the steps' spread
 
 
 def test_committed_report_if_present():

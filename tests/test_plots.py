@@ -78,6 +78,17 @@ def test_zero_scaling_plots_one_panel_per_stage_with_the_estimate():
     fig = plot_zero_scaling(rows)
     assert [ax.get_title() for ax in fig.axes] == ["ZeRO-1", "ZeRO-3"]
     assert len(fig.axes[0].lines) == 6  # measured and estimated, for params, grads and optimizer
+    # the legend is the figure's, below the panels: it covers none of the lines (it sat on ZeRO-3's)
+    assert all(ax.get_legend() is None for ax in fig.axes) and len(fig.legends) == 1
+    assert len(fig.legends[0].get_texts()) == 6
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()  # the constrained layout places the legend at draw time
+    renderer = canvas.get_renderer()
+    legend_box = fig.legends[0].get_window_extent(renderer)
+    assert all(not legend_box.overlaps(ax.get_window_extent(renderer)) for ax in fig.axes)
+    assert legend_box.y1 <= min(ax.get_window_extent(renderer).y0 for ax in fig.axes)
 
 
 def test_in_a_notebook_a_figure_is_displayed_where_it_is_made_and_not_returned(monkeypatch):

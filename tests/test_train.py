@@ -11,7 +11,7 @@ from helpers.data import load_text_dataset, pack_blocks, train_tokenizer
 from helpers.hardware import detect_runtime
 from helpers.memory import estimate_peak, estimate_step_transient
 from helpers.models import load_causal_lm, save_model_from_config
-from helpers.train import RunResult, RunSettings, TrainHooks, results_table, train_run
+from helpers.train import RunResult, RunSettings, TrainHooks, compare_speed, results_table, train_run
 
 
 @pytest.fixture(scope="module")
@@ -197,3 +197,52 @@ def test_the_models_output_is_gone_before_backward(setup, plain):
               ds_config=course_config("plain" if plain else "zero2", rt, micro_batch_size=4), steps=2,
               hooks=Watch(), progress=False)
     assert alive_in_backward == [False, False]
+
+
+def _timed(name, step_seconds, tokens_per_step=100):
+    """A record whose steps took `step_seconds` (tokens_per_step tokens each: micro-batch 1 x seq tokens_per_step)."""
+    return RunResult(name=name, model="m", params=1, config=name, precision="fp32", micro_batch=1, grad_accum=1,
+                     seq_len=tokens_per_step, steps=len(step_seconds) + 2, checkpointing=False, runtime="cpu",
+                     tokens_per_s=tokens_per_step * len(step_seconds) / (sum(step_seconds) or 1), step_seconds=step_seconds)
+
+
+def test_speed_spread_is_the_quartiles_of_the_per_step_tokens_per_s():
+    r = _timed("a", [1.0, 0.5, 0.25, 0.2, 0.1])  # 100, 200, 400, 500, 1000 tokens/s
+    assert r.step_tokens_per_s() == [100.0, 200.0, 400.0, 500.0, 1000.0]
+    assert r.speed_spread() == (200.0, 400.0, 500.0)
+    assert _timed("b", [1.0, 0.5]).speed_spread() == (125.0, 150.0, 175.0)  # interpolated between the two
+    assert "400 tokens/s (steps 200-500, middle half of 5)" == r.speed_text()
+    one = _timed("c", [0.5])
+    assert one.speed_spread() == (one.tokens_per_s,) * 3 and "no spread" in one.speed_text()
+
+
+def test_compare_speed_calls_a_difference_only_when_the_middle_halves_do_not_overlap():
+    slow = _timed("slow", [1.0, 1.1, 0.9, 1.0, 1.05, 0.95])  # ~100 tokens/s, tight
+    fast = _timed("fast", [0.5, 0.55, 0.45, 0.5, 0.52, 0.48])  # ~200 tokens/s, tight
+    c = compare_speed(fast, slow)
+    assert c.separated and c.verdict == "faster" and c.ratio == pytest.approx(2.0, rel=0.05)
+    assert c.low > 1 and c.high > c.low and "faster" in str(c) and "x2.0" in str(c)
+    assert compare_speed(slow, fast).verdict == "slower"
+    noisy = _timed("noisy", [1.3, 0.7, 1.0, 0.8, 1.2, 0.6])  # 77-167 tokens/s: its middle half covers slow's
+    n = compare_speed(noisy, slow)
+    assert not n.separated and n.verdict == "no difference beyond the spread"
+    assert "no difference beyond the step-to-step spread" in str(n) and n.ratio > 1.1  # the medians alone say +10%
+    # one timed step each: no spread measured, never called different
+    assert not compare_speed(_timed("x", [0.1]), _timed("y", [1.0])).separated
+    assert not compare_speed(_timed("x", []), slow).separated
+
+
+def test_train_run_records_the_seconds_of_each_timed_step(setup):
+    blocks, model_dir = setup
+    rt = detect_runtime()
+    r = train_run("timed", lambda: load_causal_lm(model_dir), blocks, runtime=rt, steps=6, untimed_steps=2,
+                  ds_config=course_config("zero2", rt, micro_batch_size=2), progress=False, eval_every=3,
+                  val_blocks=blocks)
+    assert len(r.step_seconds) == 4 and all(s > 0 for s in r.step_seconds)  # steps 2-5; evaluation not inside
+    assert sum(r.step_seconds) <= r.seconds
+    low, mid, high = r.speed_spread()
+    assert 0 < low <= mid <= high and len(r.step_tokens_per_s()) == 4
+    assert RunResult.from_dict(json.loads(json.dumps(r.as_dict()))).step_seconds == r.step_seconds
+    plain = train_run("plain", lambda: load_causal_lm(model_dir), blocks, runtime=rt, steps=3, untimed_steps=2,
+                      ds_config=course_config("plain", rt, micro_batch_size=2), plain_pytorch=True, progress=False)
+    assert len(plain.step_seconds) == 1 and "one timed step" in plain.speed_text()
