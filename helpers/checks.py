@@ -9,7 +9,8 @@ import contextlib
 import math
 from typing import Any
 
-__all__ = ["OFFLOAD_DEVICES", "ConfigError", "check_model_size", "check_number", "check_offload_device"]
+__all__ = ["OFFLOAD_DEVICES", "ConfigError", "check_model_size", "check_number", "check_offload_device",
+           "check_runtime"]
 
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 
@@ -66,3 +67,19 @@ def check_model_size(n_params: Any, largest_layer_params: Any) -> None:
                  hint=" (GPT-2 124M; helpers.model_shape(name).n_params gives a model's count)")
     check_number("largest_layer_params", largest_layer_params, positive=False, integer=False, example=0,
                  hint=" (unknown), or helpers.model_shape(name).largest_layer_params")
+
+
+def check_runtime(runtime: Any, where: str) -> None:
+    """`runtime` must be what helpers.detect_runtime() returns (or None where `where` accepts None): a device name
+    such as 'cpu' or 'cuda' is refused with the fix, before any attribute of it is read."""
+    if runtime is None or (hasattr(runtime, "has_gpu") and hasattr(runtime, "ram_budget_bytes")
+                           and hasattr(runtime, "precision")):
+        return
+    hint = ""
+    if isinstance(runtime, str):
+        hint = (" A runtime is not a device name: it holds this machine's GPU, RAM and disk budgets"
+                + (" (for a CPU config without one, pass precision='fp32' and leave runtime out)"
+                   if runtime.strip().lower() == "cpu" else "") + ".")
+    raise ConfigError(f"{where} needs runtime=helpers.detect_runtime() (got {runtime!r}, a {type(runtime).__name__})."
+                      f"{hint} Fix: runtime=helpers.detect_runtime() (or helpers.colab_t4_profile() for a what-if "
+                      "of a free Colab T4).")

@@ -21,7 +21,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Mapping
 
 from helpers.atomic import write_atomically
-from helpers.checks import ConfigError, check_number, check_offload_device
+from helpers.checks import ConfigError, check_number, check_offload_device, check_runtime
 from helpers.memory import estimate_for_config
 
 if TYPE_CHECKING:
@@ -70,14 +70,30 @@ def _folder_beside(p: Path) -> Path:
     return candidate
 
 
+def _nvme_path_arg(path: Any) -> str | None:
+    """`path` as a str with a leading ~ expanded (os.makedirs('~/nvme') makes a folder named '~'), None for
+    None or ''; anything but a str or a path is refused with the fix."""
+    if path is None or (isinstance(path, str) and path.strip() == ""):
+        return None
+    if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
+        from helpers.hardware import default_nvme_path
+
+        folder = default_nvme_path()
+        raise ConfigError(f"nvme_path must be a folder's path, a str (got {path!r}, a {type(path).__name__}). "
+                          f"Fix: nvme_path={folder!r} (the course's NVMe folder here; create it first: "
+                          f"os.makedirs({folder!r}, exist_ok=True)).")
+    return os.path.expanduser(os.fspath(path))
+
+
 def check_nvme_path(path: str | os.PathLike[str] | None, bytes_needed: int = 0) -> Path:
     """The NVMe offload folder must exist, be writable and have free space for what will be written (notebook 02).
 
     `bytes_needed`: the estimate (`estimate_for_config(config, n_params).nvme_total`); without it (0) the folder
     must have NVME_MIN_FREE_BYTES free: a full disk makes DeepSpeed write short swap files and later abort the
-    process in C++ (a dead kernel) when it reads them back.
+    process in C++ (a dead kernel) when it reads them back. A leading ~ is the home folder (expanded here).
     """
-    if path is None or str(path) == "":
+    path = _nvme_path_arg(path)
+    if path is None:
         raise ConfigError("NVMe offload needs a folder on a fast local disk. Fix: nvme_path='/content/nvme' "
                           "on Colab (create it first: os.makedirs(nvme_path, exist_ok=True)).")
     p = Path(path)
@@ -145,7 +161,32 @@ def check_nvme_buffers(buffer_count: Any, buffer_size: Any, *, element_bytes: in
                           f"{nvme_buffer_size_for(needed)} (helpers.nvme_buffer_size_for(largest_param)).")
 
 
+def _check_betas(betas: Any) -> None:
+    """Adam's (beta1, beta2): two numbers in [0, 1); DeepSpeed unpacks two (IndexError in initialize otherwise)."""
+    ok = (isinstance(betas, (tuple, list)) and len(betas) == 2
+          and all(not isinstance(b, bool) and isinstance(b, (int, float)) and 0 <= b < 1 for b in betas))
+    if not ok:
+        raise ConfigError(f"betas must be Adam's two decay rates (beta1, beta2), each in [0, 1) (got {betas!r}). "
+                          "Fix: betas=(0.9, 0.999) (the course's; 0.95 for beta2 is also common).")
+
+
+_FLAG_WORDS = {"no": False, "false": False, "off": False, "0": False, "none": False, "": False,
+               "yes": True, "true": True, "on": True, "1": True}
+
+
+def _check_flag(name: str, value: Any) -> None:
+    """A switch must be True or False: a string such as 'no' is truthy and would switch it on."""
+    if isinstance(value, bool):
+        return
+    meant = _FLAG_WORDS.get(value.strip().lower()) if isinstance(value, str) else (
+        bool(value) if isinstance(value, int) and value in (0, 1) else None)
+    fix = f"{name}={meant!r}" if meant is not None else f"{name}=True (on) or {name}=False (off)"
+    raise ConfigError(f"{name} must be True or False (got {value!r}, a {type(value).__name__}: any non-empty "
+                      f"string counts as on). Fix: {fix}.")
+
+
 def _resolve_precision(precision: str, runtime: "Runtime | None") -> str:
+    check_runtime(runtime, "build_ds_config")
     if precision not in PRECISIONS:
         raise ConfigError(f"precision must be one of {PRECISIONS} (got {precision!r}). Fix: precision='auto' "
                           "picks fp16 on a T4, bf16 on Ampere or newer, fp32 on CPU.")
@@ -231,6 +272,10 @@ def build_ds_config(
     check_number("weight_decay", weight_decay, positive=False, integer=False, example=0.01)
     check_number("warmup_steps", warmup_steps, positive=False, integer=True, example=10)
     check_number("initial_scale_power", initial_scale_power, positive=False, integer=True, example=16)
+    check_number("steps_per_print", steps_per_print, positive=True, integer=True, example=10_000,
+                 hint=" (DeepSpeed prints every that many steps and divides by it: 0 fails mid-training)")
+    _check_betas(betas)
+    _check_flag("activation_checkpointing", activation_checkpointing)
     if gradient_clipping is not None:
         check_number("gradient_clipping", gradient_clipping, positive=False, integer=False, example=1.0)
     if total_steps is not None:
@@ -259,8 +304,16 @@ def build_ds_config(
     if scheduler == "WarmupDecayLR" and not total_steps:
         raise ConfigError("scheduler='WarmupDecayLR' needs total_steps. Fix: pass total_steps=N "
                           "or use scheduler='WarmupLR'.")
+    if scheduler == "WarmupDecayLR" and total_steps <= warmup_steps:  # type: ignore[operator]
+        raise ConfigError(f"scheduler='WarmupDecayLR' decays the learning rate from warmup_steps to total_steps, "
+                          f"so total_steps must be larger than warmup_steps (got total_steps={total_steps}, "
+                          f"warmup_steps={warmup_steps}: the learning rate would be 0 from step {total_steps} on). "
+                          f"Fix: total_steps={max(10 * warmup_steps, warmup_steps + 1)}, or a shorter warm-up: "
+                          f"warmup_steps={total_steps // 10}.")  # type: ignore[operator]
     resolved = _resolve_precision(precision, runtime)
     uses_nvme = "nvme" in (offload_optimizer, offload_param)
+    if uses_nvme:
+        nvme_path = _nvme_path_arg(nvme_path)
     if uses_nvme and not check_paths and not nvme_path:
         raise ConfigError("NVMe offload needs nvme_path. Fix: nvme_path='/content/nvme' on Colab.")
     if offload_param == "nvme":
@@ -439,6 +492,9 @@ def offload_config(kind: str, runtime: Runtime, *, largest_param: int = 0, nvme_
     """
     if kind not in OFFLOAD_KINDS:
         raise ConfigError(f"unknown offload config {kind!r}. Fix: one of {sorted(OFFLOAD_KINDS)}.")
+    check_runtime(runtime, "offload_config")
+    for name, value in (("largest_param", largest_param), ("n_params", n_params)):
+        _check_count(name, value)
     named = NAMED_CONFIGS[kind]
     kwargs: dict[str, Any] = {**named.kwargs, "runtime": runtime, "largest_param": largest_param,
                               "n_params": n_params}
@@ -454,6 +510,16 @@ def offload_config(kind: str, runtime: Runtime, *, largest_param: int = 0, nvme_
             kwargs["precision"] = "bf16"
     kwargs.update(overrides)
     return build_ds_config(**kwargs)
+
+
+def _check_count(name: str, value: Any) -> None:
+    """An element count >= 0; a size written as text ('40M') gets its number as the fix."""
+    from helpers.models import parse_param_count
+
+    count = parse_param_count(value) if isinstance(value, str) else None
+    example = count if count is not None and count >= 0 else 0
+    check_number(name, value, positive=False, integer=True, example=example,
+                 hint=f" (an element count; helpers.model_shape(model).{'largest_layer_params' if name == 'largest_param' else 'n_params'} gives a model's)")
 
 
 def activation_checkpointing_hint(config: dict[str, Any]) -> str:

@@ -8,7 +8,9 @@ Two ways to stand in for a free Colab T4 on a bigger GPU:
   fp16 forced (a T4 has no native bf16), CPU RAM judged against Colab's budget but not enforced.
 - *the Colab profile* (``DS_COURSE_COLAB=1``, set by ``scripts/colab_emulation.py``): T4 budget mode, and the
   notebooks take their Colab branches (Colab sizes, big runs in child processes, nothing over budget). The runner
-  also enforces the RAM and the CPUs with a cgroup, which this module reads back.
+  also enforces the RAM and the CPUs with a cgroup, which this module reads back. Without a GPU the profile keeps
+  Colab's RAM budget, its NVMe disk budget (COLAB_NVME_BUDGET_BYTES, which `plan` uses too) and the Colab branches;
+  there is no T4 VRAM budget (no GPU to cap) and training runs in fp32 on the CPU, as the runtime's notes say.
 """
 from __future__ import annotations
 
@@ -345,15 +347,20 @@ def detect_runtime(t4_budget: bool | None = None, disk_path: str = ".") -> Runti
             disk_free_bytes=disk_free, cpu_cores=cores, gpu_count=torch.cuda.device_count(),
             is_colab=colab, t4_budget=budget, precision=choose_precision(cc, budget), notes=tuple(notes),
             ram_limit=ram_source, emulation=emulation)
-    if budget:
+    if emulation:  # the Colab profile without a GPU: Colab's budgets and branches, no T4 to stand in for
+        notes.append(f"Colab profile without a GPU: Colab's RAM budget "
+                     f"({colab_ram_budget(ram_total, True, False) / GB:.1f} GB) and NVMe disk budget "
+                     f"({COLAB_NVME_BUDGET_BYTES / GB:.0f} GB) and the Colab branches apply; no T4 VRAM budget "
+                     "(there is no GPU to cap) and no fp16: training runs in fp32 on the CPU")
+    elif budget:
         notes.append("T4 budget mode asked for, but there is no GPU: running CPU-sized instead")
     notes.append("no GPU: DeepSpeed runs on CPU over gloo in fp32 (smoke-sized); "
                  "in Colab pick Runtime > Change runtime type > T4 GPU")
     return Runtime(
         device="cpu", gpu_name=None, compute_capability=None, gpu_total_bytes=0, vram_budget_bytes=0,
-        ram_total_bytes=ram_total, ram_budget_bytes=colab_ram_budget(ram_total, in_colab(), False),
-        disk_free_bytes=disk_free, cpu_cores=cores, gpu_count=0, is_colab=False, t4_budget=False,
-        precision="fp32", notes=tuple(notes), ram_limit=ram_source)
+        ram_total_bytes=ram_total, ram_budget_bytes=colab_ram_budget(ram_total, in_colab() or bool(emulation), False),
+        disk_free_bytes=disk_free, cpu_cores=cores, gpu_count=0, is_colab=bool(emulation), t4_budget=False,
+        precision="fp32", notes=tuple(notes), ram_limit=ram_source, emulation=emulation)
 
 
 def colab_t4_profile(disk_free_gb: float = COLAB_NVME_BUDGET_BYTES / GB) -> Runtime:

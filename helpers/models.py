@@ -10,15 +10,16 @@ import difflib
 import functools
 import json
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any
 
 from helpers.atomic import needs_writing, write_atomically
 
-__all__ = ["GPT2_CONTEXT", "GPT2_LADDER", "GPT2_VOCAB", "HUB_LOOKUP_TIMEOUT_S", "MODEL_FILES", "ModelShape",
-           "gpt2_config", "hub_config", "load_causal_lm", "model_folder_problem", "model_shape", "parse_param_count",
-           "save_model_from_config"]
+__all__ = ["GPT2_CONTEXT", "GPT2_LADDER", "GPT2_VOCAB", "HUB_LOOKUP_TIMEOUT_S", "MODEL_FILES", "SEED_CONFIG_KEY",
+           "ModelShape", "gpt2_config", "hub_config", "load_causal_lm", "model_folder_problem", "model_shape",
+           "nearest_ladder_name", "parse_param_count", "save_model_from_config"]
 
 # name -> (hidden size, layers, heads); vocab 50257, context 1024 as in GPT-2
 GPT2_LADDER: dict[str, tuple[int, int, int]] = {
@@ -48,21 +49,51 @@ class ModelShape:
     n_layers: int
     n_heads: int
     vocab: int
+    # the longest sequence the model takes (learned positions: n_positions / max_position_embeddings); 0: not known
+    n_positions: int = 0
 
 
-def _unknown_size(name: Any) -> ValueError:
-    """The error for a model name that is not a ladder rung, with the nearest rung as the fix."""
-    guess = difflib.get_close_matches(str(name).strip().lower(), list(GPT2_LADDER), n=1, cutoff=0.0)
-    return ValueError(f"unknown model size {name!r}: did you mean {guess[0]!r}? Fix: model={guess[0]!r}, another "
-                      f"ladder name ({', '.join(GPT2_LADDER)}), a size such as '350M' or '1.3B', or a local folder.")
+# names learners type for a ladder rung (Hugging Face calls GPT-2 124M "gpt2", its paper "small")
+_LADDER_ALIASES = {"gpt2-small": "gpt2", "small": "gpt2", "gpt2-base": "gpt2", "base": "gpt2", "gpt-2": "gpt2",
+                   "gpt": "gpt2", "medium": "gpt2-medium", "large": "gpt2-large", "xl": "gpt2-xl",
+                   "tiny": "gpt2-tiny", "gpt2-extra-large": "gpt2-xl", "gpt2-xlarge": "gpt2-xl"}
+
+
+def nearest_ladder_name(name: Any) -> str:
+    """The ladder rung a learner most likely meant by `name`: an alias ('gpt2-small' -> 'gpt2'), a size ('124M',
+    'gpt2-1.5b') -> the rung nearest in parameters, else the closest spelling."""
+    text = str(name).strip().lower().replace("_", "-")
+    if text in GPT2_LADDER:
+        return text
+    if text in _LADDER_ALIASES:
+        return _LADDER_ALIASES[text]
+    count = parse_param_count(re.sub(r"^(gpt-?2)[- ]?", "", text)) if text else None
+    if count is not None and count > 0:
+        return min(GPT2_LADDER, key=lambda r: abs(math.log(_ladder_shape(r).n_params / count)))
+    return difflib.get_close_matches(text, list(GPT2_LADDER), n=1, cutoff=0.0)[0]
+
+
+def _unknown_size(name: Any, arg: str = "model", sizes: bool = True) -> ValueError:
+    """The error for a model name that is not a ladder rung, with the nearest rung as the fix (`arg`=...).
+
+    `sizes`: the call also takes a size such as '350M' (model_shape, plan); gpt2_config and save_model_from_config
+    build a rung, so they take ladder names only and say so."""
+    guess = nearest_ladder_name(name)
+    if sizes:
+        return ValueError(f"unknown model size {name!r}: did you mean {guess!r}? Fix: {arg}={guess!r}, another "
+                          f"ladder name ({', '.join(GPT2_LADDER)}), a size such as '350M' or '1.3B', or a local "
+                          "folder.")
+    return ValueError(f"unknown model size {name!r}: did you mean {guess!r}? Fix: {arg}={guess!r}, or another "
+                      f"ladder name ({', '.join(GPT2_LADDER)}); this builds a ladder rung, so it takes a ladder "
+                      "name, not a size such as '124M' (the fix is the rung nearest to what you typed).")
 
 
 def gpt2_config(name: str, **overrides: Any) -> Any:
     """A transformers GPT2Config for a ladder rung (no download; notebooks 01-05)."""
     from transformers import GPT2Config
 
-    if name not in GPT2_LADDER:
-        raise _unknown_size(name)
+    if not isinstance(name, str) or name not in GPT2_LADDER:
+        raise _unknown_size(name, "name", sizes=False)
     hidden, layers, heads = GPT2_LADDER[name]
     kwargs: dict[str, Any] = dict(n_embd=hidden, n_layer=layers, n_head=heads, vocab_size=GPT2_VOCAB,
                                   n_positions=GPT2_CONTEXT)
@@ -73,7 +104,9 @@ def gpt2_config(name: str, **overrides: Any) -> Any:
 def parse_param_count(text: str | float | int) -> int | None:
     """350M, 1.3B, 7e9 or 124000000 -> a parameter count; None when `text` is not a number."""
     if isinstance(text, (int, float)):
-        return int(text)
+        return int(text) if math.isfinite(text) else None
+    if not isinstance(text, str):
+        return None
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmb]?)\s*(params)?\s*", text.lower())
     if not m:
         return None
@@ -93,16 +126,21 @@ def model_shape(model: str | int | float | Any) -> ModelShape:
 
     from helpers.memory import count_params
 
-    if isinstance(model, bool):
-        raise ValueError(f"model must be a size, a ladder name, a folder or a config (got {model!r}). "
-                         "Fix: model='gpt2'.")
+    if isinstance(model, bool) or not (isinstance(model, (str, int, float)) or hasattr(model, "model_type")):
+        raise ValueError(f"model must be a size, a ladder name, a folder, a Hub id or a transformers config "
+                         f"(got {model!r}, a {type(model).__name__}). Fix: model='gpt2'.")
     count = parse_param_count(model) if isinstance(model, (str, int, float)) else None
+    if isinstance(model, (int, float)) and count is None:  # nan, inf
+        count = 0
     if count is not None and not count > 0:
         raise ValueError(f"a model size must be a positive parameter count (got {model!r}). Fix: model='124M' "
                          "(or '1.3B', 7e9, or a ladder name such as 'gpt2').")
     if isinstance(model, str) and model not in GPT2_LADDER and (not model.strip() or (
             model.strip().lower().startswith("gpt2") and not Path(model).is_dir())):
         raise _unknown_size(model)  # empty, or looks like a course name: never ask the Hub (23 s of retries offline)
+    if isinstance(model, str) and Path(model).is_dir() and not (Path(model) / "config.json").is_file():
+        raise ValueError(f"{model!r} is a folder without a config.json, not a saved model. Fix: model='gpt2' (a "
+                         "ladder name), or a folder that save_pretrained or helpers.save_model_from_config wrote.")
     if count is not None:
         rung = min((r for r in GPT2_LADDER if r != "gpt2-tiny"),
                    key=lambda r: abs(math.log(model_shape(r).n_params / count)))
@@ -110,7 +148,8 @@ def model_shape(model: str | int | float | Any) -> ModelShape:
         scale = count / near.n_params
         return ModelShape(name=f"{count / 1e9:.2f}B params" if count >= 1e9 else f"{count / 1e6:.0f}M params",
                           n_params=count, largest_layer_params=int(near.largest_layer_params * scale),
-                          hidden=near.hidden, n_layers=near.n_layers, n_heads=near.n_heads, vocab=near.vocab)
+                          hidden=near.hidden, n_layers=near.n_layers, n_heads=near.n_heads, vocab=near.vocab,
+                          n_positions=near.n_positions)
     cached = _offline_hub_config(model) if isinstance(model, str) else None
     if isinstance(model, str) and model in GPT2_LADDER and cached is None:
         return _ladder_shape(model)
@@ -135,7 +174,8 @@ def model_shape(model: str | int | float | Any) -> ModelShape:
     return ModelShape(name=name, n_params=total, largest_layer_params=largest,
                       hidden=first("hidden_size", "n_embd", "d_model"),
                       n_layers=first("num_hidden_layers", "n_layer", "num_layers"),
-                      n_heads=first("num_attention_heads", "n_head"), vocab=first("vocab_size"))
+                      n_heads=first("num_attention_heads", "n_head"), vocab=first("vocab_size"),
+                      n_positions=first("n_positions", "max_position_embeddings", "n_ctx"))
 
 
 def _offline_hub_config(name: str) -> Any:
@@ -234,19 +274,57 @@ def model_folder_problem(path: str | Path) -> str | None:
     return None
 
 
+# config.json keys that say how a folder was written, not which model it holds
+_VOLATILE_CONFIG_KEYS = ("transformers_version", "architectures", "dtype", "torch_dtype", "_name_or_path")
+# written into config.json by save_model_from_config: the seed of its random weights (a saved folder's weights
+# depend on it, and nothing else in the folder says which seed made them)
+SEED_CONFIG_KEY = "ds_course_seed"
+
+
+def _saved_config_differs(path: Path, config: Any) -> str | None:
+    """What in the folder's config.json differs from `config` ('n_embd 64, asked 1024'); None when it matches."""
+    try:
+        saved = type(config).from_json_file(str(path / "config.json")).to_dict()
+    except Exception as exc:  # unreadable, or another model type
+        return f"its config.json does not read as a {type(config).__name__} ({type(exc).__name__})"
+    wanted = json.loads(json.dumps(config.to_dict()))
+    saved = json.loads(json.dumps(saved))
+    diff = [f"{k} {saved.get(k)!r}, asked {wanted.get(k)!r}" for k in sorted(set(wanted) | set(saved))
+            if k not in _VOLATILE_CONFIG_KEYS and saved.get(k) != wanted.get(k)]
+    return ", ".join(diff[:4]) + (" ..." if len(diff) > 4 else "") if diff else None
+
+
 def save_model_from_config(directory: str | Any, size: str = "gpt2", seed: int = 0, **overrides: Any) -> str:
     """Build a ladder model from its config (random weights, seeded), save it in Hugging Face format.
 
     Offline stand-in for a Hub checkpoint: it loads through the same ``from_pretrained`` call (notebooks 01,
-    02, 04). A complete folder is reused; the folder is written atomically, and a half-written one (from an
-    interrupted save of an older version) is rebuilt.
+    02, 04). A complete folder is reused only when its config.json is the one asked for (size, overrides and the
+    seed, which is written there as `SEED_CONFIG_KEY`); otherwise it is rewritten, saying why. The folder is written
+    atomically, and a half-written one (from an interrupted save of an older version) is rebuilt. A bad directory,
+    size or seed is refused with the fix before anything is built.
     """
+    from helpers.checks import check_number
+
+    ladder = size if isinstance(size, str) and size in GPT2_LADDER else "gpt2"
+    if isinstance(directory, bytes) or not isinstance(directory, (str, os.PathLike)) or not str(directory).strip():
+        raise ValueError(f"directory must be a folder to save the model in (got {directory!r}). "
+                         f"Fix: directory={'model-' + ladder!r} (or any new folder, e.g. WORK / 'model').")
+    if not isinstance(size, str) or size not in GPT2_LADDER:
+        raise _unknown_size(size, "size", sizes=False)  # refused before anything is built
+    check_number("seed", seed, positive=False, integer=True, example=0)
     import torch
     from transformers import AutoModelForCausalLM
 
     path = Path(directory)
-    config = gpt2_config(size, **overrides)  # an unknown size is refused before anything is built
-    if needs_writing(path, model_folder_problem, MODEL_FILES, "model"):
+    config = gpt2_config(size, **overrides)
+    setattr(config, SEED_CONFIG_KEY, seed)
+    rewrite = needs_writing(path, model_folder_problem, MODEL_FILES, "model")
+    if not rewrite:
+        differs = _saved_config_differs(path, config)
+        if differs:
+            print(f"{path}: holds another model than {size!r} with these settings ({differs}): rewriting it")
+            rewrite = True
+    if rewrite:
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config)
         write_atomically(path, lambda tmp: model.save_pretrained(str(tmp)))

@@ -16,9 +16,9 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from helpers.checks import ConfigError, check_model_size, check_number
-from helpers.config import NAMED_CONFIGS, OFFLOAD_KINDS, build_ds_config, check_nvme_buffers, nvme_buffer_size_for, \
-    offload_config
+from helpers.checks import ConfigError, check_model_size, check_number, check_runtime
+from helpers.config import NAMED_CONFIGS, OFFLOAD_KINDS, build_ds_config, check_nvme_buffers, check_nvme_path, \
+    nvme_buffer_size_for, offload_config
 from helpers.memory import GB, GiB, ModelStateEstimate, estimate_activations, estimate_for_config, \
     estimate_step_transient, round_to_total, rss_bytes
 
@@ -224,12 +224,22 @@ def _report(est: ModelStateEstimate, runtime: "Runtime", activation_bytes: int, 
                            step_transient_bytes=int(transient))
 
 
+def _what_if(runtime: "Runtime") -> bool:
+    """A runtime that stands for another machine (`helpers.colab_t4_profile`, whose note says so)."""
+    return any("not this machine" in note for note in runtime.notes)
+
+
 def _disk_budget(runtime: "Runtime", nvme_path: Any) -> int:
     """Free space now where the NVMe folder is; a what-if runtime, which stands for another machine
-    (`helpers.colab_t4_profile`, notebook 00's Colab chart), keeps its own number."""
-    what_if = any("not this machine" in note for note in runtime.notes)  # colab_t4_profile's note says so
-    if nvme_path and os.path.isdir(nvme_path) and not what_if:
-        return int(shutil.disk_usage(nvme_path).free)
+    (`helpers.colab_t4_profile`, notebook 00's Colab chart), keeps its own number. In the Colab profile
+    (DS_COURSE_COLAB=1, `Runtime.emulation`) the folder's free space is held to Colab's NVMe budget, as
+    `detect_runtime` holds the runtime's disk: the two numbers agree."""
+    from helpers.hardware import COLAB_NVME_BUDGET_BYTES
+
+    path = os.path.expanduser(nvme_path) if isinstance(nvme_path, str) else nvme_path
+    if path and isinstance(path, (str, os.PathLike)) and os.path.isdir(path) and not _what_if(runtime):
+        free = int(shutil.disk_usage(path).free)
+        return min(free, COLAB_NVME_BUDGET_BYTES) if runtime.emulation else free
     return runtime.disk_free_bytes
 
 
@@ -265,9 +275,10 @@ def _check_preflight_inputs(config: Any, n_params: Any, runtime: Any, largest_la
     if not isinstance(config, dict):
         raise ConfigError(f"preflight needs a DeepSpeed config dict (got {config!r}). Fix: "
                           "preflight(helpers.build_ds_config(2, runtime=runtime), n_params, runtime).")
-    if not hasattr(runtime, "ram_budget_bytes"):
+    if runtime is None:
         raise ConfigError(f"preflight needs the runtime to compare with (got {runtime!r}). "
                           "Fix: runtime=helpers.detect_runtime().")
+    check_runtime(runtime, "preflight")
     check_model_size(n_params, largest_layer_params)
     check_number("activation_bytes", activation_bytes, positive=False, integer=False, example=0,
                  hint=", or helpers.estimate_activations(...)")
@@ -293,6 +304,8 @@ def preflight(config: dict[str, Any], n_params: int, runtime: "Runtime", *, larg
     _check_preflight_inputs(config, n_params, runtime, largest_layer_params, activation_bytes)
     if ram_in_use is None:
         ram_in_use = rss_bytes()
+    check_number("ram_in_use", ram_in_use, positive=False, integer=False, example=0,
+                 hint=" (bytes), or leave it out: this process's RSS now")
     nvme_path = nvme_path or config.get("zero_optimization", {}).get("offload_optimizer", {}).get("nvme_path") \
         or config.get("zero_optimization", {}).get("offload_param", {}).get("nvme_path")
     report = _check(config, n_params, runtime, largest_layer_params, activation_bytes, nvme_path, zero_init,
@@ -466,16 +479,28 @@ def plan(model: "str | ModelShape" = "gpt2", stage: int = 2, *, offload_optimize
     `zero_init`: the model is built under deepspeed.zero.Init (stage 3), so no fp32 copy of it sits in RAM; the
     planner widget's checkbox sets it, so a cell and the widget give the same numbers for the same settings.
     `nvme_path` defaults to the course's NVMe folder (`helpers.default_nvme_path`); `ram_in_use` to this
-    process's RSS now. Bad inputs that are not config settings (the model, seq_len) raise ValueError / ConfigError
-    with the fix. NVMe parameter buffers are sized for the model's largest tensor, as `offload_config` sizes them.
+    process's RSS now. Bad inputs that are not config settings (the model, seq_len, the runtime, ram_in_use) raise
+    ValueError / ConfigError with the fix; so does a seq_len longer than the model's positions (`ModelShape.n_positions`:
+    1024 for GPT-2). An `nvme_path` passed for NVMe offload must exist (unless the runtime is a what-if of another
+    machine): a missing one is a refused config whose fix creates it. NVMe parameter buffers are sized for the model's
+    largest tensor, as `offload_config` sizes them.
     """
     from helpers.hardware import default_nvme_path, detect_runtime
     from helpers.models import ModelShape, model_shape
 
     check_number("seq_len", seq_len, positive=True, integer=True, example=512)
+    check_runtime(runtime, "plan")
+    if ram_in_use is not None:
+        check_number("ram_in_use", ram_in_use, positive=False, integer=False, example=0,
+                     hint=" (bytes), or leave it out: this process's RSS now")
     runtime = runtime or detect_runtime()
+    explicit_nvme_path = nvme_path is not None
     nvme_path = nvme_path or default_nvme_path()
     shape = model if isinstance(model, ModelShape) else model_shape(model)
+    if shape.n_positions and seq_len > shape.n_positions:
+        raise ConfigError(f"seq_len={seq_len} is longer than {shape.name} takes: it has {shape.n_positions} "
+                          "positions, and a longer sequence fails in training ('IndexError: index out of range in "
+                          f"self', the position embedding). Fix: seq_len={shape.n_positions} (or shorter).")
     settings = dict(micro_batch_size=micro_batch_size, seq_len=seq_len, checkpointing=checkpointing,
                     zero_init=bool(zero_init), runtime_label=runtime.label)
     try:
@@ -486,6 +511,11 @@ def plan(model: "str | ModelShape" = "gpt2", stage: int = 2, *, offload_optimize
                                  activation_checkpointing=checkpointing)
     except ConfigError as exc:
         return Plan(shape, None, None, 0, error=str(exc), **settings)
+    if "nvme" in (offload_optimizer, offload_param) and explicit_nvme_path and not _what_if(runtime):
+        try:  # a folder named by the caller must be there; its free space is the verdict's disk budget (not 1 GB)
+            check_nvme_path(nvme_path, bytes_needed=1)
+        except ConfigError as exc:
+            return Plan(shape, None, None, 0, error=str(exc), **settings)
     act_precision = "fp32" if runtime.precision == "fp32" else "fp16"
     act = estimate_activations(micro_batch_size, seq_len, shape.hidden, shape.n_layers, shape.vocab,
                                n_heads=shape.n_heads, precision=act_precision, checkpointing=checkpointing)
@@ -700,7 +730,7 @@ def planner_widget(runtime: "Runtime | None" = None, model: str = "gpt2") -> Any
     plan of the starting settings is returned as static HTML, saying to run the cell in Jupyter or Colab for controls.
     """
     from helpers.hardware import detect_runtime
-    from helpers.models import GPT2_LADDER
+    from helpers.models import GPT2_CONTEXT, GPT2_LADDER
     from helpers.progress import saved_run
 
     runtime = runtime or detect_runtime()
@@ -731,8 +761,9 @@ def planner_widget(runtime: "Runtime | None" = None, model: str = "gpt2") -> Any
                                 style=style, layout=box("170px")),
         "micro_batch_size": w.BoundedIntText(value=4, min=1, max=1024, step=1, description="micro-batch",
                                              style=style, continuous_update=False, layout=box("170px")),
-        "seq_len": w.Dropdown(options=[128, 256, 512, 1024, 2048], value=512, description="seq len", style=style,
-                              layout=box("150px")),
+        # the ladder's GPT-2s have GPT2_CONTEXT positions: longer is not offered (plan refuses it with the fix)
+        "seq_len": w.Dropdown(options=[n for n in (128, 256, 512, 1024, 2048) if n <= GPT2_CONTEXT], value=512,
+                              description="seq len", style=style, layout=box("150px")),
         "checkpointing": w.Checkbox(value=True, description="activation checkpointing", indent=False,
                                     style=style, layout=box("210px")),
         "zero_init": w.Checkbox(value=False, description=f"model {_ZERO_INIT_LABEL} (stage 3)", indent=False,

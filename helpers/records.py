@@ -21,11 +21,32 @@ FIGURES_ENV = "DS_COURSE_FIGURES"
 _FIGURES: dict[str, Any] = {}
 
 
+def _plain(value: Any) -> Any:
+    """`value` with numpy / torch scalars and arrays turned into Python numbers and lists (what json writes)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "ndim") and hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        return value.tolist()  # a numpy scalar or array, a torch tensor (0-d: a number)
+    return value
+
+
 def record_figure(name: str, value: Any) -> None:
-    """Remember a measured figure (JSON-serialisable) under `name`.
+    """Remember a measured figure (JSON-serialisable) under `name`; numpy and torch numbers (`np.float32(1.5)`, a
+    0-d tensor) and arrays are kept as Python numbers and lists.
 
     Returns nothing, so a notebook cell that ends with it shows no stray `Out[]` value."""
-    json.dumps(value)  # fail here, not in the report writer
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"a figure's name must be a non-empty str (got {name!r}). "
+                         "Fix: record_figure('peak_vram_gib', value).")
+    value = _plain(value)
+    try:
+        json.dumps(value)  # fail here, not in the report writer
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"record_figure({name!r}, ...) keeps numbers, strings, lists and dicts of them for the "
+                         f"reports; got {type(value).__name__} ({exc}). Fix: record_figure({name!r}, float(value)) "
+                         "for a number, or a dict / list of numbers.") from None
     _FIGURES[name] = value
     target = os.environ.get(FIGURES_ENV)
     if target:

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from helpers.hardware import Runtime
 
 __all__ = ["RunResult", "RunSettings", "SpeedComparison", "TrainHooks", "compare_speed", "train_run", "oom_summary",
-           "evaluate", "results_table"]
+           "evaluate", "results_table", "stage0_fp16_loss"]
 
 # fields written in GiB by reports before issue 14, now in GB (what `RunResult.from_dict` converts)
 _GIB_TO_GB = {"peak_rss_gib": "peak_rss_gb", "baseline_rss_gib": "baseline_rss_gb", "disk_gib": "disk_gb"}
@@ -125,6 +125,31 @@ class RunResult:
             return f"{self.name:<{width}}{growth:>15.2f}{self.peak_rss_gb:>13.2f}{self.tokens_per_s:>10.0f}" + losses
         return (f"{self.name:<{width}}{self.peak_vram_gib:>9.2f}{self.estimated_vram_gib:>9.2f}{self.ratio:>7.2f}"
                 f"{self.tokens_per_s:>10.0f}{self.peak_rss_gb:>9.2f}" + losses)
+
+
+def stage0_fp16_loss(engine: Any, loss: Any) -> Any:
+    """The loss to pass to `engine.backward`: scaled by the fp16 loss scale where DeepSpeed 0.19.8 forgets to.
+
+    `engine.backward` multiplies the loss by the fp16 loss scale only for a ZeRO optimizer (stages 1-3). With ZeRO
+    off (stage 0) in fp16 the engine's optimizer is `FP16_Optimizer` / `FP16_UnfusedOptimizer`, whose `step()` still
+    divides the gradients by that scale (65,536 at `initial_scale_power` 16): ZeRO-0's gradients came out 65,536 times
+    too small, clipping never acted and AdamW's eps swamped the updates (notebook 01: ZeRO-0 ended at loss 8.5 where
+    stages 1-3 reached 7.2). This scales the loss as those optimizers' own `backward()` does; any other engine gets
+    the loss unchanged. The fix proposed upstream (deepspeedai/DeepSpeed pull request 8393) makes this a no-op.
+    """
+    optimizer = getattr(engine, "optimizer", None)
+    scaling = getattr(optimizer, "loss_scale_config", None)
+    if scaling is None or not callable(getattr(engine, "fp16_enabled", None)) or not engine.fp16_enabled():
+        return loss
+    from deepspeed.runtime.base_optimizer import ZeROOptimizer
+
+    if isinstance(optimizer, ZeROOptimizer):
+        return loss
+    if getattr(optimizer, "custom_loss_scaler", False):
+        return optimizer.external_loss_scale * loss
+    if getattr(scaling, "use_grad_scaling", False):
+        return loss.float() * scaling.cur_scale
+    return loss
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:
@@ -303,6 +328,54 @@ def oom_summary(message: str, budget_bytes: int | None = None) -> str:
     return (parts[0] + (": " + " ".join(parts[1:]) if len(parts) > 1 else ": " + message.split("\n")[0][:200]))
 
 
+def _positions(model: Any) -> int:
+    """The longest sequence a built model takes (its learned positions); 0 when it does not say."""
+    config = getattr(model, "config", None)
+    for key in ("n_positions", "max_position_embeddings", "n_ctx"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return 0
+
+
+def _too_long(seq_len: int, positions: int, what: str) -> Any:
+    from helpers.checks import ConfigError
+
+    return ConfigError(f"the training blocks hold {seq_len} tokens, longer than {what} takes: it has {positions} "
+                       "positions, and a longer sequence fails in the first step ('IndexError: index out of range in "
+                       f"self', the position embedding). Fix: seq_len={positions} (or shorter) where the blocks are "
+                       f"made: helpers.pack_blocks(dataset, tokenizer, block_size={positions}).")
+
+
+def _check_run_inputs(steps: Any, train_blocks: Any, model_factory: Callable[[], Any],
+                      model_name: str) -> tuple[int, Callable[[], Any]]:
+    """train_run's inputs, before anything is built: `steps` a positive integer; and blocks no longer than the model's
+    positions, checked on the built model before deepspeed.initialize and the first step (only the model says them:
+    a ladder name may have been built with another n_positions). Returns the blocks' length and the factory, wrapped
+    for that check."""
+    from helpers.checks import check_number
+
+    check_number("steps", steps, positive=True, integer=True, example=20,
+                 hint=" (optimizer steps to train; 0 or fewer would train nothing)")
+    seq_len = int(train_blocks[0]["input_ids"].shape[-1])
+
+    def checked_factory() -> Any:
+        made = model_factory()
+        model = made[0] if isinstance(made, tuple) else made
+        positions = _positions(model)
+        if positions and seq_len > positions:
+            zero3 = isinstance(made, tuple) and made[1] is not None
+            del made, model
+            if zero3:  # built under ZeRO-3's global config: forget it, as train_run's teardown does
+                from helpers.checkpoints import release_zero3
+
+                release_zero3()
+            raise _too_long(seq_len, positions, f"the model{f' {model_name}' if model_name else ''}")
+        return made
+
+    return seq_len, checked_factory
+
+
 def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *, runtime: "Runtime",
               ds_config: dict[str, Any], plain_pytorch: bool = False, val_blocks: Any = None, steps: int = 20,
               checkpointing: bool = False, eval_every: int = 0, eval_batches: int = 4, untimed_steps: int = 2,
@@ -328,13 +401,16 @@ def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *,
     import torch
 
     settings = RunSettings.from_config(ds_config)
+    seq_len, model_factory = _check_run_inputs(steps, train_blocks, model_factory, model_name)  # issue 23
     hooks = hooks or TrainHooks()
     torch.manual_seed(seed)
     setup_single_process()
     reset_peak_stats()
-    seq_len = int(train_blocks[0]["input_ids"].shape[-1])
+    # the precision the run trains in: the config's (NVMe parameter offload runs bf16 on a fp32 CPU runtime)
+    precision = runtime.precision if plain_pytorch else next(
+        (p for p in ("fp16", "bf16") if (ds_config.get(p) or {}).get("enabled")), "fp32")
     result = RunResult(name=name, model=model_name, params=0, config="plain PyTorch" if plain_pytorch else name,
-                       precision=runtime.precision, micro_batch=settings.micro_batch, grad_accum=settings.grad_accum,
+                       precision=precision, micro_batch=settings.micro_batch, grad_accum=settings.grad_accum,
                        seq_len=seq_len, steps=steps, checkpointing=checkpointing, runtime=runtime.label)
     loop = _Loop(result, settings, runtime, hooks, ds_config, plain_pytorch,
                  on_step or (lambda step, loss: None), on_phase or (lambda phase: None))
@@ -447,7 +523,7 @@ class _Loop:
                 self.hooks.after_forward(out)
                 loss = out.loss
                 del out
-                net.backward(loss)
+                net.backward(stage0_fp16_loss(net, loss))
                 net.step()
                 step_loss += loss.item() / accum
             del loss, ids

@@ -224,8 +224,8 @@ def test_preflight_checks_the_swap_buffers_against_the_model(t4):
         preflight(cfg, 124_439_808, roomy, largest_layer_params=GPT2_EMBEDDING, ram_in_use=0)
 
 
-def test_plan_sizes_nvme_buffers_for_the_model(t4):
-    p = plan("gpt2-6.7b", 3, offload_optimizer="nvme", offload_param="nvme", runtime=t4, nvme_path="/x")
+def test_plan_sizes_nvme_buffers_for_the_model(t4, tmp_path):
+    p = plan("gpt2-6.7b", 3, offload_optimizer="nvme", offload_param="nvme", runtime=t4, nvme_path=str(tmp_path))
     assert not p.error
     assert p.config["zero_optimization"]["offload_param"]["buffer_size"] >= model_shape("gpt2-6.7b").largest_layer_params
 
@@ -275,3 +275,319 @@ def test_an_nvme_path_that_is_a_file(tmp_path):
     folder = suggested(str(err.value), "nvme_path")
     os.makedirs(folder, exist_ok=True)  # what the message says to do first
     assert check_nvme_path(folder) == __import__("pathlib").Path(folder)
+
+
+# ---- issue 23 item 3: sequences longer than the model's positions
+
+
+def test_plan_refuses_a_sequence_longer_than_the_model_s_positions_and_the_fix_fits(t4):
+    with pytest.raises(ConfigError, match=r"seq_len=2048 is longer than gpt2-medium takes: it has 1024 positions.*"
+                                          r"IndexError.*Fix: seq_len=1024") as err:
+        plan("gpt2-medium", seq_len=2048, runtime=t4)
+    fixed = plan("gpt2-medium", seq_len=suggested(str(err.value), "seq_len"), runtime=t4, ram_in_use=0)
+    assert not fixed.error and fixed.report.fits
+    assert model_shape("gpt2-medium").n_positions == 1024 and model_shape("1.3B").n_positions == 1024
+
+
+def test_the_planner_s_seq_len_menu_offers_only_what_the_models_take(t4, monkeypatch):
+    from helpers.models import GPT2_CONTEXT, GPT2_LADDER
+    from helpers.planner import planner_widget
+
+    monkeypatch.delenv("DS_COURSE_SAVED_RUN", raising=False)
+    ui = planner_widget(t4, model="gpt2")
+    menus = [c for box in ui.children if hasattr(box, "children") for c in box.children
+             if getattr(c, "description", "") == "seq len"]
+    assert len(menus) == 1 and max(menus[0].options) == GPT2_CONTEXT
+    assert all(model_shape(m).n_positions >= max(menus[0].options) for m in GPT2_LADDER)
+
+
+def tiny_blocks(seq_len, n=8):
+    import datasets
+
+    return datasets.Dataset.from_dict({"input_ids": [[i % 50 for i in range(seq_len)]] * n}).with_format("torch")
+
+
+def test_train_run_refuses_blocks_longer_than_the_model_s_positions_before_a_step(cpu, clean_dist_env,
+                                                                                  monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    from helpers.models import gpt2_config
+    from helpers.train import train_run
+
+    config = build_ds_config(0, precision="fp32", micro_batch_size=2, scheduler=None)
+    built = []
+
+    def factory():
+        built.append(1)
+        return AutoModelForCausalLM.from_config(gpt2_config("gpt2-tiny", n_positions=64, vocab_size=64))
+
+    kw = dict(runtime=cpu, ds_config=config, plain_pytorch=True, steps=1, progress=False, untimed_steps=0)
+    # the built model says its positions: refused before deepspeed.initialize and the first step
+    with pytest.raises(ConfigError, match=r"blocks hold 128 tokens, longer than the model gpt2-tiny takes: it has 64 "
+                                          r"positions.*IndexError.*Fix: seq_len=64") as err:
+        train_run("long", factory, tiny_blocks(128), model_name="gpt2-tiny", **kw)
+    assert built == [1]
+    import deepspeed
+
+    def no_engine(*args, **kwargs):
+        raise AssertionError("deepspeed.initialize ran")
+
+    with monkeypatch.context() as m:  # a DeepSpeed run: refused before its engine is built
+        m.setattr(deepspeed, "initialize", no_engine)
+        with pytest.raises(ConfigError, match=r"blocks hold 128 tokens.*Fix: seq_len=64"):
+            train_run("long", factory, tiny_blocks(128), **{**kw, "plain_pytorch": False})
+    fixed = train_run("fixed", factory, tiny_blocks(suggested(str(err.value), "seq_len")), **kw)
+    assert len(fixed.losses) == 1 and fixed.seq_len == 64
+
+
+# ---- issue 23 item 7: save_model_from_config reuses a folder only when it holds what was asked
+
+
+def saved_config(path):
+    return __import__("json").loads((path / "config.json").read_text())
+
+
+def test_a_saved_model_folder_is_rewritten_when_it_holds_another_model(tmp_path, capsys):
+    from helpers.models import save_model_from_config
+
+    path = tmp_path / "model"
+    small = dict(vocab_size=256)
+    save_model_from_config(path, "gpt2-tiny", **small)
+    weights = path / "model.safetensors"
+    before = weights.stat().st_mtime_ns
+    save_model_from_config(path, "gpt2-tiny", **small)  # the same: reused
+    assert weights.stat().st_mtime_ns == before and "rewriting" not in capsys.readouterr().out
+    save_model_from_config(path, "gpt2", n_layer=1, **small)  # another size in the same folder
+    assert saved_config(path)["n_embd"] == 768 and saved_config(path)["n_layer"] == 1
+    assert "holds another model than 'gpt2'" in capsys.readouterr().out
+    save_model_from_config(path, "gpt2-tiny", n_positions=128, **small)  # an override
+    assert saved_config(path)["n_positions"] == 128 and saved_config(path)["n_embd"] == 64
+    save_model_from_config(path, "gpt2-tiny", **small)  # back to the default positions
+    assert saved_config(path)["n_positions"] == 1024
+    first = weights.read_bytes()
+    save_model_from_config(path, "gpt2-tiny", seed=1, **small)  # another seed: other weights
+    assert weights.read_bytes() != first and saved_config(path)["ds_course_seed"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # rewritten atomically: no leftovers
+
+
+@pytest.mark.parametrize("size, meant", [("124M", "gpt2"), ("350M", "gpt2-medium"), ("gpt2-small", "gpt2"),
+                                         ("1.5B", "gpt2-xl"), ("gpt2-xxl", "gpt2-xl"), ("GPT2_Medium", "gpt2-medium"),
+                                         ("", "gpt2"), (None, "gpt2")])
+def test_save_model_from_config_suggests_a_size_it_takes(size, meant, tmp_path, monkeypatch):
+    from helpers import models
+
+    built = []
+    monkeypatch.setattr(models, "gpt2_config", lambda *a, **k: built.append(a) or (_ for _ in ()).throw(
+        AssertionError("built")))
+    with pytest.raises(ValueError, match=r"unknown model size .*Fix: size=") as err:
+        models.save_model_from_config(tmp_path / "m", size)
+    assert not built
+    fix = suggested(str(err.value), "size")
+    if size not in ("", None):
+        assert fix == meant
+    assert fix in models.GPT2_LADDER  # the check that refused takes it
+    assert "'350M'" not in str(err.value).split("Fix:")[1].split(";")[0]  # no size suggested where none is taken
+
+
+@pytest.mark.parametrize("directory", ["", "  ", None, 123])
+def test_save_model_from_config_refuses_a_folder_that_is_none(directory, tmp_path, monkeypatch):
+    from helpers.models import model_folder_problem, save_model_from_config
+
+    with pytest.raises(ValueError, match=r"directory must be a folder to save the model in.*Fix: directory=") as err:
+        save_model_from_config(directory, "gpt2-tiny", vocab_size=256)
+    monkeypatch.chdir(tmp_path)
+    fix = suggested(str(err.value), "directory")
+    assert model_folder_problem(save_model_from_config(fix, "gpt2-tiny", vocab_size=256)) is None
+
+
+# ---- issue 23 item 9: settings accepted that failed later
+
+
+@pytest.mark.parametrize("name, bad", [("steps_per_print", 0), ("steps_per_print", -1), ("steps_per_print", 2.5)])
+def test_steps_per_print_must_be_positive(name, bad):
+    with pytest.raises(ConfigError, match=rf"{name} must be a positive integer.*Fix: ") as err:
+        build_ds_config(2, precision="fp32", **{name: bad})
+    fix = suggested(str(err.value), name)
+    assert build_ds_config(2, precision="fp32", **{name: fix})[name] == fix
+
+
+@pytest.mark.parametrize("betas", [(0.9,), (0.9, 0.999, 0.1), (0.9, 1.5), ("0.9", 0.999), 0.9, None])
+def test_betas_must_be_two_rates_below_one(betas):
+    with pytest.raises(ConfigError, match=r"betas must be Adam's two decay rates.*Fix: betas=\(0.9, 0.999\)") as err:
+        build_ds_config(2, precision="fp32", betas=betas)
+    fix = ast.literal_eval(re.search(r"betas=(\([^)]*\))", str(err.value).split("Fix:")[1]).group(1))
+    assert build_ds_config(2, precision="fp32", betas=fix)["optimizer"]["params"]["betas"] == [0.9, 0.999]
+    from helpers.config import validate_ds_config
+
+    validate_ds_config(build_ds_config(2, precision="fp32", betas=fix))
+
+
+@pytest.mark.parametrize("total, warmup", [(5, 10), (10, 10), (1, 0)])
+def test_warmup_decay_must_decay_after_its_warmup(total, warmup):
+    kw = dict(precision="fp32", scheduler="WarmupDecayLR")
+    if total > warmup:
+        build_ds_config(2, total_steps=total, warmup_steps=warmup, **kw)
+        return
+    with pytest.raises(ConfigError, match=r"total_steps must be larger than warmup_steps.*Fix: total_steps=") as err:
+        build_ds_config(2, total_steps=total, warmup_steps=warmup, **kw)
+    message = str(err.value)
+    longer = build_ds_config(2, total_steps=suggested(message, "total_steps"), warmup_steps=warmup, **kw)
+    shorter = build_ds_config(2, total_steps=total, warmup_steps=suggested(message, "warmup_steps"), **kw)
+    for cfg in (longer, shorter):
+        params = cfg["scheduler"]["params"]
+        assert params["total_num_steps"] > params["warmup_num_steps"]
+
+
+@pytest.mark.parametrize("bad, meant", [("no", False), ("off", False), ("False", False), ("yes", True), (1, True),
+                                        (0, False), ("maybe", None), (None, None)])
+def test_activation_checkpointing_must_be_a_bool(bad, meant):
+    with pytest.raises(ConfigError, match=r"activation_checkpointing must be True or False.*Fix: ") as err:
+        build_ds_config(2, precision="fp32", activation_checkpointing=bad)
+    fix = str(err.value).split("Fix: ")[1]
+    if meant is not None:
+        assert fix.startswith(f"activation_checkpointing={meant}.")
+        on = "activation_checkpointing" in build_ds_config(2, precision="fp32", activation_checkpointing=meant)
+        assert on is meant
+    else:
+        assert "activation_checkpointing=True (on) or activation_checkpointing=False (off)" in fix
+
+
+def test_a_home_relative_nvme_path_is_expanded_not_made_literally(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"'.*/nvme' does not exist") as err:
+        check_nvme_path("~/nvme")
+    assert "'~" not in str(err.value)  # the fix does not create a folder named '~'
+    made = re.search(r"os.makedirs\('([^']+)'", str(err.value)).group(1)
+    os.makedirs(made, exist_ok=True)  # the fix
+    assert made == str(tmp_path / "nvme") and not (tmp_path / "~").exists()
+    assert check_nvme_path("~/nvme") == tmp_path / "nvme"
+    cfg = build_ds_config(3, precision="fp16", offload_optimizer="nvme", nvme_path="~/nvme", n_params=1000)
+    assert cfg["zero_optimization"]["offload_optimizer"]["nvme_path"] == str(tmp_path / "nvme")
+
+
+# ---- issue 23 item 10: no bare exceptions
+
+
+def test_a_device_name_is_not_a_runtime(cpu):
+    for call in (lambda rt: build_ds_config(2, runtime=rt), lambda rt: plan("gpt2", runtime=rt, ram_in_use=0),
+                 lambda rt: offload_config("zero2_offload_cpu", rt)):
+        with pytest.raises(ConfigError, match=r"needs runtime=helpers.detect_runtime\(\) \(got 'cpu', a str\)\. "
+                                              r"A runtime is not a device name.*Fix: runtime=helpers.detect_runtime"):
+            call("cpu")
+    import helpers
+
+    fixed = helpers.detect_runtime()  # the fix
+    assert build_ds_config(2, runtime=fixed) and plan("gpt2-tiny", runtime=fixed, ram_in_use=0).report
+
+
+@pytest.mark.parametrize("model, fix_match", [(None, "got None, a NoneType"), (float("nan"), r"got nan"),
+                                              (float("inf"), "got inf"), ([1], "a list")])
+def test_plan_refuses_a_model_that_is_none_of_its_kinds(model, fix_match, t4):
+    with pytest.raises(ValueError, match=rf"{fix_match}.*Fix: model=") as err:
+        plan(model, runtime=t4)
+    assert not plan(suggested(str(err.value), "model"), runtime=t4, ram_in_use=0).error
+
+
+def test_plan_refuses_a_folder_without_a_saved_model(tmp_path, t4):
+    with pytest.raises(ValueError, match=r"is a folder without a config.json, not a saved model\. Fix: model='gpt2'"):
+        plan(str(tmp_path), runtime=t4)
+
+
+@pytest.mark.parametrize("bad", [123, 1.5, b"/tmp", ["/tmp"]])
+def test_check_nvme_path_refuses_what_is_not_a_path(bad, tmp_path, monkeypatch):
+    from helpers.hardware import NVME_DIR_ENV
+
+    monkeypatch.setenv(NVME_DIR_ENV, str(tmp_path / "nvme"))
+    with pytest.raises(ConfigError, match=r"nvme_path must be a folder's path, a str .*Fix: nvme_path=") as err:
+        check_nvme_path(bad)
+    fix = suggested(str(err.value), "nvme_path")
+    os.makedirs(fix, exist_ok=True)  # what the message says to do first
+    assert check_nvme_path(fix) == tmp_path / "nvme"
+
+
+@pytest.mark.parametrize("bad, expected", [("40M", 40_000_000), (-1, 0), (2.5, 0), ("big", 0)])
+def test_offload_config_refuses_a_largest_param_that_is_not_a_count(bad, expected, t4):
+    with pytest.raises(ConfigError, match=r"largest_param must be a non-negative integer.*Fix: largest_param=") as err:
+        offload_config("zero2_offload_cpu", t4, largest_param=bad)
+    fix = suggested(str(err.value), "largest_param")
+    assert fix == expected
+    offload_config("zero2_offload_cpu", t4, largest_param=fix)
+    if fix:
+        offload_config("zero3_nvme_all", t4, largest_param=fix, nvme_path="/x", check_paths=False)
+
+
+@pytest.mark.parametrize("steps", [2.5, 0, -1, "10", True])
+def test_train_run_steps_must_be_a_positive_integer(steps, cpu, clean_dist_env):
+    from helpers.train import train_run
+
+    built = []
+    config = build_ds_config(0, precision="fp32", micro_batch_size=2, scheduler=None)
+    with pytest.raises(ConfigError, match=r"steps must be a positive integer.*Fix: steps=") as err:
+        train_run("x", lambda: built.append(1), tiny_blocks(8), runtime=cpu, ds_config=config, plain_pytorch=True,
+                  steps=steps, progress=False)
+    assert not built
+    assert suggested(str(err.value), "steps") >= 1
+
+
+def test_record_figure_keeps_numpy_and_torch_numbers(tmp_path, monkeypatch):
+    import json
+
+    import numpy
+    import torch
+
+    from helpers.records import FIGURES_ENV, record_figure, recorded_figures
+
+    target = tmp_path / "figures.json"
+    monkeypatch.setenv(FIGURES_ENV, str(target))
+    record_figure("np", numpy.float32(1.5))
+    record_figure("t", torch.tensor(2.5))
+    record_figure("mixed", {"a": numpy.int64(3), "b": [torch.tensor(1.0), numpy.arange(2)]})
+    assert json.loads(target.read_text()) == {"np": 1.5, "t": 2.5, "mixed": {"a": 3, "b": [1.0, [0, 1]]}}
+    assert type(recorded_figures()["np"]) is float
+    with pytest.raises(TypeError, match=r"record_figure\(.bad., \.\.\.\) keeps numbers.*Fix: record_figure"):
+        record_figure("bad", object())
+    with pytest.raises(ValueError, match="a figure's name must be a non-empty str"):
+        record_figure("", 1.0)
+
+
+@pytest.mark.parametrize("bad", [-1, float("nan"), "1e9"])
+def test_ram_in_use_must_be_a_byte_count(bad, t4):
+    with pytest.raises(ConfigError, match=r"ram_in_use must be a non-negative number.*Fix: ram_in_use=") as err:
+        plan("gpt2", runtime=t4, ram_in_use=bad)
+    fix = suggested(str(err.value), "ram_in_use")
+    assert plan("gpt2", runtime=t4, ram_in_use=fix).report.fits
+    with pytest.raises(ConfigError, match="ram_in_use must be a non-negative number"):
+        preflight(build_ds_config(2, runtime=t4), 10**6, t4, ram_in_use=bad)
+
+
+def test_plan_says_a_named_nvme_folder_is_missing_with_the_fix(t4, tmp_path):
+    missing = tmp_path / "nvme"
+    nvme = dict(stage=3, offload_optimizer="nvme", ram_in_use=0)
+    p = plan("gpt2", runtime=t4, nvme_path=str(missing), **nvme)
+    assert p.report is None and "config refused" in str(p)
+    assert f"NVMe offload folder {str(missing)!r} does not exist. Fix: create it first" in p.error
+    os.makedirs(re.search(r"os.makedirs\('([^']+)'", p.error).group(1), exist_ok=True)  # the fix
+    fixed = plan("gpt2", runtime=t4, nvme_path=str(missing), **nvme)
+    assert not fixed.error and fixed.report.fits
+    # a what-if runtime stands for another machine: its folder is not looked for here
+    from helpers.hardware import colab_t4_profile
+
+    assert not plan("gpt2", runtime=colab_t4_profile(), nvme_path="/content/nvme-elsewhere", **nvme).error
+
+
+def test_a_run_s_precision_is_the_config_s(cpu, clean_dist_env):
+    """bf16 (NVMe parameter offload runs bf16 on a fp32 CPU runtime) was recorded as the runtime's 'fp32'."""
+    from transformers import AutoModelForCausalLM
+
+    from helpers.models import gpt2_config
+    from helpers.train import train_run
+
+    def factory():
+        return AutoModelForCausalLM.from_config(gpt2_config("gpt2-tiny", n_positions=64, vocab_size=64))
+
+    config = build_ds_config(1, precision="bf16", micro_batch_size=2, scheduler=None)
+    kw = dict(runtime=cpu, steps=1, progress=False, untimed_steps=0)
+    assert cpu.precision == "fp32"
+    assert train_run("bf16", factory, tiny_blocks(16), ds_config=config, **kw).precision == "bf16"
+    assert train_run("plain", factory, tiny_blocks(16), ds_config=config, plain_pytorch=True, **kw).precision == "fp32"

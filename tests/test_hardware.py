@@ -162,3 +162,39 @@ def test_smoke_size_shrinks_colab_defaults_and_keeps_what_the_learner_set(cpu, t
     assert smoke_size(ns, t4, MICRO_BATCH=(4, 2)) == {"MICRO_BATCH": 4}  # a GPU keeps the Colab size
     with pytest.raises(NameError, match="run the parameters cell first"):
         smoke_size({}, cpu, MICRO_BATCH=(4, 2))
+
+
+def test_the_colab_profile_without_a_gpu_has_colab_s_budgets_and_says_so(monkeypatch, tmp_path):
+    """Issue 23 item 11: DS_COURSE_COLAB=1 on a CPU machine kept the machine's RAM, is_colab False, and a disk budget
+    (60 GB) that plan's (the folder's 76.8 GB free) disagreed with."""
+    import collections
+    import shutil
+
+    import torch
+
+    from helpers.planner import plan
+
+    if torch.cuda.is_available():
+        pytest.skip("CPU-only expectations")
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(int(200e9), int(123.2e9), int(76.8e9)))
+    monkeypatch.setenv(hardware.COLAB_PROFILE_ENV, "1")
+    monkeypatch.delenv(hardware.EMULATION_ENV, raising=False)
+    monkeypatch.delenv(hardware.T4_BUDGET_ENV, raising=False)
+    rt = detect_runtime()
+    assert not rt.has_gpu and rt.is_colab and rt.emulation == "none"  # the notebooks take their Colab branches
+    assert rt.ram_budget_bytes == min(rt.ram_total_bytes, hardware.COLAB_RAM_BUDGET_BYTES)
+    assert rt.disk_free_bytes == hardware.COLAB_NVME_BUDGET_BYTES
+    assert not rt.t4_budget and rt.vram_budget_bytes == 0 and rt.precision == "fp32"
+    text = str(rt)
+    assert "Colab profile without a GPU" in text and "no T4 VRAM budget" in text
+    assert "VRAM capped" not in text and "T4 budget mode asked for" not in text  # no promise it does not keep
+    nvme = plan("gpt2-tiny", 3, offload_optimizer="nvme", runtime=rt, nvme_path=str(tmp_path), ram_in_use=0)
+    assert nvme.report.disk_budget == rt.disk_free_bytes  # the runtime and plan agree
+    assert nvme.report.ram_budget == rt.ram_budget_bytes
+    # off the profile: the machine's own numbers, as before
+    monkeypatch.setenv(hardware.COLAB_PROFILE_ENV, "0")
+    here = detect_runtime()
+    assert not here.is_colab and here.disk_free_bytes == int(76.8e9) and here.ram_budget_bytes == here.ram_total_bytes
+    assert plan("gpt2-tiny", 3, offload_optimizer="nvme", runtime=here, nvme_path=str(tmp_path),
+                ram_in_use=0).report.disk_budget == int(76.8e9)

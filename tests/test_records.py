@@ -15,8 +15,21 @@ def test_record_figure_keeps_and_writes(tmp_path, monkeypatch):
 
 
 def test_record_figure_refuses_what_json_cannot_hold():
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"keeps numbers, strings, lists and dicts .*Fix: record_figure\('bad', "):
         record_figure("bad", object())
+
+
+def test_record_figure_writes_numpy_and_torch_scalars_as_numbers(tmp_path, monkeypatch):
+    """Issue 23 item 10: numpy.float32(1.5) or a 0-d tensor was 'not JSON serializable'."""
+    import numpy
+    import torch
+
+    target = tmp_path / "figures.json"
+    monkeypatch.setenv(FIGURES_ENV, str(target))
+    record_figure("np", numpy.float32(1.5))
+    record_figure("tensor", torch.tensor(2.0))
+    assert json.loads(target.read_text()) == {"np": 1.5, "tensor": 2.0}
+    assert type(recorded_figures()["tensor"]) is float
 
 
 def test_report_gb_reads_new_rows_and_converts_old_gib_rows():

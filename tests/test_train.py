@@ -246,3 +246,28 @@ def test_train_run_records_the_seconds_of_each_timed_step(setup):
     plain = train_run("plain", lambda: load_causal_lm(model_dir), blocks, runtime=rt, steps=3, untimed_steps=2,
                       ds_config=course_config("plain", rt, micro_batch_size=2), plain_pytorch=True, progress=False)
     assert len(plain.step_seconds) == 1 and "one timed step" in plain.speed_text()
+
+
+def test_stage0_fp16_loss_is_scaled_as_deepspeeds_own_fp16_optimizer_would():
+    """DeepSpeed 0.19.8's engine.backward scales the loss only for a ZeRO optimizer; its stage-0 fp16 optimizers still
+    divide the gradients by the scale. helpers.stage0_fp16_loss supplies the missing factor, and nothing else."""
+    import types
+
+    import torch
+    from deepspeed.runtime.base_optimizer import ZeROOptimizer
+    from deepspeed.runtime.fp16.loss_scaler import LossScaleConfig
+
+    from helpers.train import stage0_fp16_loss
+
+    loss = torch.tensor(2.0, requires_grad=True)
+    scaling = LossScaleConfig(low_precision_dtype=torch.float16, dynamic_loss_scale=True, static_loss_scale=1.0,
+                              dynamic_loss_args=None, initial_dynamic_scale=2.0**16)
+    stage0 = types.SimpleNamespace(loss_scale_config=scaling, custom_loss_scaler=False)
+    engine = types.SimpleNamespace(optimizer=stage0, fp16_enabled=lambda: True)
+    assert stage0_fp16_loss(engine, loss).item() == 2.0 * scaling.cur_scale == 2.0 * 2**16
+    # a ZeRO optimizer is scaled by the engine itself; bf16/fp32 engines have nothing to scale
+    zero = type("FakeZero", (ZeROOptimizer,), {})()
+    zero.loss_scale_config = scaling
+    assert stage0_fp16_loss(types.SimpleNamespace(optimizer=zero, fp16_enabled=lambda: True), loss) is loss
+    assert stage0_fp16_loss(types.SimpleNamespace(optimizer=stage0, fp16_enabled=lambda: False), loss) is loss
+    assert stage0_fp16_loss(types.SimpleNamespace(optimizer=object(), fp16_enabled=lambda: True), loss) is loss
