@@ -118,18 +118,40 @@ def check_nvme_path(path: str | os.PathLike[str] | None, bytes_needed: int = 0) 
         raise ConfigError(f"bytes_needed must be a byte count >= 0 (got {bytes_needed!r}). Fix: bytes_needed="
                           "helpers.estimate_for_config(config, n_params).nvme_total, or 0 when it is not known.")
     free = shutil.disk_usage(p).free
+    NVME_NEEDS[os.path.realpath(p)] = bytes_needed  # what train_run checks again before each run
     if bytes_needed and free < bytes_needed:
         raise ConfigError(f"NVMe offload folder {str(p)!r} has {free / 1e9:.1f} GB free but this config needs "
-                          f"about {bytes_needed / 1e9:.1f} GB. Fix: free disk space, point nvme_path at a "
-                          "larger disk, offload only the optimizer, or train a smaller model.")
+                          f"about {bytes_needed / 1e9:.1f} GB.{_leftovers_note(p)} Fix: free disk space, point "
+                          "nvme_path at a larger disk, offload only the optimizer, or train a smaller model.")
     if not bytes_needed and free < NVME_MIN_FREE_BYTES:
         raise ConfigError(f"NVMe offload folder {str(p)!r} has only {free / 1e6:.0f} MB free; NVMe offload writes "
                           f"the optimizer states there (16 bytes per parameter, ~2.2 GB for GPT-2 124M), and a full "
-                          f"disk aborts the process in DeepSpeed's C++ reader. Fix: point nvme_path at a disk with "
-                          f"at least {NVME_MIN_FREE_BYTES / 1e9:.0f} GB free, or pass the estimate for a smaller "
-                          "model (n_params=... to build_ds_config, or bytes_needed="
+                          f"disk aborts the process in DeepSpeed's C++ reader.{_leftovers_note(p)} Fix: point "
+                          f"nvme_path at a disk with at least {NVME_MIN_FREE_BYTES / 1e9:.0f} GB free, or pass the "
+                          "estimate for a smaller model (n_params=... to build_ds_config, or bytes_needed="
                           "helpers.estimate_for_config(config, n_params).nvme_total).")
     return p
+
+
+# the NVMe bytes each folder was last checked for (realpath -> bytes, 0: unknown), by build_ds_config or train_run
+NVME_NEEDS: dict[str, int] = {}
+
+
+def _leftovers_note(p: Path) -> str:
+    """' N MB of it are swap files earlier runs left ... Remove them: ...' when the folder holds any, else ''."""
+    from helpers.runtime import SWAP_ROOT, swap_leftovers
+
+    try:
+        files = swap_leftovers(p)
+        size = sum(os.stat(f).st_blocks * 512 for f in files)
+    except OSError:
+        return ""
+    if not files:
+        return ""
+    return (f" {size / 1e6:.1f} MB of that folder are {len(files)} DeepSpeed swap files that earlier runs left in "
+            f"{str(p / SWAP_ROOT)!r} (a kernel restarted or killed mid-run, or older course code); no engine of "
+            f"this kernel uses them. Remove them first: helpers.remove_nvme_leftovers({str(p)!r}) (or, with no "
+            f"run using the folder, shutil.rmtree({str(p / SWAP_ROOT)!r})).")
 
 
 def nvme_buffer_size_for(largest_param: int) -> int:

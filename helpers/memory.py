@@ -339,7 +339,8 @@ class Measurement:
     peak_gpu_reserved: int = 0
     baseline_rss: int = 0
     peak_rss: int = 0
-    peak_nvme_bytes: int = 0
+    peak_nvme_bytes: int = 0  # the NVMe folder's largest size seen (everything in it, earlier runs' files included)
+    baseline_nvme_bytes: int = 0  # its size when measuring began
     seconds: float = 0.0
     samples: list[dict[str, float]] = field(default_factory=list)
     started: float = 0.0  # time.perf_counter() when measuring began; samples' "t" counts from here
@@ -347,6 +348,11 @@ class Measurement:
     def peak_between(self, key: str, t0: float, t1: float) -> float:
         """Largest sample of `key` ('rss', 'gpu_allocated', ...) with t0 <= t <= t1 (seconds from the start)."""
         return max((s[key] for s in self.samples if key in s and t0 <= s["t"] <= t1), default=0.0)
+
+    @property
+    def nvme_bytes_added(self) -> int:
+        """The NVMe folder's peak above its size at the start: what this block wrote (a run's own disk use)."""
+        return max(self.peak_nvme_bytes - self.baseline_nvme_bytes, 0)
 
     @property
     def peak_gpu_gib(self) -> float:
@@ -360,7 +366,7 @@ class Measurement:
         """One line of what was measured; no GPU figures when no GPU memory was seen (a CPU run)."""
         gpu = (f"peak GPU allocated {self.peak_gpu_allocated / GiB:.3f} GiB (reserved "
                f"{self.peak_gpu_reserved / GiB:.3f} GiB), " if self.peak_gpu_reserved else "")
-        nvme = f", NVMe {self.peak_nvme_bytes / GB:.2f} GB" if self.peak_nvme_bytes else ""
+        nvme = f", NVMe {self.nvme_bytes_added / GB:.2f} GB written" if self.peak_nvme_bytes else ""
         return (f"{gpu}peak RSS {self.peak_rss / GB:.2f} GB (from {self.baseline_rss / GB:.2f} GB)"
                 f"{nvme}, {self.seconds:.1f} s")
 
@@ -373,7 +379,8 @@ def measure_peak(nvme_path: str | os.PathLike[str] | None = None, interval_s: fl
                  nvme_interval_s: float = 1.0) -> Iterator[Measurement]:
     """Record peak GPU allocated/reserved, peak process RSS, NVMe folder bytes and a time series.
 
-    Peak GPU statistics are reset on entry, so each block measures only itself.
+    Peak GPU statistics are reset on entry, so each block measures only itself; so is the NVMe folder:
+    `baseline_nvme_bytes` is its size on entry, `nvme_bytes_added` the peak above it.
     """
     import torch
 
@@ -408,6 +415,7 @@ def measure_peak(nvme_path: str | os.PathLike[str] | None = None, interval_s: fl
             sample()
 
     sample()
+    m.baseline_nvme_bytes = m.peak_nvme_bytes
     thread = threading.Thread(target=loop, name="measure_peak", daemon=True)
     thread.start()
     try:
@@ -426,22 +434,25 @@ def measure_peak(nvme_path: str | os.PathLike[str] | None = None, interval_s: fl
 
 
 def estimate_step_transient(n_params: int, stage: int | None, *, precision: str = "fp16", n_gpus: int = 1,
-                            offload_optimizer: str = "none") -> int:
-    """GPU bytes that exist only while the optimizer steps (activations are gone by then).
+                            offload_optimizer: str = "none", multi_tensor: bool = True) -> int:
+    """Bytes that exist only while the optimizer steps (activations are gone by then), where the states are: the
+    GPU, or RAM on a runtime without one.
 
     Multi-tensor AdamW (PyTorch's default on GPU) makes one fp32 temporary the size of the
     parameters it updates (sqrt of the variance). DeepSpeed's mixed-precision optimizers also
     build an fp32 copy of the gradient partition to step on. Nothing of this sits on the GPU when
-    the optimizer is offloaded.
+    the optimizer is offloaded. `multi_tensor=False`: on CPU tensors PyTorch's AdamW steps tensor by tensor
+    (torch 2.x uses foreach kernels only on cuda/xpu devices), so only the gradient copy is counted.
     """
     if offload_optimizer != "none":
         return 0
     psi = int(n_params)
+    adam_temporary = 4 * psi if multi_tensor else 0
     if stage is None:
-        return 4 * psi
+        return adam_temporary
     share = psi if stage == 0 else psi // n_gpus
     fp32_grads = 4 * share if (precision != "fp32" or stage >= 1) else 0
-    return fp32_grads + 4 * share
+    return fp32_grads + (4 * share if multi_tensor else 0)
 
 
 def estimate_peak(config: dict[str, Any] | None, n_params: int, *, precision: str, activation_bytes: int,

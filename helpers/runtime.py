@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 __all__ = ["COMPILED_OPS", "DIST_ENV_VARS", "OP_BUILDERS", "announce_op_builds", "build_ops", "clean_slate", "destroy_engine", "free_port", "gpu_allocated_bytes", "live_engines",
-           "mmap_large_allocations", "release_host_memory", "release_nvme_swappers", "release_zero3_globals", "remove_deepspeed_hooks",
-           "remove_stale_build_lock",
+           "mmap_large_allocations", "nvme_swap_paths", "release_host_memory", "release_nvme_swappers", "release_zero3_globals",
+           "remove_deepspeed_hooks", "remove_nvme_leftovers", "remove_stale_build_lock", "remove_swap_files", "swap_leftovers",
            "require", "reset_peak_stats", "setup_single_process", "teardown", "warm_up_cuda", "warm_up_deepspeed",
            "hf_deepspeed_state", "reset_hf_deepspeed_state"]
 
@@ -115,13 +115,17 @@ def teardown(namespace: dict[str, Any], *names: str) -> int:
 
 def destroy_engine(engine: Any) -> None:
     """`engine.destroy()`, then free what ZeRO-3 keeps of it for the life of the process: the NVMe parameter swap
-    buffers (`release_nvme_swappers`), the module-level references (`release_zero3_globals`) and DeepSpeed's hooks
-    left on the model by an engine whose construction was interrupted (`remove_deepspeed_hooks`)."""
+    buffers (`release_nvme_swappers`), the module-level references (`release_zero3_globals`), DeepSpeed's hooks
+    left on the model by an engine whose construction was interrupted (`remove_deepspeed_hooks`) and its NVMe swap
+    files (`remove_swap_files`: DeepSpeed never deletes them, and names them by parameter ids that grow with every
+    model built in the process, so each run added its own set to the folder)."""
     module = getattr(engine, "module", None)
+    swap_files = nvme_swap_paths(engine)  # read before destroy() (the optimizer's swapper lives on the optimizer)
     engine.destroy()
     release_nvme_swappers(module)
     release_zero3_globals(module)
     remove_deepspeed_hooks(module)
+    remove_swap_files(swap_files)
 
 
 def _from_deepspeed(hook: Any) -> bool:
@@ -197,6 +201,71 @@ def release_nvme_swappers(module: Any = None) -> int:
         swapper.partitioned_swap_buffer = swapper.partitioned_swap_pool = None
         # a later swap-in fails with DeepSpeed's own "not enough swap buffers" rather than writing to freed memory
         swapper.available_buffer_ids, swapper.reserved_buffer_ids = [], []
+    return freed
+
+
+# DeepSpeed 0.19.8 (runtime/swap_tensor): ZeRO-3 writes every swap file under <nvme_path>/zero_stage_3/:
+#   <dtype>params/rank<r>/<ds_id>_param.tensor.swp        parameters (AsyncPartitionedParameterSwapper, one per
+#                                                          zero.Init; it empties its rank folder when it is made)
+#   optimizer/rank<r>/<first>_<last>.tensor.swp            fp32 master weights of one sub-group (OptimizerSwapper)
+#   optimizer/rank<r>/<state>-<first>_<last>.tensor.swp    its Adam states (exp_avg-..., exp_avg_sq-...)
+#   optimizer/rank<r>/<first>_<last>_gradient_<offset>_<length>.tensor.swp   gradients swapped out mid-step
+# <first>/<last> are parameter ids (`ds_id`, a process-wide counter: a second model gets new ones, hence new names).
+SWAP_ROOT = "zero_stage_3"
+SWAP_SUFFIX = ".tensor.swp"
+
+
+def nvme_swap_paths(engine: Any = None, module: Any = None) -> list[str]:
+    """The NVMe swap files DeepSpeed made for one engine (its optimizer's swapper) and one model (the parameter
+    swappers its zero.Init made; `module` defaults to the engine's). Empty without NVMe offload."""
+    paths: list[str] = []
+    swapper = getattr(getattr(engine, "optimizer", None), "optimizer_swapper", None)
+    for info in list((getattr(swapper, "swap_params_info", None) or {}).values()):
+        paths += [t.swap_path for t in getattr(info, "tensors", ()) if getattr(t, "swap_path", None)]
+        paths += [g.path for g in (getattr(info, "swapped_gradients", None) or {}).values() if getattr(g, "path", None)]
+    module = module if module is not None else getattr(engine, "module", None)
+    seen: set[int] = set()
+    for p in module.parameters() if callable(getattr(module, "parameters", None)) else ():
+        param_swapper = getattr(p, "nvme_swapper", None)
+        if param_swapper is not None and id(param_swapper) not in seen:
+            seen.add(id(param_swapper))
+            paths += list((getattr(param_swapper, "id_to_path", None) or {}).values())
+    return paths
+
+
+def remove_swap_files(paths: Any) -> int:
+    """Delete DeepSpeed swap files (`*.tensor.swp` only; other names are left alone); returns the bytes freed."""
+    freed = 0
+    for path in paths:
+        if not str(path).endswith(SWAP_SUFFIX):
+            continue
+        try:
+            freed += os.stat(path).st_blocks * 512
+            os.unlink(path)
+        except OSError:
+            pass
+    return freed
+
+
+def swap_leftovers(nvme_path: str | os.PathLike[str] | None) -> list[str]:
+    """DeepSpeed swap files under `nvme_path` that no live engine of this process uses: what an earlier run left
+    (a kernel that died or was restarted mid-run, a copy of the course before issue 23), taking disk for nothing."""
+    if not nvme_path or not os.path.isdir(os.path.join(nvme_path, SWAP_ROOT)):
+        return []
+    in_use = {os.path.realpath(p) for e in live_engines() for p in nvme_swap_paths(e)}
+    found = []
+    for root, _dirs, files in os.walk(os.path.join(nvme_path, SWAP_ROOT)):
+        found += [os.path.join(root, f) for f in files
+                  if f.endswith(SWAP_SUFFIX) and os.path.realpath(os.path.join(root, f)) not in in_use]
+    return sorted(found)
+
+
+def remove_nvme_leftovers(nvme_path: str | os.PathLike[str]) -> int:
+    """Delete the swap files earlier runs left in the NVMe folder `nvme_path` (`swap_leftovers`: a live engine's
+    files are kept); returns the bytes freed and prints one line. Notebook 02, or when a run is refused for space."""
+    freed = remove_swap_files(swap_leftovers(nvme_path))
+    print(f"removed {freed / 1e6:.1f} MB of DeepSpeed swap files left by earlier runs in "
+          f"{os.path.join(nvme_path, SWAP_ROOT)}")
     return freed
 
 

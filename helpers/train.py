@@ -14,7 +14,9 @@ budgets' unit, `helpers.hardware`).
 from __future__ import annotations
 
 import math
+import os
 import time
+import traceback
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -56,7 +58,7 @@ class RunResult:
     estimated_vram_gib: float = 0.0
     peak_rss_gb: float = 0.0  # peak process RSS (GB = 1e9 bytes, as the RAM budget)
     baseline_rss_gb: float = 0.0  # process RSS when the run started (what the kernel already held)
-    disk_gb: float = 0.0  # peak bytes in the NVMe folder (GB, as the disk budget)
+    disk_gb: float = 0.0  # the NVMe folder's peak above its size when the run started: this run's own use (GB)
     seconds: float = 0.0
     error: str = ""
     # peak process RSS (GB) while the model is built, while deepspeed.initialize runs, and while training
@@ -376,6 +378,78 @@ def _check_run_inputs(steps: Any, train_blocks: Any, model_factory: Callable[[],
     return seq_len, checked_factory
 
 
+def _nvme_folders(ds_config: dict[str, Any]) -> list[str]:
+    """The NVMe folders a DeepSpeed config swaps to (offload_param, offload_optimizer), real paths, no repeats."""
+    zero = ds_config.get("zero_optimization") or {}
+    folders: list[str] = []
+    for section in ("offload_param", "offload_optimizer"):
+        part = zero.get(section) or {}
+        if part.get("device") == "nvme" and part.get("nvme_path"):
+            folder = os.path.realpath(os.path.expanduser(str(part["nvme_path"])))
+            if folder not in folders:
+                folders.append(folder)
+    return folders
+
+
+def _check_nvme_space(folders: list[str]) -> None:
+    """`check_nvme_path` for each NVMe folder before a run: free space for what the config was built for, or what
+    the last run on that folder wrote (the larger); NVME_MIN_FREE_BYTES when neither is known."""
+    from helpers.config import NVME_NEEDS, check_nvme_path
+
+    for folder in folders:
+        check_nvme_path(folder, NVME_NEEDS.get(folder, 0))
+
+
+def _swap_snapshot(folders: list[str]) -> dict[str, set[str]]:
+    """{folder: the paths under its zero_stage_3/ (swap files and folders)} before a run."""
+    from helpers.runtime import SWAP_ROOT
+
+    snapshot: dict[str, set[str]] = {}
+    for folder in folders:
+        root = os.path.join(folder, SWAP_ROOT)
+        paths = {root} if os.path.isdir(root) else set()
+        for parent, dirs, files in os.walk(root):
+            paths.update(os.path.join(parent, name) for name in dirs + files)
+        snapshot[folder] = paths
+    return snapshot
+
+
+def _remove_new_swap_files(snapshot: dict[str, set[str]]) -> int:
+    """Delete the swap files a run made (those not in `snapshot`) and the folders it made that are left empty.
+
+    `destroy_engine` deletes an engine's swap files by name; this also catches those of a run stopped before its
+    engine existed (a ZeRO-3 model built under zero.Init swaps its parameters out at once). Returns bytes freed."""
+    from helpers.runtime import SWAP_ROOT, remove_swap_files
+
+    freed = 0
+    for folder, before in snapshot.items():
+        root = os.path.join(folder, SWAP_ROOT)
+        new_files, new_dirs = [], []
+        for parent, dirs, files in os.walk(root, topdown=False):
+            new_files += [os.path.join(parent, f) for f in files if os.path.join(parent, f) not in before]
+            new_dirs += [os.path.join(parent, d) for d in dirs if os.path.join(parent, d) not in before]
+        freed += remove_swap_files(new_files)
+        for d in new_dirs + ([root] if root not in before else []):  # deepest first
+            try:
+                os.rmdir(d)
+            except OSError:  # not empty (a file that is not ours), or gone
+                pass
+    return freed
+
+
+def _clear_traceback_frames(exc: BaseException) -> None:
+    """Drop the locals of every finished frame in `exc`'s traceback (and its chained exceptions').
+
+    IPython keeps an interrupted cell's traceback (`sys.last_traceback`, the shell's printer), and each frame in it
+    keeps its locals: `_Loop.run`'s engine, a step's loss and batch, DeepSpeed's own frames' `self`. Cleared, the
+    traceback still prints (file, line, code) but holds nothing; frames still running (train_run's) are skipped."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+
+
 def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *, runtime: "Runtime",
               ds_config: dict[str, Any], plain_pytorch: bool = False, val_blocks: Any = None, steps: int = 20,
               checkpointing: bool = False, eval_every: int = 0, eval_batches: int = 4, untimed_steps: int = 2,
@@ -390,9 +464,15 @@ def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *,
     a linear warm-up, AMP with a GradScaler (the baseline). `model_factory()` returns the model, or
     (model, keep_alive) for a model built under ZeRO-3 (`helpers.build_zero3_model`). Peak GPU memory is
     measured above the idle baseline, tokens/s after the first `untimed_steps` steps, bytes in `nvme_path`
-    while it runs. `hooks` add what one kind of model needs (`helpers.moe.MoEHooks`). CUDA out-of-memory is
-    caught and reported in `RunResult.error`. Everything is torn down before returning, so runs can follow
-    one another. `on_phase(name)` and `on_step(step, loss)` report progress (a child process sends them on).
+    while it runs (the config's NVMe folder when `nvme_path` is None), above what the folder held at the start.
+    `hooks` add what one kind of model needs (`helpers.moe.MoEHooks`). CUDA out-of-memory is caught and reported
+    in `RunResult.error`. Everything is torn down before returning, so runs can follow one another: the engine,
+    the model, and the NVMe swap files the run wrote. An exception anywhere inside (a KeyboardInterrupt while the
+    model is built, in deepspeed.initialize or in a step) tears down what was built before it is re-raised, and
+    the frames of its traceback are cleared, so a kept traceback (IPython's `sys.last_traceback`) holds no engine
+    or model. With NVMe offload the folder's free space is checked before every run (`check_nvme_path`, against
+    the need its config was built for or the last run's measured use), naming the swap files earlier runs left.
+    `on_phase(name)` and `on_step(step, loss)` report progress (a child process sends them on).
     `time_micro_batches=True` (benchmarks/offload_speed.py) waits for the GPU after every micro-batch and keeps
     the seconds of each in `extras["micro_batch_s"]` (one list per optimizer step; the last micro-batch of a step
     includes DeepSpeed's optimizer step), and DeepSpeed's count of steps skipped by fp16 overflow in
@@ -402,6 +482,11 @@ def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *,
 
     settings = RunSettings.from_config(ds_config)
     seq_len, model_factory = _check_run_inputs(steps, train_blocks, model_factory, model_name)  # issue 23
+    nvme_folders = [] if plain_pytorch else _nvme_folders(ds_config)
+    if nvme_path is None and nvme_folders:
+        nvme_path = nvme_folders[0]
+    _check_nvme_space(nvme_folders)  # before every run: a full disk aborts the process in DeepSpeed's C++ reader
+    swap_before = _swap_snapshot(nvme_folders)
     hooks = hooks or TrainHooks()
     torch.manual_seed(seed)
     setup_single_process()
@@ -425,14 +510,15 @@ def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *,
                 result.extras["raw_error"] = str(exc).split("\n")[0][:600]
         if not result.error:
             loop.finish()
+    except BaseException as exc:  # an interrupt or error anywhere inside: nothing it built may outlive the cell
+        _clear_traceback_frames(exc)  # the inner frames' locals (engine, model, batches), before the teardown below
+        raise
     finally:  # an interrupted run (KeyboardInterrupt) is torn down too: its engine must not outlive the cell
-        hooks.close()
-        zero3 = loop.ns.get("keep_alive") is not None
-        teardown(loop.ns, "engine", "scheduler", "scaler", "optimizer", "model", "keep_alive")
-        if zero3:
-            from helpers.checkpoints import release_zero3
-
-            release_zero3()
+        try:
+            hooks.close()
+        finally:
+            loop.close()
+            _remove_new_swap_files(swap_before)
     ns = loop.ns
     marks = [("build model", ns.get("t_start")), ("initialize", ns.get("t_built")), ("train", ns.get("t_ready")),
              ("end", time.perf_counter())]
@@ -443,7 +529,12 @@ def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *,
     result.peak_reserved_gib = round(mem.peak_gpu_reserved / GiB, 3)
     result.peak_rss_gb = round(mem.peak_rss / GB, 3)
     result.baseline_rss_gb = round(mem.baseline_rss / GB, 3)
-    result.disk_gb = round(mem.peak_nvme_bytes / GB, 3)
+    result.disk_gb = round(mem.nvme_bytes_added / GB, 3)
+    if nvme_path is not None and os.path.realpath(nvme_path) in nvme_folders:
+        from helpers.config import NVME_NEEDS
+
+        key = os.path.realpath(nvme_path)
+        NVME_NEEDS[key] = max(NVME_NEEDS.get(key, 0), mem.nvme_bytes_added)
     result.estimated_vram_gib = round(estimated_bytes / GiB, 3)
     return result
 
@@ -492,6 +583,38 @@ class _Loop:
             ns["engine"], ns["optimizer"], _, _ = deepspeed.initialize(
                 model=model, model_parameters=self.hooks.param_groups(model), config=self.ds_config)
         del model
+
+    def close(self) -> None:
+        """Tear down everything in `ns`, whether the run finished or stopped anywhere (a half-built engine too)."""
+        from helpers.runtime import (destroy_engine, live_engines, release_nvme_swappers, release_zero3_globals,
+                                     remove_deepspeed_hooks)
+
+        ns = self.ns
+        zero3 = ns.get("keep_alive") is not None
+        marks = {k: ns[k] for k in ("t_start", "t_built", "t_ready") if k in ns}
+        if ns.get("engine") is None and ns.get("model") is not None:
+            # no engine to destroy (deepspeed.initialize was interrupted, or the model was still being set up):
+            # what a half-built engine left on the model - hooks holding its optimizer, ZeRO-3's module stack and
+            # NVMe swap buffers - goes as destroy_engine would take it
+            model = ns["model"]
+            try:
+                # an engine initialize built but never returned (interrupted after its constructor): destroy it
+                for engine in [e for e in live_engines() if getattr(e, "module", None) is model]:
+                    destroy_engine(engine)
+                release_nvme_swappers(model)
+            finally:
+                release_zero3_globals(model)
+                remove_deepspeed_hooks(model)
+                del model
+        try:
+            teardown(ns, "engine", "scheduler", "scaler", "optimizer", "model", "keep_alive")
+        finally:
+            ns.clear()  # whatever a failed teardown left; only the phase times stay
+            ns.update(marks)
+            if zero3:
+                from helpers.checkpoints import release_zero3
+
+                release_zero3()
 
     def finish(self) -> None:
         """`hooks.finish` on the trained model, unwrapped from its engine."""

@@ -271,3 +271,56 @@ def test_stage0_fp16_loss_is_scaled_as_deepspeeds_own_fp16_optimizer_would():
     assert stage0_fp16_loss(types.SimpleNamespace(optimizer=zero, fp16_enabled=lambda: True), loss) is loss
     assert stage0_fp16_loss(types.SimpleNamespace(optimizer=stage0, fp16_enabled=lambda: False), loss) is loss
     assert stage0_fp16_loss(types.SimpleNamespace(optimizer=object(), fp16_enabled=lambda: True), loss) is loss
+
+
+@pytest.mark.parametrize("where", ["build", "initialize", "step"])
+def test_an_interrupted_train_run_leaves_no_engine_nor_model_reachable(setup, monkeypatch, clean_dist_env, where):
+    """Issue 23 item 2: a KeyboardInterrupt while the model is built, inside deepspeed.initialize or after 2 steps
+    (gpt2-tiny, ZeRO-2) leaves no engine and no model reachable, also while the exception and its traceback are
+    still held (IPython keeps them in sys.last_traceback)."""
+    import gc
+    import weakref
+
+    import deepspeed
+
+    from helpers.runtime import live_engines
+
+    blocks, model_dir = setup
+    rt = detect_runtime()
+    refs: list[weakref.ref] = []
+
+    def factory():
+        model = load_causal_lm(model_dir)
+        refs.extend([weakref.ref(model), weakref.ref(next(model.parameters()))])
+        if where == "build":
+            raise KeyboardInterrupt
+        return model
+
+    if where == "initialize":  # the engine is built, but initialize never returns it
+        real = deepspeed.initialize
+
+        def interrupted(*args, **kwargs):
+            engine = real(*args, **kwargs)  # noqa: F841 - kept in this frame, as an interrupt inside would
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(deepspeed, "initialize", interrupted)
+
+    def on_step(step, loss):
+        if step == 1:
+            raise KeyboardInterrupt
+
+    cfg = course_config("zero2", rt, micro_batch_size=4, lr=3e-3, warmup_steps=1)
+    with pytest.raises(KeyboardInterrupt) as info:
+        train_run("interrupted", factory, blocks, runtime=rt, ds_config=cfg, steps=8, progress=False,
+                  on_step=on_step)
+    held = info.value  # the exception with its traceback, still referenced here
+    assert held.__traceback__ is not None
+    gc.collect()
+    assert live_engines() == [], f"{len(live_engines())} engine(s) reachable after an interrupt at {where}"
+    assert len(refs) == 2 and all(r() is None for r in refs), (
+        f"interrupted at {where}: the model {'is' if refs[0]() is not None else 'is not'} reachable, its first "
+        f"parameter {'is' if refs[1]() is not None else 'is not'}")
+    # the traceback still names where it stopped
+    import traceback
+    text = "".join(traceback.format_exception(held))
+    assert "KeyboardInterrupt" in text and "train_run" in text
