@@ -29,6 +29,7 @@ from helpers.bootstrap import *  # noqa: F403
 from helpers.train import *  # noqa: F403
 from helpers.fresh_process import *  # noqa: F403
 from helpers.plots import *  # noqa: F403
+from helpers.planner_ui import *  # noqa: F403
 from helpers.checkpoints import *  # noqa: F403
 from helpers.moe import *  # noqa: F403
 from helpers.integrations import *  # noqa: F403
@@ -38,7 +39,7 @@ from helpers.rank import *  # noqa: F403
 from helpers.scale_out import *  # noqa: F403
 
 MODULES = ("atomic", "checks", "hardware", "runtime", "records", "progress", "memory", "config", "data", "models", "hub", "health",
-           "limits", "step_time", "planner", "bootstrap", "train", "fresh_process", "plots", "checkpoints", "moe", "integrations", "launch",
+           "limits", "step_time", "planner", "bootstrap", "train", "fresh_process", "plots", "planner_ui", "checkpoints", "moe", "integrations", "launch",
            "rank", "scale_out")
 
 

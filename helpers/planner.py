@@ -1,6 +1,6 @@
 """Plan a run before running it (notebooks 00-02): pre-flight of a config against this runtime's budget, the course
 config that fits instead, and `plan`: model, stage, offload, precision, micro-batch -> DeepSpeed JSON and the
-verdict (notebook 00; `planner_widget` is an ipywidgets dashboard over it). The estimates are helpers.memory's.
+verdict (notebook 00; helpers.planner_widget is the ipywidgets dashboard over it). The estimates are helpers.memory's.
 
 Every total is the sum of rows that are shown (`PreflightReport.gpu_rows`, `ram_rows`, `disk_rows`): the model
 states, the activations (or the optimizer step's temporaries, whichever is larger), buffers, staging, the fp32 model
@@ -8,11 +8,9 @@ copy built on CPU, and the RAM already in use. One unit convention (UNITS): GPU 
 """
 from __future__ import annotations
 
-import html
 import json
 import os
 import shutil
-import urllib.parse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -26,9 +24,9 @@ if TYPE_CHECKING:
     from helpers.hardware import Runtime
     from helpers.models import ModelShape
 
-__all__ = ["FALLBACK_LADDER", "RAM_ESTIMATE_MARGIN", "ROW_IN_USE", "ROW_STEP", "UNITS", "BudgetError", "Plan",
-           "PreflightReport", "config_kind", "fresh_runtime_command", "measured_fresh_runtime", "plan",
-           "planner_widget", "preflight"]
+__all__ = ["FALLBACK_LADDER", "RAM_ESTIMATE_MARGIN", "ROW_IN_USE", "ROW_STEP", "SEQ_LENS", "UNITS", "BudgetError",
+           "Plan", "PreflightReport", "config_kind", "fresh_runtime_command", "measured_fresh_runtime", "plan",
+           "preflight"]
 
 # Pre-flight keeps this share of the RAM budget free: the RAM estimates of reports/ladder.json are within about 5 %
 # of the measured peaks (both ways), and a Colab kernel that runs out of RAM is killed without a Python error.
@@ -38,6 +36,8 @@ UNITS = "GPU memory in GiB (2**30 bytes, as torch counts it); RAM and disk in GB
 # Rows beside the model states (helpers.memory.COMPONENTS and 'model copy'):
 ROW_STEP = "step temporaries"  # the optimizer step's fp32 temporaries, when larger than the activations (freed by then)
 ROW_IN_USE = "already in use"  # RAM the kernel (and what it started) holds before the run
+# The sequence lengths the planner offers (those up to the model's positions) and its fixes propose.
+SEQ_LENS: tuple[int, ...] = (128, 256, 512, 1024, 2048)
 
 
 class BudgetError(RuntimeError):
@@ -53,7 +53,9 @@ class PreflightReport:
     copy unless built under zero.Init, and `ROW_IN_USE`: the process, or the kernel plus a fresh child process),
     `disk_rows` (NVMe). On a runtime without a GPU what would sit on the GPU sits in RAM and `gpu_rows` is empty.
     When it does not fit, `suggestion_kind` names the first course config that does (FALLBACK_LADDER), checked by
-    the same rules, and `suggestion_report` is its check.
+    the same rules, and `suggestion_report` is its check. When the activations are what does not fit, `plan` sets
+    `batch_suggestion` ({'micro_batch_size': 8}, or with a shorter 'seq_len' too): the same config at a batch that
+    passes the same check (`batch_suggestion_report`); `fix` names it first.
     """
 
     estimate: ModelStateEstimate
@@ -77,6 +79,9 @@ class PreflightReport:
     fresh_runtime: dict[str, Any] | None = None
     model_name: str | None = None
     ram_margin: float = RAM_ESTIMATE_MARGIN  # share of the RAM budget kept free for the estimate's error
+    batch_suggestion: dict[str, int] | None = None  # set by `plan`: a smaller micro-batch (then sequence) that fits
+    batch_suggestion_report: "PreflightReport | None" = None
+    batch_now: dict[str, int] | None = None  # the plan's own micro-batch and sequence, beside batch_suggestion
 
     @property
     def gpu_needed(self) -> int:
@@ -130,11 +135,23 @@ class PreflightReport:
         lines.append(f"{'budget':<18}" + "".join(f"{budget / unit:>10.2f}" for _, _, unit, budget in columns))
         return "\n".join(lines + self._notes())
 
+    @property
+    def offload_note(self) -> str:
+        """On a runtime without a GPU, for a config that offloads to CPU: that offloading needs a GPU; else ''."""
+        parts = self.estimate.label.split(" + ")
+        if self.gpu_budget or not any(p.endswith("->cpu") for p in parts):
+            return ""
+        return ("CPU offload needs a GPU: it moves model states off the GPU into RAM, and without a GPU they sit in "
+                "RAM already, so it saves no memory here (the rows change only by DeepSpeed's offload buffers and "
+                "its CPU optimizer step); NVMe offload does move states to disk")
+
     def _notes(self) -> list[str]:
         """What a row of `table` stands for, when it is not a model state."""
         notes = []
         if not self.gpu_budget:
             notes.append("no GPU: what would sit on a GPU sits in RAM (the model built on CPU is trained in place)")
+        if self.offload_note:
+            notes.append(self.offload_note)
         if ROW_STEP in self.gpu_rows or ROW_STEP in self.ram_rows:
             unit, name = (GiB, "GiB") if self.gpu_budget else (GB, "GB")
             notes.append(f"{ROW_STEP}: the optimizer step's fp32 temporaries ({self.step_transient_bytes / unit:.2f} "
@@ -149,7 +166,10 @@ class PreflightReport:
         return notes
 
     def fix(self) -> str:
-        """The fix to print with a refusal: a course config that passes this check, or what would."""
+        """The fix to print with a refusal: a smaller batch (when the activations are what does not fit), a course
+        config that passes this check, or what would."""
+        if self.batch_suggestion:
+            return "Fix: " + _batch_fix_text(self)
         if self.suggestion_kind is not None:
             call = ("helpers.build_ds_config(2, runtime=runtime)" if self.suggestion_kind == "zero2" else
                     f"helpers.offload_config({self.suggestion_kind!r}, runtime"
@@ -187,6 +207,23 @@ class PreflightReport:
 # Tried in order when a config does not fit: cheapest in speed first. ZeRO-2 without offload, then the course's
 # offload configs (helpers.config.OFFLOAD_KINDS) in NAMED_CONFIGS' order.
 FALLBACK_LADDER: tuple[str, ...] = ("zero2", *OFFLOAD_KINDS)
+
+
+def _batch_fix_text(report: PreflightReport) -> str:
+    """'micro_batch_size=8 (activations 4.17 -> 2.09 GB; gradient_accumulation_steps x2 keeps the batch; predicted:
+    ...)' for a report with a batch suggestion."""
+    fix, now = report.batch_suggestion or {}, report.batch_now or {}
+    unit, name = (GiB, "GiB") if report.gpu_budget else (GB, "GB")
+    new = report.batch_suggestion_report
+    act = (f"activations {report.activation_bytes / unit:.2f} -> {new.activation_bytes / unit:.2f} {name}"
+           if new is not None else "")
+    tokens_now = now.get("micro_batch_size", 0) * now.get("seq_len", 0)
+    tokens_new = fix.get("micro_batch_size", now.get("micro_batch_size", 0)) * fix.get("seq_len", now.get("seq_len", 0))
+    keep = (f"; gradient_accumulation_steps x{tokens_now // tokens_new} keeps the tokens per step"
+            if "seq_len" not in fix and tokens_new and tokens_now % tokens_new == 0 and tokens_now > tokens_new
+            else "")
+    need = f"; predicted: {new.needs()}" if new is not None else ""
+    return (", ".join(f"{k}={v}" for k, v in fix.items()) + f" with the same config ({act}{keep}{need})")
 
 
 def _row_order(*rows: dict[str, int]) -> list[str]:
@@ -249,7 +286,8 @@ def _check(config: dict[str, Any], n_params: int, runtime: "Runtime", largest_la
     est = estimate_for_config(config, n_params, largest_layer_params=largest_layer_params, zero_init=zero_init)
     zero = config.get("zero_optimization", {})
     transient = estimate_step_transient(n_params, int(zero.get("stage", 0)), precision=est.label.rsplit(" + ", 1)[-1],
-                                        offload_optimizer=zero.get("offload_optimizer", {}).get("device", "none"))
+                                        offload_optimizer=zero.get("offload_optimizer", {}).get("device", "none"),
+                                        multi_tensor=runtime.has_gpu)  # torch's AdamW: foreach on GPU only
     return _report(est, runtime, activation_bytes, nvme_path, ram_in_use, transient)
 
 
@@ -464,6 +502,8 @@ class Plan:
             text.append(_measured_text(self))
         if _step_time_text(self):
             text.append(_step_time_text(self))
+        if self.report.batch_suggestion:
+            text.append(f"a batch predicted to fit: {_batch_fix_text(self.report)}")
         if self.report.suggestion:
             init = " with the model built under deepspeed.zero.Init" if self.report.suggestion_zero_init else ""
             text.append(f"a config predicted to fit: build_ds_config(**{self.report.suggestion}){init}")
@@ -522,7 +562,34 @@ def plan(model: "str | ModelShape" = "gpt2", stage: int = 2, *, offload_optimize
     report = preflight(config, shape.n_params, runtime, largest_layer_params=shape.largest_layer_params,
                        activation_bytes=act, nvme_path=nvme_path, zero_init=bool(zero_init), ram_in_use=ram_in_use,
                        raise_on_failure=False)
+    _suggest_batch(report, shape, runtime, micro_batch_size, seq_len, act_precision, checkpointing, nvme_path)
     return Plan(shape, config, report, act, **settings)
+
+
+def _suggest_batch(report: PreflightReport, shape: "ModelShape", runtime: "Runtime", micro_batch_size: int,
+                   seq_len: int, precision: str, checkpointing: bool, nvme_path: Any) -> None:
+    """When the activations are what does not fit (they, not the step's temporaries, are in the peak's rows, and a
+    smaller batch passes the same check): set `report.batch_suggestion` to the largest power-of-two micro-batch below
+    this one that fits, else micro-batch 1 with the longest of SEQ_LENS below this sequence that fits."""
+    rows = report.gpu_rows if runtime.has_gpu else report.ram_rows
+    if report.fits or "activations" not in rows:
+        return
+    in_use = report.ram_rows.get(ROW_IN_USE, 0)
+
+    def check(batch: int, seq: int) -> PreflightReport:
+        act = estimate_activations(batch, seq, shape.hidden, shape.n_layers, shape.vocab, n_heads=shape.n_heads,
+                                   precision=precision, checkpointing=checkpointing)
+        return _report(report.estimate, runtime, act, nvme_path, in_use, report.step_transient_bytes)
+
+    tries = [({"micro_batch_size": 2 ** k}, 2 ** k, seq_len) for k in range(11, -1, -1) if 2 ** k < micro_batch_size]
+    tries += [({"micro_batch_size": 1, "seq_len": s} if micro_batch_size > 1 else {"seq_len": s}, 1, s)
+              for s in sorted(SEQ_LENS, reverse=True) if s < seq_len]
+    for fix, batch, seq in tries:
+        cand = check(batch, seq)
+        if cand.fits:
+            report.batch_suggestion, report.batch_suggestion_report = fix, cand
+            report.batch_now = {"micro_batch_size": micro_batch_size, "seq_len": seq_len}
+            return
 
 
 def _step_time_text(p: Plan) -> str:
@@ -535,289 +602,3 @@ def _step_time_text(p: Plan) -> str:
     return f"predicted speed: {speed}"
 
 
-# The planner widget's colours (verdict line) and the settings a suggestion may set.
-_VERDICT_COLOURS = {"fits": "#1b7f3b", "no": "#b3261e", "refused": "#9a6700", "busy": "#555555"}
-_ZERO_INIT_LABEL = "built under zero.Init"
-_LOOKUP_NOTE = "looking up {name} (a local folder or the Hugging Face Hub) ..."
-
-
-def _may_touch_the_hub(model: str) -> bool:
-    """True when `model_shape(model)` may ask the Hub: not a ladder name, not a size, not a course-like name."""
-    from helpers.models import GPT2_LADDER, parse_param_count
-
-    name = str(model).strip()
-    return bool(name) and name not in GPT2_LADDER and parse_param_count(name) is None \
-        and not name.lower().startswith("gpt2") and not os.path.isdir(name)
-
-
-def _needs_line(report: PreflightReport) -> str:
-    """'GPU 3.90 / 15.00 GiB · RAM 11.70 / 12.13 GB · disk 24.90 / 80.00 GB' (needed / budget)."""
-    parts = [f"GPU {report.gpu_needed / GiB:.2f} / {report.gpu_budget / GiB:.2f} GiB" if report.gpu_budget
-             else "no GPU: everything in RAM"]
-    parts.append(f"RAM {report.ram_needed / GB:.2f} / {report.ram_budget / GB:.2f} GB")
-    if report.disk_needed:
-        parts.append(f"disk {report.disk_needed / GB:.2f} / {report.disk_budget / GB:.2f} GB")
-    return " · ".join(parts)
-
-
-def _suggested_settings(p: Plan) -> dict[str, Any]:
-    """The widget's settings (stage, offloads, model) that the plan's fix names; {} when it names none."""
-    report = p.report
-    if report is None or report.fits:
-        return {}
-    if report.suggestion is not None:
-        args, zero_init, out = report.suggestion, report.suggestion_zero_init, {}
-    elif report.smaller_model:
-        args = dict(NAMED_CONFIGS[report.smaller_model_kind].kwargs) if report.smaller_model_kind else {}
-        zero_init, out = args.get("stage") == 3, {"model": report.smaller_model}
-    else:
-        return {}
-    out.update(stage=args.get("stage", 2), offload_optimizer=args.get("offload_optimizer", "none"),
-               offload_param=args.get("offload_param", "none"))
-    if zero_init:  # the fix was checked with the model built under deepspeed.zero.Init (no fp32 copy in RAM)
-        out["zero_init"] = True
-    return out
-
-
-def _settings_text(settings: dict[str, Any]) -> str:
-    """'model gpt2-large, ZeRO stage 3, opt. offload nvme, param offload cpu' (the widget's own labels)."""
-    labels = {"model": "model", "stage": "ZeRO stage", "offload_optimizer": "opt. offload",
-              "offload_param": "param offload"}
-    return ", ".join(_ZERO_INIT_LABEL if k == "zero_init" else f"{labels[k]} {v}" for k, v in settings.items())
-
-
-def _verdict_html(p: "Plan | None", name: str, error: str = "") -> str:
-    """The one coloured line at the top of the planner: fits (green) / does not fit (red) / refused / cannot plan;
-    under it the predicted speed when the plan has one."""
-    def line(colour: str, head: str, rest: str) -> str:
-        return (f'<div class="ds-plan-verdict" style="border-left:6px solid {colour};padding:4px 8px;'
-                f'margin:2px 0;line-height:1.4"><b style="color:{colour}">{html.escape(head)}</b> '
-                f"{html.escape(rest)}</div>")
-
-    if error or p is None:
-        return line(_VERDICT_COLOURS["no"], f"cannot plan {name!r}:", error)
-    if p.error:
-        return line(_VERDICT_COLOURS["refused"], "config refused:", p.error)
-    assert p.report is not None
-    head = f"{p.shape.name} ({p.shape.n_params / 1e6:,.0f}M params) with {p.report.estimate.label}"
-    speed = _step_time_text(p)
-    speed_html = f'<div class="ds-plan-speed" style="padding:0 14px">{html.escape(speed)}</div>' if speed else ""
-    if p.report.fits:
-        return line(_VERDICT_COLOURS["fits"], "fits", f"{head}: {_needs_line(p.report)}") + speed_html
-    fix = _suggested_settings(p)
-    rest = f"{head}: " + "; ".join(p.report.problems) + "."
-    rest += f" Try: {_settings_text(fix)}." if fix else " " + p.report.fix() + "."
-    measured = _measured_text(p)
-    measured_html = (f'<div class="ds-plan-measured" style="padding:0 14px">{html.escape(measured)}</div>'
-                     if measured else "")
-    return line(_VERDICT_COLOURS["no"], "does NOT fit", rest) + measured_html + speed_html
-
-
-def _picture_html(p: "Plan | None") -> str:
-    """The plan as stacked bars against the budgets (helpers.plots.plot_plan), as an <img>; '' without a plan."""
-    if p is None or p.report is None:
-        return ""
-    from helpers.plots import figure_html, plot_plan
-
-    return figure_html(plot_plan(p, show=False), alt=f"memory plan of {p.shape.name}: {_needs_line(p.report)}",
-                       css_class="ds-plan-picture")
-
-
-_BUTTON_STYLE = ("display:inline-block;padding:2px 10px;margin:0 4px;border:1px solid #888;border-radius:3px;"
-                 "background:#f4f4f4;color:#111;font:inherit;text-decoration:none;cursor:pointer")
-# runs in the browser: the widget's HTML and a trusted output keep inline handlers (the kernel cannot reach the
-# clipboard); where the clipboard is blocked (an http page, some iframes) it says to use the download link
-_COPY_JS = ("const b = this, t = decodeURIComponent(b.dataset.json);"
-            "(navigator.clipboard ? navigator.clipboard.writeText(t) : Promise.reject())"
-            ".then(() => {b.textContent = 'copied'}, () => {b.textContent = 'copy blocked here: use download'});")
-
-
-def _json_actions_html(p: "Plan | None") -> str:
-    """'DeepSpeed config: [download ds_config.json] [copy JSON]' for the plan's config; '' without one."""
-    if p is None or p.config is None:
-        return ""
-    text = json.dumps(p.config, indent=2)
-    quoted = urllib.parse.quote(text)
-    return (f'<div class="ds-plan-actions" style="margin:4px 0">DeepSpeed config: '
-            f'<a class="ds-plan-download" download="ds_config.json" href="data:application/json;charset=utf-8,{quoted}"'
-            f' style="{_BUTTON_STYLE}">download ds_config.json</a>'
-            f'<button class="ds-plan-copy" type="button" data-json="{quoted}" onclick="{html.escape(_COPY_JS)}" '
-            f'style="{_BUTTON_STYLE}">copy JSON</button></div>')
-
-
-_PRE = '<pre style="line-height:1.3">'  # ipywidgets 7's HTML widget (Colab's) sets a 28px line-height on its content
-
-
-def _details_html(p: "Plan | None", name: str, error: str = "") -> str:
-    """The folded part: the plan's table and verdict, then its DeepSpeed JSON."""
-    if p is None:
-        return f"{_PRE}{html.escape(f'cannot plan {name!r}: {error}')}</pre>"
-    text = str(p) + ("\n\n" + json.dumps(p.config, indent=2) if p.config is not None else "")
-    return f"{_PRE}{html.escape(text)}</pre>"
-
-
-def _rendering(p: "Plan | None", name: str, error: str = "") -> dict[str, str]:
-    """The planner's parts as HTML: verdict (with the speed, when known), picture, JSON actions, details."""
-    return {"verdict": _verdict_html(p, name, error), "picture": _picture_html(p), "actions": _json_actions_html(p),
-            "details": _details_html(p, name, error)}
-
-
-# A reopened notebook has no widget state ("Error displaying widget: model not found"): the planner also displays a
-# static copy of its last plan. While the live widget is in the same output area, CSS hides the copy; while it is not
-# (a reopened notebook: the widget's output shows only that error, or "Loading widget..."), CSS hides the widget's
-# output instead: in JupyterLab and Notebook 7 the widget renderer's node is the one output without a data-mime-type
-# (class jupyter-widgets once it failed). In classic Notebook 6 (ipywidgets 7.7.1, Colab's versions) the outputs are
-# .output_area's in .output: a widget it cannot find reads "A Jupyter widget could not be displayed ..." in a
-# .jupyter-widgets-view, or falls back to its text/plain (the `VBox(children=...` repr, a non-stream .output_text);
-# both are hidden there. A page without these classes (Colab's output frame of one cell; untested there) is taken as
-# a whole. Separate rules, so that a browser refusing one still reads the others.
-_STATIC_STYLE = ("<style>.jp-OutputArea:has(.ds-planner) .ds-plan-static {display: none}\n"
-                 ".output_wrapper .output:has(.ds-planner) .ds-plan-static {display: none}\n"
-                 "body:not(:has(.jp-OutputArea)):has(.ds-planner) .ds-plan-static {display: none}\n"
-                 ".jp-OutputArea:has(.ds-plan-static) .jp-OutputArea-child:has(.jupyter-widgets):not(:has(.ds-planner))"
-                 " {display: none}\n"
-                 ".jp-OutputArea:has(.ds-plan-static) .jp-OutputArea-child:not(:has([data-mime-type]))"
-                 ":not(:has(.ds-planner)) {display: none}\n"
-                 ".output_wrapper .output:has(.ds-plan-static) .output_area:has(.jupyter-widgets-view)"
-                 ":not(:has(.ds-planner)) {display: none}\n"
-                 ".output_wrapper .output:has(.ds-plan-static) .output_area:has(.output_text:not(.output_stream)"
-                 ":not(.output_error)):not(:has(.ds-planner)) {display: none}</style>")
-
-
-def _static_html(parts: dict[str, str], note: str) -> str:
-    """The planner's last plan as static HTML (issue 16, problem 5), with `note` saying how to get the controls."""
-    return (f'<div class="ds-plan-static"><p><b>The planner</b> ({html.escape(note)})</p>{parts["verdict"]}'
-            f'{parts["picture"]}{parts["actions"]}<details><summary style="display:list-item;cursor:pointer">memory table and DeepSpeed JSON</summary>'
-            f'{parts["details"]}</details></div>')
-
-
-def _static_copy_html(parts: dict[str, str]) -> str:
-    """The copy a live planner keeps in its output for a notebook reopened without its kernel."""
-    return _STATIC_STYLE + _static_html(parts, "a saved copy of its last plan: re-run this cell for its controls")
-
-
-def _display_handle() -> Any:
-    """A display to update with the static copy, when running in a kernel (None elsewhere, e.g. under pytest)."""
-    try:
-        from IPython import get_ipython
-        from IPython.display import HTML, display
-    except ImportError:
-        return None
-    shell = get_ipython()
-    if shell is None or getattr(shell, "kernel", None) is None:
-        return None
-    return display(HTML(""), display_id=True)
-
-
-def _plan_or_error(name: str, runtime: "Runtime", **settings: Any) -> tuple["Plan | None", str]:
-    """plan(name, ...) for the planner, or the error that stopped it (unknown model id, no network ...)."""
-    try:
-        return plan(name, runtime=runtime, **settings), ""
-    except Exception as exc:
-        return None, str(exc)
-
-
-def planner_widget(runtime: "Runtime | None" = None, model: str = "gpt2") -> Any:
-    """An ipywidgets dashboard over `plan`, starting at `model` (notebook 00): a coloured verdict line at the top
-    (with the fix in the widget's own settings and a button that applies it, and the predicted speed when the plan
-    has one), the plan as stacked bars against this runtime's budgets, the controls, a download / copy of the
-    DeepSpeed JSON, and the memory table and JSON folded in an accordion. Changing a setting re-plans; the model
-    field re-plans on Enter or when it loses focus (`continuous_update=False`), and shows "looking up ..." before a
-    name that may ask the Hugging Face Hub (which answers within `helpers.models.HUB_LOOKUP_TIMEOUT_S` or fails).
-    The same settings give the same numbers as `plan(...)` in a cell ("built under zero.Init" is plan's `zero_init`).
-
-    When a runner saves the notebook (`helpers.saved_run()`), a widget would be saved as `VBox(children=...)`: then the
-    plan of the starting settings is returned as static HTML, saying to run the cell in Jupyter or Colab for controls.
-    """
-    from helpers.hardware import detect_runtime
-    from helpers.models import GPT2_CONTEXT, GPT2_LADDER
-    from helpers.progress import saved_run
-
-    runtime = runtime or detect_runtime()
-    if saved_run():
-        from IPython.display import HTML
-
-        p, error = _plan_or_error(model, runtime)
-        note = f"a saved copy: run this cell in Jupyter or Colab for its controls; {model}, ZeRO-2, micro-batch 4 x 512"
-        return HTML(_static_html(_rendering(p, model, error), note))
-    import ipywidgets as w
-
-    style = {"description_width": "initial"}
-
-    def box(width: str) -> Any:  # spaced by its margin: ipywidgets' Layout has no `gap` (7.7.1 and 8.1 alike)
-        return w.Layout(width=width, min_width=width, margin="2px 12px 2px 0")
-
-    controls = {
-        "model": w.Combobox(value=model, options=list(GPT2_LADDER), description="model", style=style,
-                            placeholder="1.3B, gpt2-xl, a folder or Hub id", ensure_option=False,
-                            continuous_update=False, layout=box("330px")),
-        "stage": w.Dropdown(options=[0, 1, 2, 3], value=2, description="ZeRO stage", style=style,
-                            layout=box("150px")),
-        "offload_optimizer": w.Dropdown(options=["none", "cpu", "nvme"], value="none", description="opt. offload",
-                                        style=style, layout=box("180px")),
-        "offload_param": w.Dropdown(options=["none", "cpu", "nvme"], value="none", description="param offload",
-                                    style=style, layout=box("190px")),
-        "precision": w.Dropdown(options=["auto", "fp16", "bf16", "fp32"], value="auto", description="precision",
-                                style=style, layout=box("170px")),
-        "micro_batch_size": w.BoundedIntText(value=4, min=1, max=1024, step=1, description="micro-batch",
-                                             style=style, continuous_update=False, layout=box("170px")),
-        # the ladder's GPT-2s have GPT2_CONTEXT positions: longer is not offered (plan refuses it with the fix)
-        "seq_len": w.Dropdown(options=[n for n in (128, 256, 512, 1024, 2048) if n <= GPT2_CONTEXT], value=512,
-                              description="seq len", style=style, layout=box("150px")),
-        "checkpointing": w.Checkbox(value=True, description="activation checkpointing", indent=False,
-                                    style=style, layout=box("210px")),
-        "zero_init": w.Checkbox(value=False, description=f"model {_ZERO_INIT_LABEL} (stage 3)", indent=False,
-                                style=style, layout=box("260px"), disabled=True),
-    }
-    verdict, picture, actions, details = w.HTML(), w.HTML(), w.HTML(), w.HTML()
-    apply = w.Button(description="apply the fix", button_style="success", icon="check",
-                     layout=w.Layout(width="auto", display="none"))
-    fold = w.Accordion(children=[details])
-    fold.set_title(0, "memory table and DeepSpeed JSON")
-    fold.selected_index = None
-    state: dict[str, Any] = {"fix": {}, "busy": False, "static": _display_handle()}
-
-    def show(parts: dict[str, str]) -> None:
-        verdict.value, picture.value = parts["verdict"], parts["picture"]
-        actions.value, details.value = parts["actions"], parts["details"]
-        if state["static"] is not None:
-            from IPython.display import HTML
-
-            state["static"].update(HTML(_static_copy_html(parts)))
-
-    def refresh(_: Any = None) -> None:
-        if state["busy"]:  # "apply" sets several controls: plan once, at the end
-            return
-        settings = {k: c.value for k, c in controls.items()}
-        name = str(settings.pop("model"))
-        controls["zero_init"].disabled = settings["stage"] != 3
-        apply.layout.display = "none"
-        if _may_touch_the_hub(name):  # shown before a lookup that may take seconds
-            verdict.value = (f'<div class="ds-plan-verdict" style="color:{_VERDICT_COLOURS["busy"]};padding:4px 8px">'
-                             f"<i>{html.escape(_LOOKUP_NOTE.format(name=repr(name)))}</i></div>")
-        p, error = _plan_or_error(name, runtime, **settings)  # an error replaces the verdict, never the old one
-        state["fix"] = _suggested_settings(p) if p is not None else {}
-        show(_rendering(p, name, error))
-        if state["fix"]:
-            apply.description = "apply: " + _settings_text(state["fix"])
-            apply.layout.display = None
-
-    def on_apply(_: Any = None) -> None:
-        fix = dict(state["fix"])
-        state["busy"] = True
-        try:
-            for key, value in fix.items():
-                controls[key].value = value
-        finally:
-            state["busy"] = False
-        refresh()
-
-    for c in controls.values():
-        c.observe(refresh, names="value")
-    apply.on_click(on_apply)
-    refresh()
-    c = list(controls.values())
-    row = w.Layout(flex_flow="row wrap")
-    ui = w.VBox([verdict, apply, picture, w.HBox(c[:4], layout=row), w.HBox(c[4:], layout=row), actions, fold])
-    ui.add_class("ds-planner")
-    return ui

@@ -206,8 +206,10 @@ def plot_plans(plans: Sequence["Plan"], title: str | None = None, show: bool | N
     return _show(_plan_figure(plans, title), show)
 
 
-def figure_html(fig: "Figure", alt: str = "", css_class: str = "", dpi: int = 100) -> str:
-    """`fig` as an <img> tag with the PNG inline (a widget's HTML, a static copy of it), at most as wide as its place."""
+def figure_html(fig: "Figure", alt: str = "", css_class: str = "", dpi: int = 100, scroll: bool = False) -> str:
+    """`fig` as an <img> tag with the PNG inline (a widget's HTML, a static copy of it), at most as wide as its place;
+    with `scroll`, at its own pixel size (fonts stay as drawn) in a box that scrolls sideways where the place is
+    narrower (notebook 00's planner beside an open file browser)."""
     import base64
     import html
     import io
@@ -215,8 +217,11 @@ def figure_html(fig: "Figure", alt: str = "", css_class: str = "", dpi: int = 10
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=dpi)
     data = base64.b64encode(buffer.getvalue()).decode("ascii")
-    return (f'<img class="{html.escape(css_class)}" alt="{html.escape(alt)}" style="max-width:100%;height:auto" '
-            f'src="data:image/png;base64,{data}">')
+    width, height = (round(x * dpi) for x in fig.get_size_inches())
+    style = f"width:{width}px;height:{height}px;max-width:none" if scroll else "max-width:100%;height:auto"
+    img = (f'<img class="{html.escape(css_class)}" alt="{html.escape(alt)}" style="{style}" '
+           f'src="data:image/png;base64,{data}">')
+    return f'<div class="ds-figure-scroll" style="overflow-x:auto;max-width:100%">{img}</div>' if scroll else img
 
 
 def plot_memory_timeline(samples: Sequence[dict[str, float]], title: str = "Memory during training",

@@ -291,7 +291,7 @@ def test_plan_refuses_a_sequence_longer_than_the_model_s_positions_and_the_fix_f
 
 def test_the_planner_s_seq_len_menu_offers_only_what_the_models_take(t4, monkeypatch):
     from helpers.models import GPT2_CONTEXT, GPT2_LADDER
-    from helpers.planner import planner_widget
+    from helpers.planner_ui import planner_widget
 
     monkeypatch.delenv("DS_COURSE_SAVED_RUN", raising=False)
     ui = planner_widget(t4, model="gpt2")

@@ -79,3 +79,39 @@ def test_modules_import_nothing_heavy_at_their_top():
         roots = {(a.name if isinstance(n, ast.Import) else (n.module or "")).split(".")[0]
                  for n in top for a in n.names}
         assert not roots & set(HEAVY), f"helpers/{name}.py imports {sorted(roots & set(HEAVY))} at its top"
+
+
+def _helpers_imports(name):
+    """The helpers modules `helpers/<name>.py` imports, at its top or inside its functions (not for type checks)."""
+    tree = ast.parse((ROOT / "helpers" / f"{name}.py").read_text())
+    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(
+        node.test) for n in ast.walk(node)}
+    out = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("helpers."):
+            out.add(node.module.split(".")[1])
+        elif isinstance(node, ast.Import):
+            out |= {a.name.split(".")[1] for a in node.names if a.name.startswith("helpers.")}
+    return out - {name}
+
+
+def test_no_import_cycle_among_helpers_modules_counting_imports_inside_functions():
+    """planner -> plots -> planner was the one circle (the widget drew with plots); the widget is planner_ui."""
+    graph = {p.stem: _helpers_imports(p.stem) for p in (ROOT / "helpers").glob("*.py") if p.stem != "__init__"}
+    assert "plots" not in graph["planner"] and "planner" in graph["planner_ui"]
+    done, path = set(), []
+
+    def visit(node):
+        assert node not in path, "import cycle: " + " -> ".join(path[path.index(node):] + [node])
+        if node in done:
+            return
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            visit(nxt)
+        path.pop()
+        done.add(node)
+
+    for module in sorted(graph):
+        visit(module)

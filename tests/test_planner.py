@@ -9,7 +9,8 @@ from conftest import fake_runtime
 from helpers.config import build_ds_config
 from helpers.memory import estimate_activations
 from helpers.models import GPT2_LADDER, model_shape
-from helpers.planner import BudgetError, plan, planner_widget, preflight
+from helpers.planner import BudgetError, plan, preflight
+from helpers.planner_ui import planner_widget
 
 
 def test_ladder_sizes_match_the_published_gpt2_family():
@@ -129,7 +130,7 @@ def test_a_name_that_may_ask_the_hub_shows_looking_up_first(t4, monkeypatch):
 
 
 def test_the_verdict_is_one_coloured_line_with_the_numbers_and_an_apply_button(t4, monkeypatch):
-    from helpers.planner import _VERDICT_COLOURS
+    from helpers.planner_ui import _VERDICT_COLOURS
 
     monkeypatch.delenv("DS_COURSE_SAVED_RUN", raising=False)
     ui = planner_widget(t4, model="gpt2")
@@ -158,9 +159,11 @@ def test_controls_are_sized_to_fit_and_the_micro_batch_is_exact(t4, monkeypatch)
     for c in controls.values():
         assert c.style.description_width == "initial" and c.layout.width, c.description
     mb = controls["micro_batch_size"]
-    assert isinstance(mb, w.BoundedIntText) and mb.min == 1 and mb.max >= 64
+    assert isinstance(mb, w.IntText) and not isinstance(mb, w.BoundedIntText)  # 2000 was clamped to 1024 in silence
     mb.value = 19
     assert "&quot;train_micro_batch_size_per_gpu&quot;: 19" in fold.children[0].value
+    mb.value = 2000  # kept, planned as asked
+    assert mb.value == 2000 and "&quot;train_micro_batch_size_per_gpu&quot;: 2000" in fold.children[0].value
 
 
 def test_the_controls_are_spaced_by_what_ipywidgets_7_and_8_both_send(t4, monkeypatch):
@@ -185,10 +188,11 @@ def test_a_reopened_classic_notebook_shows_the_static_copy_not_the_widget_s_erro
     """Classic Notebook 6 (Colab's versions) shows a widget it cannot find as "A Jupyter widget could not be
     displayed ..." (or its text/plain, 'VBox(children=...'): the copy's CSS hides either there (not a stream or an
     error of that cell), and hides the copy beside a live planner."""
-    from helpers.planner import _rendering, _static_copy_html
+    from helpers.planner_ui import _rendering, _static_copy_html
 
     page = _static_copy_html(_rendering(plan("gpt2", runtime=t4), "gpt2"))
-    assert ".output_wrapper .output:has(.ds-planner) .ds-plan-static {display: none}" in page
+    live = ".ds-planner:not(.jupyter-widgets-disconnected)"  # a planner after a kernel restart is not live
+    assert f".output_wrapper .output:has({live}) .ds-plan-static {{display: none}}" in page
     reopened = ".output_wrapper .output:has(.ds-plan-static) .output_area"  # checked by browser_test.py --classic
     assert f"{reopened}:has(.jupyter-widgets-view):not(:has(.ds-planner)) {{display: none}}" in page
     assert (f"{reopened}:has(.output_text:not(.output_stream):not(.output_error)):not(:has(.ds-planner)) "
@@ -196,11 +200,12 @@ def test_a_reopened_classic_notebook_shows_the_static_copy_not_the_widget_s_erro
 
 
 def test_the_static_copy_for_a_reopened_notebook_is_hidden_while_the_widget_lives(t4):
-    from helpers.planner import _rendering, _static_copy_html
+    from helpers.planner_ui import _rendering, _static_copy_html
 
     page = _static_copy_html(_rendering(plan("gpt2", runtime=t4), "gpt2"))
-    assert 'class="ds-plan-static"' in page and "re-run this cell" in page and "ds-plan-verdict" in page
-    assert ".jp-OutputArea:has(.ds-planner) .ds-plan-static {display: none}" in page
+    assert 'class="ds-plan-static"' in page and "Re-run this cell for the live planner" in page
+    assert "ds-plan-verdict" in page
+    assert ".jp-OutputArea:has(.ds-planner:not(.jupyter-widgets-disconnected)) .ds-plan-static {display: none}" in page
     # reopened without its kernel, the widget's own output ("Error displaying widget: model not found") is hidden
     assert (".jp-OutputArea:has(.ds-plan-static) .jp-OutputArea-child:has(.jupyter-widgets):not(:has(.ds-planner)) "
             "{display: none}") in page  # checked in a browser by scripts/browser_test.py
@@ -329,8 +334,7 @@ def test_the_widget_draws_the_plan_against_the_budgets_fast_and_leaks_no_figure(
     monkeypatch.delenv("DS_COURSE_SAVED_RUN", raising=False)
     open_before = plt.get_fignums()
     d = _dashboard(planner_widget(t4, model="gpt2-xl"))
-    assert d["picture"].value.startswith('<img class="ds-plan-picture"') and "data:image/png;base64," in \
-        d["picture"].value
+    assert '<img class="ds-plan-picture"' in d["picture"].value and "data:image/png;base64," in d["picture"].value
     first = d["picture"].value
     started = time.perf_counter()
     for stage in (3, 2, 3):
@@ -359,7 +363,7 @@ def test_the_json_can_be_downloaded_and_copied(t4, monkeypatch):
 
 
 def test_the_planner_shows_a_step_time_only_when_the_plan_has_one(t4):
-    from helpers.planner import _verdict_html
+    from helpers.planner_ui import _verdict_html
 
     p = plan("gpt2", runtime=t4)
     assert not hasattr(p, "step_time") and "predicted speed" not in _verdict_html(p, "gpt2") + str(p)
@@ -622,3 +626,98 @@ def test_ram_margin_keeps_part_of_the_budget_free(t4):
     assert preflight(cfg, 500_000_000, t4, zero_init=True, ram_in_use=edge - 10**6, raise_on_failure=False).fits
     late = preflight(cfg, 500_000_000, t4, zero_init=True, ram_in_use=edge + 10**7, raise_on_failure=False)
     assert not late.fits and "5% of it kept free" in late.problems[0]
+
+
+# ------------------------------------------------------------------ issue 23 items 4 and 5: the batch, refusals, restarts
+
+def test_a_cpu_runtime_counts_the_batch_and_steps_without_a_multi_tensor_temporary(cpu):
+    """gpt2-xl at ZeRO-2 on a CPU runtime: 43.81 GB at micro-batch 4 and 16 alike (the activations sat under a GPU's
+    multi-tensor AdamW temporary, which torch's AdamW on CPU does not make). Now the step's temporaries are the fp32
+    gradient copy (4 bytes/param) and the batch moves the total once its activations pass them."""
+    totals = {mb: plan("gpt2-xl", 2, micro_batch_size=mb, runtime=cpu, ram_in_use=0).report for mb in (4, 16)}
+    n = model_shape("gpt2-xl").n_params
+    assert totals[4].step_transient_bytes == 4 * n and "step temporaries" in totals[4].ram_rows
+    assert totals[16].ram_needed > totals[4].ram_needed and "activations" in totals[16].ram_rows
+    longer = plan("gpt2-xl", 2, micro_batch_size=16, seq_len=1024, runtime=cpu, ram_in_use=0).report
+    assert longer.ram_needed > totals[16].ram_needed
+
+
+def test_when_the_activations_do_not_fit_the_fix_is_a_smaller_micro_batch_that_fits(cpu, monkeypatch):
+    big = plan("gpt2-medium", 2, micro_batch_size=64, seq_len=1024, runtime=cpu, ram_in_use=0)
+    assert not big.report.fits and big.report.batch_suggestion == {"micro_batch_size": 16}
+    assert big.report.fix().startswith("Fix: micro_batch_size=16 with the same config")
+    assert "gradient_accumulation_steps x4" in big.report.fix() and "a batch predicted to fit" in str(big)
+    assert plan("gpt2-medium", 2, micro_batch_size=16, seq_len=1024, runtime=cpu, ram_in_use=0).report.fits
+    monkeypatch.delenv("DS_COURSE_SAVED_RUN", raising=False)
+    monkeypatch.setattr("helpers.planner.rss_bytes", lambda: 0)
+    verdict, apply, controls, _ = _parts(planner_widget(cpu, model="gpt2-medium"))
+    controls["seq_len"].value = 1024
+    controls["micro_batch_size"].value = 64
+    assert "Try: micro-batch 16" in verdict.value and apply.description == "apply: micro-batch 16"
+    apply.click()
+    assert controls["micro_batch_size"].value == 16 and controls["model"].value == "gpt2-medium"
+    assert "fits" in verdict.value and "does NOT fit" not in verdict.value
+
+
+def test_when_micro_batch_1_does_not_fit_the_fix_shortens_the_sequence(cpu):
+    import dataclasses
+
+    tight = dataclasses.replace(cpu, ram_budget_bytes=int(9.5e9))
+    p = plan("gpt2-medium", 2, micro_batch_size=4, seq_len=1024, checkpointing=False, runtime=tight, ram_in_use=0)
+    fix = p.report.batch_suggestion
+    assert fix == {"micro_batch_size": 1, "seq_len": 512}, p.report.fix()
+    assert plan("gpt2-medium", 2, checkpointing=False, runtime=tight, ram_in_use=0, **fix).report.fits
+
+
+@pytest.mark.parametrize("where, settings, expected", [
+    ("t4", dict(stage=2, offload_param="cpu"), {"stage": 3}),
+    ("t4", dict(stage=0, offload_optimizer="cpu"), {"stage": 2}),
+    ("t4", dict(precision="bf16"), {"precision": "fp16"}),
+    ("cpu", dict(stage=0, offload_param="cpu", precision="fp16"), {"stage": 3, "precision": "fp32"}),
+    ("cpu", dict(micro_batch_size=0), {"micro_batch_size": 1})])
+def test_a_refused_combination_gets_an_apply_that_ends_the_refusal(where, settings, expected, request, monkeypatch):
+    runtime = request.getfixturevalue(where)
+    monkeypatch.delenv("DS_COURSE_SAVED_RUN", raising=False)
+    monkeypatch.setattr("helpers.planner.rss_bytes", lambda: 0)
+    verdict, apply, controls, _ = _parts(planner_widget(runtime, model="gpt2"))
+    for name, value in settings.items():
+        controls[name].value = value
+    assert "config refused" in verdict.value and "Try: " in verdict.value, verdict.value
+    assert apply.layout.display is None
+    apply.click()
+    assert {k: controls[k].value for k in expected} == expected
+    assert "config refused" not in verdict.value
+
+
+def test_cpu_offload_on_a_cpu_runtime_says_offload_needs_a_gpu(cpu, t4):
+    from helpers.planner_ui import _verdict_html
+
+    p = plan("gpt2", 2, offload_optimizer="cpu", runtime=cpu, ram_in_use=0)
+    assert "CPU offload needs a GPU" in str(p) and "CPU offload needs a GPU" in _verdict_html(p, "gpt2")
+    assert "needs a GPU" not in str(plan("gpt2", 2, offload_optimizer="cpu", runtime=t4, ram_in_use=0))
+    assert "needs a GPU" not in str(plan("gpt2", 2, runtime=cpu, ram_in_use=0))
+
+
+def test_a_restarted_kernel_s_planner_gives_way_to_the_copy_with_its_re_run_note(t4):
+    """After a kernel restart ipywidgets marks each view jupyter-widgets-disconnected (the broken-link icons): the
+    copy shows with its note, the dead planner is hidden (or greyed and unclickable, with the note, elsewhere).
+    What a browser does with these rules: scripts/browser_test.py."""
+    from helpers.planner_ui import RERUN_NOTE, _rendering, _static_copy_html
+
+    page = _static_copy_html(_rendering(plan("gpt2", runtime=t4), "gpt2"))
+    assert RERUN_NOTE == "Re-run this cell for the live planner" and f"<b>{RERUN_NOTE}</b>" in page
+    dead = ".ds-planner.jupyter-widgets-disconnected"
+    assert f".jp-OutputArea:has(.ds-plan-static) .jp-OutputArea-child:has({dead}) {{display: none}}" in page
+    assert f"{dead} {{pointer-events: none; opacity: 0.45}}" in page and f"{dead}::after {{content: '{RERUN_NOTE}" in page
+    assert ":has(.ds-planner:not(:has(" not in page  # no :has() inside :has(): a browser drops such a rule
+
+
+def test_the_picture_keeps_its_pixel_size_in_a_narrow_column_and_the_apply_label_wraps(t4, monkeypatch):
+    monkeypatch.delenv("DS_COURSE_SAVED_RUN", raising=False)
+    d = _dashboard(planner_widget(t4, model="gpt2-xl"))
+    picture = d["picture"].value
+    assert 'class="ds-figure-scroll" style="overflow-x:auto;max-width:100%"' in picture
+    width = int(re.search(r'<img class="ds-plan-picture"[^>]* style="width:(\d+)px;height:\d+px;max-width:none"',
+                          picture).group(1))
+    assert 600 <= width <= 800
+    assert "ds-plan-apply" in d["apply"]._dom_classes and ".ds-plan-apply {white-space: normal" in d["verdict"].value

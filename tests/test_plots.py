@@ -138,3 +138,25 @@ def test_a_cpu_runtime_is_drawn_without_a_gpu_panel_and_several_plans_side_by_si
     fig = plot_plans(plans, title="this runtime", show=False)
     assert len(fig.axes) == 1 and fig.axes[0].get_xlabel() == "CPU RAM (GB)"  # no GPU here, nothing on disk
     assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["ZeRO-2", "ZeRO-2, opt.->cpu"]  # first on top
+
+
+def test_the_planner_s_picture_keeps_its_size_and_readable_labels_in_a_narrow_column():
+    """At 900 px with JupyterLab's file browser open the picture was narrowed and its labels came out at ~5 px: it is
+    now shown at its own pixel size (a sideways scroll where the column is narrower), and no label is under 8 pt
+    (11 px at the 100 dpi it is drawn at)."""
+    import re
+
+    from conftest import fake_runtime
+    from helpers.planner import plan
+    from helpers.plots import figure_html, plot_plan
+
+    p = plan("gpt2-xl", 3, offload_optimizer="nvme", offload_param="nvme", runtime=fake_runtime(), ram_in_use=0)
+    fig = plot_plan(p, show=False)
+    fig.canvas.draw() if hasattr(fig.canvas, "draw") else None
+    sizes = [t.get_fontsize() for t in fig.findobj(lambda a: hasattr(a, "get_fontsize") and getattr(a, "get_text",
+                                                                                                  lambda: "")())]
+    assert sizes and min(sizes) >= 8
+    page = figure_html(fig, css_class="x", scroll=True)
+    width, height = (round(v * 100) for v in fig.get_size_inches())
+    assert f'style="width:{width}px;height:{height}px;max-width:none"' in page and "overflow-x:auto" in page
+    assert re.search(r'style="max-width:100%;height:auto"', figure_html(fig))  # other figures: as before
