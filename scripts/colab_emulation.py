@@ -528,16 +528,64 @@ def remove_stale_groups(min_age_s: float = 120.0) -> list[str]:
     return removed
 
 
+def nbmake_version() -> str:
+    """'nbmake 1.5.5' (the runner named in reports/gpu_check.json)."""
+    from importlib.metadata import version
+
+    return f"nbmake {version('nbmake')}"
+
+
+def _run_nbmake(path: Path, enc: Enclosure, *, out_dir: Path | None, figures_file: Path | None,
+                timeout_s: int) -> dict[str, Any]:
+    """`pytest --nbmake` on a copy of `path`, started inside `enc` (pytest and the kernel it starts, with the saved-run
+    environment the other runners set); nbmake's --overwrite leaves the executed copy, which goes to `out_dir`.
+
+    The copy runs inside the checkout (build/nbmake/), where the notebook's bootstrap cell finds helpers/."""
+    import shutil
+
+    work = ROOT / "build" / "nbmake" / f"{path.stem}-{os.getpid()}"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    copy = work / path.name
+    shutil.copy(path, copy)
+    env = {**os.environ, **enc.environment(), "DS_COURSE_SAVED_RUN": "1"}
+    if figures_file is not None:
+        figures_file.unlink(missing_ok=True)
+        env["DS_COURSE_FIGURES"] = str(figures_file)
+    argv = enc.join_argv() + [sys.executable, "-m", "pytest", "--nbmake", f"--nbmake-timeout={timeout_s}",
+                              "--overwrite", "-p", "no:cacheprovider", "-q", str(copy)]
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, cwd=str(work), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    enc.adopt(proc.pid)
+    try:
+        out, _ = proc.communicate(timeout=timeout_s + 60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        out += f"\nnbmake did not finish within {timeout_s + 60} s"
+    seconds = round(time.perf_counter() - start, 1)
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copy(copy, out_dir / path.name)
+    shutil.rmtree(work, ignore_errors=True)
+    passed = proc.returncode == 0
+    return {"passed": passed, "seconds": seconds, "error": "" if passed else out[-4000:], "runner": nbmake_version(),
+            "log": out.strip().splitlines()[-5:]}
+
+
 def run_notebook(path: Path, *, out_dir: Path | None = None, figures_file: Path | None = None,
                  limits: ColabLimits | None = None, cpus: list[int] | None = None, nvme_dir: str | None = None,
                  mechanism: str | None = None, timeout_s: int = 1800, twice: bool = False,
-                 habits: bool = False) -> dict[str, Any]:
+                 habits: bool = False, runner: str = "nbclient") -> dict[str, Any]:
     """Execute one notebook with its kernel inside an Enclosure; returns run_notebooks.execute's dict + the stats.
 
     `habits=True` runs it as a learner does (run_notebooks.execute_with_habits: interrupts, re-runs, a second pass).
+    `runner="nbmake"`: `pytest --nbmake` itself runs inside the enclosure (one pass; scripts/gpu_check.py's default).
     """
     from run_notebooks import execute, execute_with_habits  # scripts/ is on sys.path (script folder or pytest)
 
+    if runner not in ("nbclient", "nbmake") or (runner == "nbmake" and (habits or twice)):
+        raise ValueError(f"runner={runner!r}: 'nbclient' (any mode) or 'nbmake' (one plain pass)")
     limits = limits or ColabLimits()
     with tempfile.TemporaryDirectory(prefix="ds-course-kernel-") as tmp:
         nvme = nvme_dir or str(Path(tmp) / "nvme")
@@ -548,7 +596,9 @@ def run_notebook(path: Path, *, out_dir: Path | None = None, figures_file: Path 
             os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [str(data_dir), saved["JUPYTER_PATH"]]))
             os.environ.update(enc.environment())  # for what the kernel's own environment does not carry
             try:
-                if habits:
+                if runner == "nbmake":
+                    result = _run_nbmake(path, enc, out_dir=out_dir, figures_file=figures_file, timeout_s=timeout_s)
+                elif habits:
                     result = execute_with_habits(path, timeout_s=timeout_s, out_dir=out_dir, kernel_name=KERNEL_NAME,
                                                  on_kernel_start=enc.adopt)
                 else:

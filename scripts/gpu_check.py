@@ -73,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpus", default="", help="the two cores for the emulated runtime, e.g. 2,3")
     parser.add_argument("--concurrent", type=int, default=0,
                         help="how many notebooks ran at the same time on this GPU (recorded in each entry)")
+    parser.add_argument("--runner", choices=("nbmake", "nbclient"), default="nbmake",
+                        help="who runs each notebook inside the emulation: `pytest --nbmake` (default) or nbclient")
     parser.add_argument("--merge", nargs="+", type=Path, help="merge these partial reports into --report and stop")
     args = parser.parse_args(argv)
     report = json.loads(args.report.read_text()) if args.report.exists() else {"notebooks": {}}
@@ -96,11 +98,11 @@ def main(argv: list[str] | None = None) -> int:
             figures_file = Path(tmp) / "figures.json"
             if emulate:
                 result = run_notebook(path, out_dir=args.out_dir, figures_file=figures_file, cpus=cpus,
-                                      mechanism=mechanism)
+                                      mechanism=mechanism, runner=args.runner)
             else:
                 result = execute(path, out_dir=args.out_dir, figures_file=figures_file)
             figures = json.loads(figures_file.read_text()) if figures_file.exists() else {}
-        entry = {"passed": result["passed"], "wall_seconds": result["seconds"],
+        entry = {"passed": result["passed"], "runner": result.get("runner", "nbclient"), "wall_seconds": result["seconds"],
                  "runtime": figures.get("runtime", "not recorded"), "figures": figures}
         if emulate:
             enc = result["enclosure"]

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Set up and run the tests: lint (ruff), unit tests of helpers, and every notebook as a learner runs it
 # (tests/test_notebooks_twice.py: top to bottom with each heavy cell interrupted and re-run, then a second pass).
-# A plain single run of one notebook, for a quick look: .venv/bin/python -m pytest --nbmake notebooks/0N_*.ipynb
+# Then every numbered notebook once more through nbmake (`pytest --nbmake`), the runner the course names: its own pass,
+# smoke-sized on CPU, in the saved-run environment the other runners set (text progress bars).
+# A single notebook: DS_COURSE_SAVED_RUN=1 .venv/bin/python -m pytest --nbmake notebooks/0N_*.ipynb
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -10,3 +12,6 @@ echo "== installing requirements-dev.txt (pytest, nbmake, ruff)"
 LINTED=(helpers benchmarks scripts tests notebooks/programs)
 .venv/bin/ruff check "${LINTED[@]}"  # rules: pyproject.toml [tool.ruff.lint]
 .venv/bin/python -m pytest tests "$@"
+echo "== every notebook through nbmake (pytest --nbmake notebooks/), one pass each"
+DS_COURSE_SAVED_RUN=1 .venv/bin/python -m pytest --nbmake --nbmake-timeout=1800 -p no:cacheprovider "$@" \
+  notebooks/[0-9][0-9]_*.ipynb

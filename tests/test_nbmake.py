@@ -1,0 +1,51 @@
+"""nbmake, the runner the course names (issue 27): scripts/test.sh runs `pytest --nbmake` over every notebook after
+the tests, and the Colab T4 emulation (scripts/gpu_check.py) runs each notebook with `pytest --nbmake` started inside
+its enclosure. Here: that enclosure path, on CPU, for a passing notebook and for a failing one."""
+import json
+
+import nbformat
+import pytest
+
+import colab_emulation as emu  # scripts/ is on pytest's pythonpath (pyproject.toml)
+from conftest import ROOT
+
+MECHANISM, WHY = emu.probe()
+needs_cgroup = pytest.mark.skipif(not MECHANISM.startswith("cgroup"), reason=f"cgroups not writable here: {WHY}")
+
+
+def test_the_test_command_runs_every_notebook_through_nbmake():
+    script = (ROOT / "scripts" / "test.sh").read_text()
+    assert "pytest --nbmake --nbmake-timeout=1800" in script and "notebooks/[0-9][0-9]_*.ipynb" in script
+    assert "DS_COURSE_SAVED_RUN=1" in script
+
+
+@needs_cgroup
+def test_nbmake_inside_the_enclosure_runs_a_notebook_and_keeps_its_outputs(tmp_path):
+    figures = tmp_path / "figures.json"
+    path = ROOT / "notebooks" / "00_setup_and_ds_report.ipynb"
+    result = emu.run_notebook(path, out_dir=tmp_path / "out", figures_file=figures, runner="nbmake",
+                              limits=emu.ColabLimits(ram_bytes=int(3e9)))
+    assert result["passed"], result["error"]
+    assert result["runner"].startswith("nbmake ") and result["enclosure"]["oom_kills"] == 0
+    assert 0.3 < result["enclosure"]["peak_ram_gb"] <= 3.0  # the kernel nbmake started was inside the group
+    executed = nbformat.read(tmp_path / "out" / path.name, as_version=4)
+    outputs = [o for c in executed.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert len(outputs) > 10
+    assert json.loads(figures.read_text())["runtime"]  # the notebook's figures reached gpu_check's file
+    assert not emu.leftover_groups()
+
+
+@needs_cgroup
+def test_a_failing_notebook_fails_with_nbmakes_report_of_the_cell(tmp_path):
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1"),
+                                         nbformat.v4.new_code_cell("raise ValueError('the cell that fails')")])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path = tmp_path / "99_fails.ipynb"
+    nbformat.write(nb, path)
+    result = emu.run_notebook(path, out_dir=tmp_path / "out", runner="nbmake",
+                              limits=emu.ColabLimits(ram_bytes=int(2e9)))
+    assert not result["passed"]
+    assert "ValueError" in result["error"] and "the cell that fails" in result["error"]
+    assert "1 failed" in result["error"]
+    with pytest.raises(ValueError, match="one plain pass"):
+        emu.run_notebook(path, runner="nbmake", habits=True)
