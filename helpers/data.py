@@ -32,17 +32,30 @@ def corpus_files(directory: str | Path = LOCAL_CORPUS) -> list[str]:
 def load_text_dataset(source: str = "local", *, val_fraction: float = 0.05, seed: int = 0) -> Any:
     """A DatasetDict with 'train' and 'validation' text splits (notebook 01).
 
-    `source`: "local" (the shipped corpus), a folder of .txt files, or "hub_name[:config]".
+    `source`: "local" (the shipped corpus), a folder of .txt files, or "hub_name[:config]". A Hub name that is
+    neither in the local cache nor served by the Hub within helpers.HUB_LOOKUP_TIMEOUT_S is refused with the fix
+    before datasets retries (`helpers.check_hub_name`); a cached one loads from the cache when the Hub does not
+    answer.
     """
     from datasets import DatasetDict, load_dataset
 
+    from helpers.hub import check_hub_name, datasets_cache, datasets_offline
+
+    if not isinstance(source, str):
+        raise ValueError(f"source must be 'local', a folder of .txt files or a Hub name 'name[:config]' (got "
+                         f"{source!r}). Fix: source='local'.")
+    where = check_hub_name(source, "dataset", variable="DATASET")
     if source == "local" or Path(source).is_dir():
         folder = LOCAL_CORPUS if source == "local" else Path(source)
         lines = load_dataset("text", data_files={"train": corpus_files(folder)}, sample_by="paragraph")["train"]
         split = lines.train_test_split(test_size=val_fraction, seed=seed, shuffle=True)
         return DatasetDict(train=split["train"], validation=split["test"])
     name, _, config = source.partition(":")
-    ds = load_dataset(name, config or None)
+    if where == "cache":  # the Hub does not answer: the cache alone, where helpers.hub found it
+        with datasets_offline():
+            ds = load_dataset(name, config or None, cache_dir=str(datasets_cache()))
+    else:
+        ds = load_dataset(name, config or None)
     if "validation" not in ds:
         split = ds["train"].train_test_split(test_size=val_fraction, seed=seed)
         ds = DatasetDict(train=split["train"], validation=split["test"])
@@ -88,10 +101,17 @@ def train_tokenizer(texts: Any, directory: str | Path, vocab_size: int = 8192) -
 
 
 def load_tokenizer(name_or_path: str) -> Any:
-    """AutoTokenizer.from_pretrained, with the pad token set to EOS as GPT-2 needs (notebook 01)."""
+    """AutoTokenizer.from_pretrained, with the pad token set to EOS as GPT-2 needs (notebook 01). A Hub name that is
+    neither cached nor served by the Hub within helpers.HUB_LOOKUP_TIMEOUT_S is refused with the fix before
+    transformers retries (`helpers.check_hub_name`); a cached one loads from the cache when the Hub does not answer."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(name_or_path)
+    from helpers.hub import check_hub_name, hub_cache
+
+    kwargs: dict[str, Any] = {}
+    if check_hub_name(name_or_path, "tokenizer", variable="MODEL") == "cache":
+        kwargs = dict(local_files_only=True, cache_dir=str(hub_cache()))
+    tok = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from helpers.atomic import needs_writing, write_atomically
+from helpers.hub import HUB_LOOKUP_TIMEOUT_S
 
-__all__ = ["GPT2_CONTEXT", "GPT2_LADDER", "GPT2_VOCAB", "HUB_LOOKUP_TIMEOUT_S", "MODEL_FILES", "SEED_CONFIG_KEY",
+__all__ = ["GPT2_CONTEXT", "GPT2_LADDER", "GPT2_VOCAB", "MODEL_FILES", "SEED_CONFIG_KEY",
            "ModelShape", "gpt2_config", "hub_config", "load_causal_lm", "model_folder_problem", "model_shape",
            "nearest_ladder_name", "parse_param_count", "save_model_from_config"]
 
@@ -33,9 +34,8 @@ GPT2_LADDER: dict[str, tuple[int, int, int]] = {
 }
 GPT2_VOCAB = 50257
 GPT2_CONTEXT = 1024
-# How long the planner waits for the Hugging Face Hub to answer one request about a model id: offline, transformers'
-# own lookup retries for ~23 s (huggingface_hub's backoff of 1+2+4+8+8 s), which froze the planner (issue 16).
-HUB_LOOKUP_TIMEOUT_S = 3.0
+# How long the planner waits for the Hugging Face Hub to answer one request about a model id: HUB_LOOKUP_TIMEOUT_S
+# (helpers.hub, imported above; 3 s).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -332,9 +332,19 @@ def save_model_from_config(directory: str | Any, size: str = "gpt2", seed: int =
 
 
 def load_causal_lm(name_or_path: str, **kwargs: Any) -> Any:
-    """AutoModelForCausalLM.from_pretrained: 'gpt2' from the Hub on Colab, a local folder offline."""
+    """AutoModelForCausalLM.from_pretrained: 'gpt2' from the Hub on Colab, a local folder offline.
+
+    A Hub name that is neither cached nor served by the Hub within HUB_LOOKUP_TIMEOUT_S is refused with the fix
+    before transformers retries (`helpers.check_hub_name`); a cached one loads from the cache when the Hub does not
+    answer."""
     from transformers import AutoModelForCausalLM
 
+    from helpers.hub import check_hub_name, hub_cache
+
+    size = name_or_path if name_or_path in GPT2_LADDER else None
+    if check_hub_name(name_or_path, "model", variable="MODEL", local_size=size) == "cache":
+        kwargs.setdefault("local_files_only", True)
+        kwargs.setdefault("cache_dir", str(hub_cache()))
     return AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
 
 

@@ -55,7 +55,9 @@ class PreflightReport:
     When it does not fit, `suggestion_kind` names the first course config that does (FALLBACK_LADDER), checked by
     the same rules, and `suggestion_report` is its check. When the activations are what does not fit, `plan` sets
     `batch_suggestion` ({'micro_batch_size': 8}, or with a shorter 'seq_len' too): the same config at a batch that
-    passes the same check (`batch_suggestion_report`); `fix` names it first.
+    passes the same check (`batch_suggestion_report`); `fix` names it first. When neither that nor a course config at
+    this batch fits, `plan` looks for a course config at a smaller batch before a smaller model: `suggestion_kind`
+    with `suggestion_batch` ({'micro_batch_size': 4}), checked by the same rules (`suggestion_report`).
     """
 
     estimate: ModelStateEstimate
@@ -82,6 +84,7 @@ class PreflightReport:
     batch_suggestion: dict[str, int] | None = None  # set by `plan`: a smaller micro-batch (then sequence) that fits
     batch_suggestion_report: "PreflightReport | None" = None
     batch_now: dict[str, int] | None = None  # the plan's own micro-batch and sequence, beside batch_suggestion
+    suggestion_batch: dict[str, int] | None = None  # set by `plan`: the smaller batch the suggested config fits at
 
     @property
     def gpu_needed(self) -> int:
@@ -178,7 +181,9 @@ class PreflightReport:
             built = (" with the model built under deepspeed.zero.Init (HfDeepSpeedConfig, helpers.build_zero3_model)"
                      if self.suggestion_zero_init else "")
             need = f" (predicted: {self.suggestion_report.needs()})" if self.suggestion_report else ""
-            return f"Fix: the course's {self.suggestion_kind!r} config, {call}{built}{need}"
+            batch = (" at " + ", ".join(f"{k}={v}" for k, v in self.suggestion_batch.items())
+                     if self.suggestion_batch else "")
+            return f"Fix: the course's {self.suggestion_kind!r} config{batch}, {call}{built}{need}"
         fresh = ""
         if self.fresh_runtime_kind and self.fresh_runtime and self.model_name:
             m = self.fresh_runtime
@@ -506,7 +511,9 @@ class Plan:
             text.append(f"a batch predicted to fit: {_batch_fix_text(self.report)}")
         if self.report.suggestion:
             init = " with the model built under deepspeed.zero.Init" if self.report.suggestion_zero_init else ""
-            text.append(f"a config predicted to fit: build_ds_config(**{self.report.suggestion}){init}")
+            batch = ("".join(f", {k}={v}" for k, v in self.report.suggestion_batch.items())
+                     if self.report.suggestion_batch else "")
+            text.append(f"a config predicted to fit: build_ds_config(**{self.report.suggestion}{batch}){init}")
         return "\n".join(text)
 
 
@@ -563,6 +570,8 @@ def plan(model: "str | ModelShape" = "gpt2", stage: int = 2, *, offload_optimize
                        activation_bytes=act, nvme_path=nvme_path, zero_init=bool(zero_init), ram_in_use=ram_in_use,
                        raise_on_failure=False)
     _suggest_batch(report, shape, runtime, micro_batch_size, seq_len, act_precision, checkpointing, nvme_path)
+    _suggest_config_at_smaller_batch(report, shape, runtime, micro_batch_size, seq_len, act_precision, checkpointing,
+                                     nvme_path, bool(zero_init))
     return Plan(shape, config, report, act, **settings)
 
 
@@ -581,15 +590,53 @@ def _suggest_batch(report: PreflightReport, shape: "ModelShape", runtime: "Runti
                                    precision=precision, checkpointing=checkpointing)
         return _report(report.estimate, runtime, act, nvme_path, in_use, report.step_transient_bytes)
 
-    tries = [({"micro_batch_size": 2 ** k}, 2 ** k, seq_len) for k in range(11, -1, -1) if 2 ** k < micro_batch_size]
-    tries += [({"micro_batch_size": 1, "seq_len": s} if micro_batch_size > 1 else {"seq_len": s}, 1, s)
-              for s in sorted(SEQ_LENS, reverse=True) if s < seq_len]
-    for fix, batch, seq in tries:
+    for fix, batch, seq in _smaller_batches(micro_batch_size, seq_len):
         cand = check(batch, seq)
         if cand.fits:
             report.batch_suggestion, report.batch_suggestion_report = fix, cand
             report.batch_now = {"micro_batch_size": micro_batch_size, "seq_len": seq_len}
             return
+
+
+def _smaller_batches(micro_batch_size: int, seq_len: int) -> list[tuple[dict[str, int], int, int]]:
+    """(fix, micro-batch, sequence) below this batch, in the order they are tried: the power-of-two micro-batches
+    below it, largest first, then micro-batch 1 with each of SEQ_LENS below this sequence, longest first."""
+    tries = [({"micro_batch_size": 2 ** k}, 2 ** k, seq_len) for k in range(11, -1, -1) if 2 ** k < micro_batch_size]
+    tries += [({"micro_batch_size": 1, "seq_len": s} if micro_batch_size > 1 else {"seq_len": s}, 1, s)
+              for s in sorted(SEQ_LENS, reverse=True) if s < seq_len]
+    return tries
+
+
+def _suggest_config_at_smaller_batch(report: PreflightReport, shape: "ModelShape", runtime: "Runtime",
+                                     micro_batch_size: int, seq_len: int, precision: str, checkpointing: bool,
+                                     nvme_path: Any, zero_init: bool) -> None:
+    """When neither this config at a smaller batch (`_suggest_batch`) nor a course config at this batch fits: the
+    first course config (FALLBACK_LADDER's order) that fits at a smaller micro-batch (the largest), else the first
+    that fits at micro-batch 1 with a shorter sequence, each by preflight's own check; it replaces the smaller model
+    as the fix (`suggestion_kind`, `suggestion_batch`). A smaller micro-batch with gradient accumulation keeps the
+    tokens per step, so it comes before a shorter sequence or another model."""
+    if report.fits or report.batch_suggestion or report.suggestion is not None:
+        return
+    in_use = report.ram_rows.get(ROW_IN_USE, 0)
+    prec = report.estimate.label.rsplit(" + ", 1)[-1]
+    tries = _smaller_batches(micro_batch_size, seq_len)
+    candidates = _candidates(runtime, prec, shape.largest_layer_params, nvme_path)
+    for shorter in (False, True):  # micro-batch alone first, then the sequence too
+        for kind, args, cand_cfg in candidates:
+            for fix, batch, seq in tries:
+                if ("seq_len" in fix) != shorter:
+                    continue
+                act = estimate_activations(batch, seq, shape.hidden, shape.n_layers, shape.vocab,
+                                           n_heads=shape.n_heads, precision=precision, checkpointing=checkpointing)
+                cand_init = zero_init or args["stage"] == 3
+                cand = _check(cand_cfg, shape.n_params, runtime, shape.largest_layer_params, act, nvme_path,
+                              cand_init, in_use)
+                if cand.fits:
+                    report.suggestion, report.suggestion_zero_init = args, cand_init
+                    report.suggestion_kind, report.suggestion_report, report.suggestion_batch = kind, cand, fix
+                    report.smaller_model = report.smaller_model_kind = None
+                    report.batch_now = {"micro_batch_size": micro_batch_size, "seq_len": seq_len}
+                    return
 
 
 def _step_time_text(p: Plan) -> str:

@@ -721,3 +721,45 @@ def test_the_picture_keeps_its_pixel_size_in_a_narrow_column_and_the_apply_label
                           picture).group(1))
     assert 600 <= width <= 800
     assert "ds-plan-apply" in d["apply"]._dom_classes and ".ds-plan-apply {white-space: normal" in d["verdict"].value
+
+
+def test_a_course_config_at_a_smaller_batch_comes_before_a_smaller_model(cpu, monkeypatch):
+    """gpt2-xl at ZeRO-2, micro-batch 16 on a CPU runtime: neither ZeRO-2 at a smaller batch nor any course config at
+    micro-batch 16 fits, but a course config does at a smaller micro-batch: that is the fix (not gpt2-large), and
+    it passes the same check when applied, in a cell and through the widget's apply."""
+    from helpers.config import NAMED_CONFIGS
+    from helpers.planner import FALLBACK_LADDER
+    from helpers.planner_ui import _suggested_settings
+
+    p = plan("gpt2-xl", 2, micro_batch_size=16, runtime=cpu, ram_in_use=0)
+    r = p.report
+    assert not r.fits and r.batch_suggestion is None and r.smaller_model is None, r.fix()
+    assert r.suggestion_kind in FALLBACK_LADDER and r.suggestion_batch, r.fix()
+    batch = r.suggestion_batch["micro_batch_size"]
+    assert batch < 16 and f"'{r.suggestion_kind}' config at micro_batch_size={batch}" in r.fix()
+    assert f"micro_batch_size={batch}" in str(p)
+    settings = _suggested_settings(p)
+    assert settings["micro_batch_size"] == batch and "model" not in settings
+    assert plan("gpt2-xl", runtime=cpu, ram_in_use=0, **settings).report.fits  # the fix passes the same check
+    # what came before it did not fit: ZeRO-2 at each smaller batch, each course config at micro-batch 16, and
+    # each course config before the suggested one at every smaller micro-batch; the suggested one at twice its batch
+    kinds = list(FALLBACK_LADDER)
+    for mb in (8, 4, 2, 1):
+        assert not plan("gpt2-xl", 2, micro_batch_size=mb, runtime=cpu, ram_in_use=0).report.fits
+    for kind in kinds:
+        kw = dict(NAMED_CONFIGS[kind].kwargs)
+        at16 = plan("gpt2-xl", micro_batch_size=16, zero_init=kw["stage"] == 3, runtime=cpu, ram_in_use=0, **kw)
+        assert not at16.report.fits, kind
+        for mb in (8, 4, 2, 1):
+            fits = plan("gpt2-xl", micro_batch_size=mb, zero_init=kw["stage"] == 3, runtime=cpu, ram_in_use=0,
+                        **kw).report.fits
+            if kinds.index(kind) < kinds.index(r.suggestion_kind) or (kind == r.suggestion_kind and mb > batch):
+                assert not fits, (kind, mb)
+    monkeypatch.delenv("DS_COURSE_SAVED_RUN", raising=False)
+    monkeypatch.setattr("helpers.planner.rss_bytes", lambda: 0)
+    verdict, apply, controls, _ = _parts(planner_widget(cpu, model="gpt2-xl"))
+    controls["micro_batch_size"].value = 16
+    assert f"micro-batch {batch}" in apply.description and "model" not in apply.description, apply.description
+    apply.click()
+    assert controls["micro_batch_size"].value == batch and controls["model"].value == "gpt2-xl"
+    assert "fits" in verdict.value and "does NOT fit" not in verdict.value
