@@ -96,7 +96,8 @@ def _refusal_settings(p: Plan, name: str, runtime: "Runtime", settings: dict[str
 
 def _suggested_settings(p: Plan) -> dict[str, Any]:
     """The widget's settings that the plan's fix names: a smaller micro-batch (then sequence) when the activations
-    are what does not fit, else stage, offloads (and model) of the course config that fits; {} when it names none."""
+    are what does not fit, else stage, offloads (and the smaller batch, or the model) of the course config that
+    fits; {} when it names none."""
     report = p.report
     if report is None or report.fits:
         return {}
@@ -113,6 +114,8 @@ def _suggested_settings(p: Plan) -> dict[str, Any]:
                offload_param=args.get("offload_param", "none"))
     if zero_init:  # the fix was checked with the model built under deepspeed.zero.Init (no fp32 copy in RAM)
         out["zero_init"] = True
+    if report.suggestion is not None and report.suggestion_batch:  # the config fits at a smaller batch
+        out.update(report.suggestion_batch)
     return out
 
 
@@ -278,7 +281,10 @@ def _static_copy_html(parts: dict[str, str]) -> str:
 # button's label wraps instead. In the verdict's HTML, which the widget always shows.
 _WIDGET_STYLE = ("<style>.ds-planner .widget-button.ds-plan-apply {white-space: normal; overflow: visible; "
                  "height: auto; min-height: var(--jp-widgets-inline-height, 28px); text-align: left; "
-                 "line-height: 1.3; padding-top: 2px; padding-bottom: 2px}</style>")
+                 "line-height: 1.3; padding-top: 2px; padding-bottom: 2px} "
+                 # the chart's HTML widget is a flex item: its default min-width (auto) kept it at the picture's 760 px,
+                 # so the whole planner scrolled (title and legend cut) instead of the picture's own scroll box
+                 ".ds-planner .ds-plan-chart, .ds-planner .ds-plan-chart > .widget-html-content {min-width: 0}</style>")
 
 
 def _display_handle() -> Any:
@@ -358,6 +364,7 @@ def planner_widget(runtime: "Runtime | None" = None, model: str = "gpt2") -> Any
                                 style=style, layout=box("260px"), disabled=True),
     }
     verdict, picture, actions, details = w.HTML(), w.HTML(), w.HTML(), w.HTML()
+    picture.add_class("ds-plan-chart")  # may shrink below its picture, whose own box then scrolls (_WIDGET_STYLE)
     apply = w.Button(description="apply the fix", button_style="success", icon="check",
                      layout=w.Layout(width="auto", max_width="100%", height="auto", display="none"))
     apply.add_class("ds-plan-apply")  # its label wraps in a narrow column (_WIDGET_STYLE), its tooltip is the fix

@@ -14,16 +14,29 @@ What it checks, in JupyterLab:
   budgets) and the JSON's download link (no "Error displaying widget"); no control's label is cut off;
 - typing a model name does not re-plan until Enter (issue 16, problem 1): the verdict is unchanged while typing;
 - Enter on the new name, then ZeRO stage 3 from its dropdown, then an exact micro-batch (16) each change the verdict
-  or the folded JSON, and the picture;
+  or the folded JSON, and the picture; on a runtime without a GPU, micro-batch 4 -> 16 raises the verdict's RAM total
+  (issue 23, item 4: activations count in RAM there);
+- a micro-batch of 2000 stays 2000 in the field and in the plan's JSON (no silent cap at 1024), raises the RAM total,
+  and its apply button proposes a smaller micro-batch that fits;
 - "download ds_config.json" saves the JSON the details show; "copy JSON" puts it on the clipboard;
 - a Hub id the Hub does not answer for (the kernel's HF_ENDPOINT is a local socket that never answers) shows
   "looking up ..." and then its error in the widget within seconds;
 - restart-safe: the output also holds a static copy of the last plan (with its picture), hidden while the widget
   lives; after saving, shutting the kernel down and reloading the page, that copy is what shows, and the widget's
-  "Error displaying widget: model not found" is hidden.
+  "Error displaying widget: model not found" is hidden;
+- a narrow column (issue 23, item 5): the window at 900 px with the file browser open, the chart is drawn at its own
+  pixel size (the img's rendered width = its natural width: labels not shrunk) in its own box (.ds-figure-scroll)
+  that stays inside the output column and scrolls sideways (on failure: the box's ancestors, and whether
+  `min-width: 0` on the picture's HTML widget would fix it); the apply button's label is not cut (scrollWidth <=
+  clientWidth; a long fix, gpt2-xl's, and a refusal's);
+- a refused combination (ZeRO stage 0 with parameter offload) shows "config refused" with an apply button, and
+  applying it gives a plan that is not refused (ZeRO-3).
 Then in Notebook 7 (served by the same server), the same notebook on the kernel JupyterLab left running: the live
-planner restored from it, checked the same way (picture, download link, labels, a stage change), then saved, shut down
-and reopened there (static copy, no widget error); last, the notebook reopened in JupyterLab without a kernel.
+planner restored from it, checked the same way (picture, download link, labels, a stage change); the kernel restarted
+as the Kernel menu does (issue 23, item 5): the banner "Re-run this cell for the live planner" shows, the dead
+controls are hidden (or greyed, refusing the pointer) and no live verdict shows; then saved, shut down and reopened
+there (static copy, no widget error); last, the notebook reopened in JupyterLab without a kernel. With
+`--skip-notebook7` the kernel restart is checked in JupyterLab itself.
 Notebooks run from copies in build/browser/nb/ (the front ends autosave; notebooks/ stays untouched). The kernel does
 not get DS_COURSE_SAVED_RUN (that would make the planner static HTML).
 
@@ -38,7 +51,9 @@ It checks: the kernel is that venv's, with ipywidgets 7.7.1; no traceback and no
 bar, once finished, is its final line of text (100 %), not 0 % and not nothing (ipywidgets 7 displays a widget without
 a display id: helpers.progress displays its mimebundle itself); the planner renders with spaced controls (margins:
 no Layout has `gap`) and re-plans on Enter, on a stage change and on an exact micro-batch, takes the JSON, fails an
-unanswered Hub id in the widget; then saved, its kernel shut down and the page reloaded (classic Notebook starts a new
+unanswered Hub id in the widget; the micro-batch's RAM, 2000, the narrow column (900 px, no file browser there) and
+the refusal's apply as in JupyterLab; the kernel restarted (Kernel > Restart's call: the banner, the dead controls
+hidden or greyed); then saved, its kernel shut down and the page reloaded (classic Notebook starts a new
 kernel, which holds none of the widgets): the bar's final text and the planner's static copy show, and nothing else in
 the planner's cell (no "A Jupyter widget could not be displayed", no `VBox(children=...` text). Screenshots under
 build/browser/classic/; the notebook runs from build/browser/classic/nb/. Op builds of that venv go to
@@ -210,7 +225,7 @@ def reopen_without_kernel(driver, check: Check, where: str, expect: tuple[str, .
         wait(driver, lambda d: static_copy_state(d)["shown"], 120, "the static copy in the reopened notebook")
         time.sleep(3)  # the widget manager gives up on the saved widget ("model not found") by now
         state = static_copy_state(driver)
-        check("re-run this cell" in state["text"] and all(e in state["text"] for e in expect) and state["picture"]
+        check("re-run this cell" in state["text"].lower() and all(e in state["text"] for e in expect) and state["picture"]
               and state["download"], f"{where}: reopened without its kernel, the notebook shows the last plan, its "
               f"picture and the download link: {state['text'][:100]!r}")
         errors = visible_widget_errors(driver)
@@ -388,15 +403,20 @@ def drive_planner(driver, check: Check, first: str, port: int, downloads: Path, 
         check(False, f"{where}stage 3 changes the plan (verdict still {verdict_text(driver)[:120]!r})")
     shot(driver, "03_stage_3.png", out)
 
-    # 3. an exact micro-batch: 16, typed, then Enter
-    before_json = json_text(driver)
-    mb = driver.find_element(By.XPATH, PLANNER + "//div[label[normalize-space()='micro-batch']]//input")
+    # 3. an exact micro-batch: 16, typed, then Enter; on a runtime without a GPU its activations are in RAM: the
+    # verdict's RAM total moves with it (issue 23, item 4)
+    before_json, before_verdict = json_text(driver), verdict_text(driver)
+    mb = micro_batch_field(driver)
     mb.send_keys(Keys.CONTROL, "a")
     mb.send_keys("16", Keys.ENTER)
     try:
         wait(driver, lambda d: '"train_micro_batch_size_per_gpu": 16' in json_text(d), 30,
              "micro-batch 16 in the JSON")
         check(json_text(driver) != before_json, f"{where}micro-batch 16 (exact) reaches the DeepSpeed JSON")
+        if "no GPU" in before_verdict:
+            ram = ram_needed(before_verdict), ram_needed(verdict_text(driver))
+            check(None not in ram and ram[1] > ram[0], f"{where}on this runtime without a GPU, micro-batch 4 -> 16 "
+                  f"raises the verdict's RAM total: {ram[0]} -> {ram[1]} GB ({verdict_text(driver)[:110]!r})")
     except TimeoutException:
         check(False, f"{where}micro-batch 16 (exact) reaches the DeepSpeed JSON")
     take_the_json(driver, check, port, downloads)
@@ -409,6 +429,7 @@ def drive_planner(driver, check: Check, first: str, port: int, downloads: Path, 
     if heads:
         heads[0].click()
         time.sleep(0.5)
+    micro_batch_2000(driver, check, out, where)  # ends back at micro-batch 16
 
     # 4. a Hub id that cannot be looked up, then back to the last plan for the saved copy
     unreachable_hub_id(driver, check, model, out)
@@ -423,6 +444,288 @@ def drive_planner(driver, check: Check, first: str, port: int, downloads: Path, 
         "return s ? [getComputedStyle(s).display, s.textContent.slice(0, 300)] : ['missing', ''];")
     check(copy_state[0] == "none" and "fits gpt2-medium" in copy_state[1],
           f"{where}the static copy follows the plan and is hidden beside the live widget ({copy_state[0]})")
+
+
+def ram_needed(verdict: str) -> float | None:
+    """The RAM (GB) a verdict line says the plan needs: 'RAM 13.78 / 25.28 GB' (fits) or 'CPU RAM: needs ~797.19 GB'
+    (does not fit); None when it names none."""
+    found = re.search(r"RAM ([\d.]+) / [\d.]+ GB", verdict) or re.search(r"RAM: needs ~([\d.]+) GB", verdict)
+    return float(found.group(1)) if found else None
+
+
+def micro_batch_field(driver):
+    from selenium.webdriver.common.by import By
+
+    return driver.find_element(By.XPATH, PLANNER + "//div[label[normalize-space()='micro-batch']]//input")
+
+
+def select_control(driver, label: str, value: str) -> None:
+    """Pick `value` in the planner's dropdown labelled `label` ('ZeRO stage', 'param offload', ...)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    field = driver.find_element(By.XPATH, PLANNER + "//div[contains(@class,'widget-dropdown')]"
+                                f"[label[normalize-space()='{label}']]//select")
+    Select(field).select_by_visible_text(value)
+
+
+def apply_button(driver) -> dict:
+    """The verdict's apply button as shown: its label, and whether the label is cut (a one-line label wider than the
+    button) or wraps."""
+    return driver.execute_script("""
+        const b = document.querySelector('.ds-planner .ds-plan-apply');
+        if (!b) return {shown: false, text: ''};
+        const r = b.getBoundingClientRect(), p = b.closest('.ds-planner').getBoundingClientRect();
+        const tops = [];  // the label's line boxes (its text, not the icon)
+        for (const t of [...b.childNodes].filter(n => n.nodeType === 3 && n.textContent.trim())) {
+            const range = document.createRange();
+            range.selectNodeContents(t);
+            tops.push(...[...range.getClientRects()].filter(q => q.width > 0).map(q => Math.round(q.top)));
+        }
+        const lines = new Set(tops).size;
+        return {shown: !!b.offsetParent && r.width > 0, text: b.textContent.trim(), scroll_w: b.scrollWidth,
+                client_w: b.clientWidth, height: Math.round(r.height), text_lines: lines,
+                white_space: getComputedStyle(b).whiteSpace, inside: r.right <= p.right + 1 && r.left >= p.left - 1};""")
+
+
+def click_apply(driver) -> None:
+    from selenium.webdriver.common.by import By
+
+    button = driver.find_element(By.CSS_SELECTOR, ".ds-planner .ds-plan-apply")
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'});", button)
+    time.sleep(0.3)
+    button.click()
+
+
+def micro_batch_2000(driver, check: Check, out: Path, where: str) -> None:
+    """A micro-batch of 2000 typed: the field and the plan keep 2000 (no silent cap at 1024, issue 23 item 4), the
+    verdict's RAM total grows, and its apply button proposes a smaller micro-batch, which fits; then back to 16."""
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.common.keys import Keys
+
+    before = verdict_text(driver)
+    mb = micro_batch_field(driver)
+    mb.send_keys(Keys.CONTROL, "a")
+    mb.send_keys("2000", Keys.ENTER)
+    try:
+        wait(driver, lambda d: '"train_micro_batch_size_per_gpu": 2000' in json_text(d), 30,
+             "micro-batch 2000 in the JSON")
+        time.sleep(1.5)  # a clamping widget would have rewritten the field by now
+        field = micro_batch_field(driver).get_attribute("value")
+        ram = ram_needed(before), ram_needed(verdict_text(driver))
+        check(field == "2000" and '"train_micro_batch_size_per_gpu": 2000' in json_text(driver)
+              and None not in ram and ram[1] > ram[0],
+              f"{where}micro-batch 2000 stays 2000 in the field ({field!r}) and in the plan's JSON; RAM "
+              f"{ram[0]} -> {ram[1]} GB: {verdict_text(driver)[:110]!r}")
+        shot(driver, "04b_micro_batch_2000.png", out)
+        button = apply_button(driver)
+        if "does NOT fit" in verdict_text(driver):
+            check(button["shown"] and "micro-batch" in button["text"],
+                  f"{where}at micro-batch 2000 the apply button proposes a smaller micro-batch: {button['text']!r}")
+            if button["shown"]:
+                click_apply(driver)
+                wait(driver, lambda d: '"train_micro_batch_size_per_gpu": 2000' not in json_text(d)
+                     and verdict_text(d).startswith(("fits", "does NOT fit", "config refused")), 30,
+                     "the applied micro-batch")
+                applied = re.search(r'"train_micro_batch_size_per_gpu": (\d+)', json_text(driver))
+                check(verdict_text(driver).startswith("fits") and applied is not None
+                      and micro_batch_field(driver).get_attribute("value") == applied.group(1),
+                      f"{where}applying it gives a plan that fits, the field following "
+                      f"({micro_batch_field(driver).get_attribute('value')!r}): {verdict_text(driver)[:90]!r}")
+    except TimeoutException:
+        check(False, f"{where}micro-batch 2000 reaches the plan (field "
+              f"{micro_batch_field(driver).get_attribute('value')!r}, verdict {verdict_text(driver)[:100]!r})")
+    mb = micro_batch_field(driver)
+    mb.send_keys(Keys.CONTROL, "a")
+    mb.send_keys("16", Keys.ENTER)
+    wait(driver, lambda d: '"train_micro_batch_size_per_gpu": 16' in json_text(d)
+         and verdict_text(d).startswith("fits"), 30, "micro-batch 16 again")
+
+
+def chart_state(driver) -> dict:
+    """The live planner's chart: the img's rendered and natural widths, its box's overflow and widths, and whether
+    the box stays inside its output column."""
+    return driver.execute_script("""
+        const img = document.querySelector('.ds-planner img.ds-plan-picture');
+        if (!img) return {found: false};
+        const box = img.closest('.ds-figure-scroll') || img.parentElement;
+        const col = img.closest('.jp-OutputArea-output, .output_subarea, .ds-planner');
+        const r = img.getBoundingClientRect(), b = box.getBoundingClientRect(), c = col.getBoundingClientRect();
+        // the box and its ancestors up to the column: width, display, min-width, overflow-x (where the chart's
+        // width escapes its box)
+        const chain = [];
+        for (let e = box; e && e !== col.parentElement; e = e.parentElement)
+            chain.push(`${e.tagName.toLowerCase()}.${[...e.classList].slice(0, 3).join('.')} ${Math.round(
+                e.getBoundingClientRect().width)}px ${getComputedStyle(e).display} min-width:${getComputedStyle(e)
+                .minWidth} overflow-x:${getComputedStyle(e).overflowX}`);
+        const scroller = (() => { for (let e = box; e; e = e.parentElement) if (e.scrollWidth > e.clientWidth + 1
+            && /auto|scroll/.test(getComputedStyle(e).overflowX)) return `${e.tagName.toLowerCase()}.${[...e.classList]
+            .slice(0, 2).join('.')} (${e.clientWidth}px showing ${e.scrollWidth}px)`; return ''; })();
+        return {found: true, chain: chain, scrolls: scroller,
+                loaded: img.complete && img.naturalWidth > 0, rendered_w: Math.round(r.width),
+                natural_w: img.naturalWidth, dpr: window.devicePixelRatio, overflow_x: getComputedStyle(box).overflowX,
+                box_client_w: box.clientWidth, box_scroll_w: box.scrollWidth, box_right: Math.round(b.right),
+                column_right: Math.round(c.right), window_w: window.innerWidth};""")
+
+
+def narrow_column(driver, check: Check, out: Path, where: str, width: int, height: int, lab: bool) -> None:
+    """The browser at 900 px (JupyterLab: with the file browser open): the chart at its own pixel size in a box that
+    scrolls sideways, not shrunk (issue 23, item 5); a refused combination (ZeRO stage 0 with parameter offload) gets
+    an apply button whose label is not cut, and applying it gives a plan that is not refused (item 4). Then back to
+    ZeRO-3 without offload, the window at `width`."""
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    driver.set_window_size(900, height)
+    if lab:
+        driver.execute_script("window.jupyterapp.commands.execute('filebrowser:activate');")
+    time.sleep(3)
+    browser_w = driver.execute_script(
+        "const f = document.querySelector('.jp-FileBrowser'); return f && f.offsetParent ? f.offsetWidth : 0;")
+    chart = chart_state(driver)
+    chain = chart.pop("chain", [])
+    check(chart.get("found") and chart["loaded"] and chart["rendered_w"] >= chart["natural_w"] / chart["dpr"] - 1,
+          f"{where}at 900 px" + (f" with the file browser open ({browser_w} px)" if lab else "") + ", the chart is "
+          f"shown at its own size, not shrunk: {chart.get('rendered_w')} px of {chart.get('natural_w')}")
+    own_box = (chart.get("found") and chart["overflow_x"] in ("auto", "scroll")
+               and chart["box_right"] <= chart["column_right"] + 1
+               and (chart["box_scroll_w"] > chart["box_client_w"] or chart["box_client_w"] >= chart["rendered_w"]))
+    check(own_box, f"{where}at 900 px the chart's own box (.ds-figure-scroll) stays in the output column and scrolls "
+          f"sideways: {chart}")
+    if not own_box:  # where the width escapes, and what a learner scrolls instead
+        print("     the chart's box and its ancestors:\n       " + "\n       ".join(chain), flush=True)
+        trial = driver.execute_script(  # would `min-width: 0` on the picture's widget let its box scroll?
+            "const st = document.createElement('style'); st.id = 'ds-trial'; st.textContent = '.ds-planner "
+            ".widget-html:has(.ds-figure-scroll), .ds-planner .widget-html-content:has(> .ds-figure-scroll) "
+            "{min-width: 0}'; document.head.appendChild(st); const b = document.querySelector('.ds-planner "
+            ".ds-figure-scroll'); const c = b.closest('.jp-OutputArea-output, .output_subarea');"
+            "const out = {box_client_w: b.clientWidth, box_scroll_w: b.scrollWidth, box_right: Math.round("
+            "b.getBoundingClientRect().right), column_right: Math.round(c.getBoundingClientRect().right)};"
+            "st.remove(); return out;")
+        print(f"     (with `min-width: 0` on the picture's HTML widget and its content, tried here and removed: "
+              f"{trial})", flush=True)
+    if lab:
+        check(browser_w > 100, f"{where}the file browser is open beside the notebook ({browser_w} px)")
+    shot(driver, "05b_narrow_900px_chart.png", out)
+
+    # a long apply label: gpt2-xl does not fit this runtime at ZeRO-3 (its fix names several settings)
+    model = driver.find_element(By.XPATH, PLANNER + "//div[label[normalize-space()='model']]//input")
+    try:
+        model.send_keys(Keys.CONTROL, "a")
+        model.send_keys(Keys.DELETE)
+        model.send_keys("gpt2-xl", Keys.ENTER)
+        wait(driver, lambda d: "gpt2-xl" in verdict_text(d), 30, "the gpt2-xl plan")
+        time.sleep(1)
+        button = apply_button(driver)
+        if button["shown"]:
+            check(button["scroll_w"] <= button["client_w"] + 1 and button["inside"],
+                  f"{where}at 900 px the apply button's long label is not cut: {button}")
+            shot(driver, "05b_narrow_900px_long_apply.png", out)
+        else:
+            print(f"     (gpt2-xl shows no apply button here: {verdict_text(driver)[:100]!r})", flush=True)
+    except TimeoutException:
+        check(False, f"{where}gpt2-xl re-plans at 900 px ({verdict_text(driver)[:100]!r})")
+    model.send_keys(Keys.CONTROL, "a")
+    model.send_keys(Keys.DELETE)
+    model.send_keys("gpt2-medium", Keys.ENTER)
+    wait(driver, lambda d: verdict_text(d).startswith("fits gpt2-medium"), 30, "the gpt2-medium plan again")
+
+    before = verdict_text(driver)
+    select_control(driver, "ZeRO stage", "0")
+    try:
+        wait(driver, lambda d: verdict_text(d) != before and "looking up" not in verdict_text(d), 30,
+             "the stage 0 plan")
+        select_control(driver, "param offload", "cpu")
+        wait(driver, lambda d: verdict_text(d).startswith("config refused"), 30, "the refusal")
+        time.sleep(1)
+        button = apply_button(driver)
+        check(button["shown"] and button["text"].startswith("apply"), f"{where}ZeRO stage 0 with parameter offload "
+              f"is refused with an apply button: {button['text']!r} ({verdict_text(driver)[:100]!r})")
+        check(button["shown"] and button["scroll_w"] <= button["client_w"] + 1 and button["inside"],
+              f"{where}at 900 px the apply button's label is not cut: {button}")
+        shot(driver, "05c_narrow_900px_refused_apply.png", out)
+        if button["shown"]:
+            click_apply(driver)
+            wait(driver, lambda d: not verdict_text(d).startswith("config refused")
+                 and verdict_text(d).startswith(("fits", "does NOT fit")), 30, "a plan after applying the fix")
+            text = verdict_text(driver)
+            check(not text.startswith("config refused") and "ZeRO-3" in text,
+                  f"{where}applying the fix gives a plan that is not refused: {text[:110]!r}")
+            shot(driver, "05d_refusal_fix_applied.png", out)
+    except TimeoutException as exc:
+        check(False, f"{where}a refused combination gets an apply that fixes it ({exc.msg}; verdict "
+              f"{verdict_text(driver)[:110]!r})")
+    # back to ZeRO-3 without offload (the plan the rest expects)
+    select_control(driver, "ZeRO stage", "3")
+    time.sleep(1)
+    select_control(driver, "param offload", "none")
+    wait(driver, lambda d: verdict_text(d).startswith("fits gpt2-medium") and "ZeRO-3" in verdict_text(d)
+         and '"train_micro_batch_size_per_gpu": 16' in json_text(d), 30, "the gpt2-medium ZeRO-3 plan again")
+    if lab:
+        driver.execute_script("window.jupyterapp.shell.collapseLeft();")
+    driver.set_window_size(width, height)
+    time.sleep(1)
+
+
+def restarted_state(driver) -> dict:
+    """The planner's output after its kernel restarted: the static copy and its banner, the live planner (hidden, or
+    greyed and refusing the pointer), its classes."""
+    return driver.execute_script("""
+        const shown = e => !!(e && e.offsetParent && e.getClientRects().length);
+        const s = document.querySelector('.ds-plan-static'), banner = s && s.querySelector('.ds-plan-rerun');
+        const p = document.querySelector('.ds-planner');
+        const field = p && p.querySelector('input, select');
+        let hit = null;
+        if (shown(field)) {
+            field.scrollIntoView({block: 'center'});
+            const r = field.getBoundingClientRect();
+            const at = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
+            hit = at === field || field.contains(at);
+        }
+        const after = p ? getComputedStyle(p, '::after').content : '';
+        return {banner: shown(banner) ? banner.textContent.trim().slice(0, 160) : '', static_shown: shown(s),
+                planner: !!p, planner_shown: shown(p), disconnected: !!(p && p.classList.contains(
+                'jupyter-widgets-disconnected')), pointer_events: p ? getComputedStyle(p).pointerEvents : '',
+                opacity: p ? getComputedStyle(p).opacity : '', control_takes_clicks: hit,
+                note_after: after && after !== 'none' ? after.slice(0, 80) : '',
+                live_verdict_shown: shown(p && p.querySelector('.ds-plan-verdict'))};""")
+
+
+def restart_kernel(driver, check: Check, out: Path, where: str, classic: bool, name: str) -> None:
+    """Restart the kernel as the Kernel menu does (no dialog): the planner stays on the page with a dead comm. The
+    banner "Re-run this cell for the live planner" shows (the static copy), the dead controls are hidden, or greyed
+    and not taking clicks, and no live-looking verdict pretends to follow them (issue 23, item 5)."""
+    from selenium.common.exceptions import TimeoutException
+
+    driver.set_script_timeout(120)
+    if classic:
+        driver.execute_script("Jupyter.notebook.kernel.restart();")
+    else:
+        driver.execute_script("window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.restart();")
+    try:
+        time.sleep(3)
+        wait(driver, classic_kernel_idle if classic else kernel_idle, 120, "the restarted kernel")
+        wait(driver, lambda d: restarted_state(d)["banner"], 20, "the re-run banner")
+    except TimeoutException:
+        pass
+    time.sleep(2)
+    state = restarted_state(driver)
+    check("Re-run this cell for the live planner" in state["banner"] and state["static_shown"],
+          f"{where}after a kernel restart the banner shows: {state['banner'][:90]!r}")
+    dead = (not state["planner_shown"]) or (state["pointer_events"] == "none" and float(state["opacity"] or 1) < 1
+                                            and state["control_takes_clicks"] is False)
+    check(state["planner"] and dead, f"{where}after a kernel restart the dead controls are hidden, or greyed and not "
+          f"taking clicks: {state}")
+    check(not state["live_verdict_shown"] or "Re-run" in state["note_after"],
+          f"{where}after a kernel restart no live verdict pretends to follow the controls (live verdict shown: "
+          f"{state['live_verdict_shown']}, note: {state['note_after']!r})")
+    statics = driver.execute_script("const s = document.querySelector('.ds-plan-static');"
+                                    "if (s) s.scrollIntoView({block: 'start'}); return !!s;")
+    time.sleep(0.5)
+    path = out / name
+    driver.save_screenshot(str(path))
+    print(f"     screenshot {path.relative_to(ROOT)}", flush=True)
 
 
 def lab_part(driver, args: argparse.Namespace, check: Check, base: str, port: int, copy: Path,
@@ -445,6 +748,7 @@ def lab_part(driver, args: argparse.Namespace, check: Check, base: str, port: in
     shot(driver, "01_planner_after_run_all.png")
 
     drive_planner(driver, check, first, port, downloads)
+    narrow_column(driver, check, OUT, "JupyterLab: ", args.width, args.height, lab=True)
     driver.execute_script("window.jupyterapp.commands.execute('docmanager:save');")  # the outputs, for what follows
     time.sleep(3)
 
@@ -474,6 +778,7 @@ def notebook7_part(driver, check: Check, base: str, copy: Path) -> None:
     except TimeoutException:
         check(False, f"Notebook 7: stage 2 re-plans (verdict still {verdict_text(driver)[:100]!r})")
     shot(driver, "07_notebook7_planner.png")
+    restart_kernel(driver, check, OUT, "Notebook 7: ", False, "07b_notebook7_kernel_restarted.png")
     # the static copy is updated through its display id, which a page loaded later does not know: it keeps the last
     # plan of the page that ran the cell (ZeRO-3), not Notebook 7's change (ZeRO-2), until the cell is run again
     reopen_without_kernel(driver, check, "Notebook 7", ("gpt2-medium", "ZeRO-3"))
@@ -505,6 +810,7 @@ def run(args: argparse.Namespace) -> int:
         driver.get(f"{base}/lab?token={token}")  # logs in (a cookie): the pages below need no token
         lab_part(driver, args, check, base, port, copy, downloads)
         if args.skip_notebook7:
+            restart_kernel(driver, check, OUT, "JupyterLab: ", False, "05e_kernel_restarted.png")
             reopen_without_kernel(driver, check, "JupyterLab", ("gpt2-medium", "ZeRO-3"))
             driver.save_screenshot(str(OUT / "06_reopened_without_kernel.png"))
         else:
@@ -662,6 +968,8 @@ def classic_part(driver, args: argparse.Namespace, check: Check, base: str, port
           f"neighbours: {[round(g) for g in gaps]})")
     shot(driver, "01_planner_after_run_all.png", CLASSIC_OUT)
     drive_planner(driver, check, first, port, downloads, CLASSIC_OUT, "classic Notebook: ")
+    narrow_column(driver, check, CLASSIC_OUT, "classic Notebook: ", args.width, args.height, lab=False)
+    restart_kernel(driver, check, CLASSIC_OUT, "classic Notebook: ", True, "05e_kernel_restarted.png")
 
 
 def shot_plain(driver, name: str) -> None:
@@ -694,7 +1002,7 @@ def classic_reopened(driver, check: Check, base: str, copy: Path, expect: tuple[
         wait(driver, classic_kernel_idle, 120, "the reopened notebook's new kernel")
         time.sleep(3)  # the widget manager has given up on the saved widgets by now
         state = static_copy_state(driver)
-        check("re-run this cell" in state["text"] and all(e in state["text"] for e in expect) and state["picture"]
+        check("re-run this cell" in state["text"].lower() and all(e in state["text"] for e in expect) and state["picture"]
               and state["download"], f"{where}: the notebook shows the last plan, its picture and the download "
               f"link: {state['text'][:100]!r}")
     except TimeoutException:
