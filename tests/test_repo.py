@@ -94,6 +94,21 @@ def test_executed_copies_are_the_current_notebooks():
                              f"{next((i for i, (a, b) in enumerate(zip(ran, code)) if a != b), min(len(ran), len(code)))}")
 
 
+# library log lines a learner read ten times per notebook (issue 22), now filtered by helpers.quiet_warnings
+LIBRARY_NOISE = ("Attempting to get learning rate from scheduler before it has started",
+                 "`loss_type=None` was set in the config but it is unrecognised",
+                 "`loss_type=None` was set in the config but it is unrecognized",
+                 "pytorch allocator cache flushes since last step")
+
+
+def test_executed_copies_carry_no_library_noise():
+    """The GPU runs' executed copies (what the README links) print none of the library lines quiet_warnings drops."""
+    for path in NOTEBOOKS:
+        text = (ROOT / "reports" / "executed" / path.name).read_text()
+        found = [n for n in LIBRARY_NOISE if n in text]
+        assert not found, (path.name, found)
+
+
 def test_smoke_size_colab_values_are_the_parameters_cells():
     """helpers.smoke_size(globals(), runtime, NAME=(colab, cpu)) shrinks NAME only while it holds its Colab value:
     that value must be the parameters cell's, or an untouched parameter would count as the learner's own."""
