@@ -720,8 +720,8 @@ def restart_kernel(driver, check: Check, out: Path, where: str, classic: bool, n
     check(not state["live_verdict_shown"] or "Re-run" in state["note_after"],
           f"{where}after a kernel restart no live verdict pretends to follow the controls (live verdict shown: "
           f"{state['live_verdict_shown']}, note: {state['note_after']!r})")
-    statics = driver.execute_script("const s = document.querySelector('.ds-plan-static');"
-                                    "if (s) s.scrollIntoView({block: 'start'}); return !!s;")
+    driver.execute_script("const s = document.querySelector('.ds-plan-static');"
+                          "if (s) s.scrollIntoView({block: 'start'}); return !!s;")
     time.sleep(0.5)
     path = out / name
     driver.save_screenshot(str(path))
