@@ -228,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     ram_budget_gb = COLAB_RAM_GB if (runtime.t4_budget or runtime.is_colab) else runtime.ram_budget_bytes / GB
     ds = helpers.load_text_dataset("local")
     helpers.train_tokenizer(ds["train"]["text"], args.work_dir / "tokenizer")
+    if set(args.configs) - {"plain"}:  # the offload configs' C++ ops, compiled here before any measured rung
+        helpers.build_ops("cpu_adam", *(["async_io"] if any("nvme" in c for c in args.configs) else []))
     old = json.loads(args.out.read_text()) if (args.out.exists() and not args.fresh) else {}
     settings = {"micro_batch": args.micro_batch, "seq_len": args.seq_len, "steps": args.steps}
     if args.mmap_threshold_mib:
