@@ -371,12 +371,19 @@ COMPILED_OPS: list[str] = []
 ON_OP_BUILD: Callable[[str], None] | None = None  # called with the op's name before it compiles
 # the course's names for DeepSpeed's JIT ops -> their builder classes (deepspeed.ops.op_builder)
 OP_BUILDERS: dict[str, str] = {"cpu_adam": "CPUAdamBuilder", "async_io": "AsyncIOBuilder",
-                               "fused_adam": "FusedAdamBuilder"}
+                               "fused_adam": "FusedAdamBuilder", "deepspeed_shm_comm": "ShareMemCommBuilder",
+                               "pin_memory": "PinMemoryBuilder"}
+# On a CPU-only machine DeepSpeed also compiles its shared-memory all-reduce (every engine) and its pinned-memory op
+# (NVMe swapping) on first use: `build_ops` builds them with the others there (in a 3 GB group g++ was OOM-killed).
+CPU_COMPANION_OPS = ("deepspeed_shm_comm", "pin_memory")
 _BUILD_CODE = """
 import sys, time
 from deepspeed.accelerator import get_accelerator
 for cls in sys.argv[1:]:
-    b = get_accelerator().create_op_builder(cls)
+    try:
+        b = get_accelerator().create_op_builder(cls)
+    except Exception:  # not an op of this accelerator
+        b = None
     if b is None or not b.is_compatible(verbose=False):
         print("SKIP", cls, flush=True)
         continue
@@ -414,6 +421,10 @@ def build_ops(*names: str, timeout_s: float = 1800.0) -> dict[str, str]:
     unknown = [n for n in names if n not in OP_BUILDERS]
     if unknown:
         raise ValueError(f"unknown DeepSpeed op {unknown[0]!r}. Fix: one of {', '.join(OP_BUILDERS)}.")
+    import torch
+
+    if names and not torch.cuda.is_available():
+        names = tuple(names) + tuple(n for n in CPU_COMPANION_OPS if n not in names)
     out = {n: "cached" for n in names if _op_cached(n)}
     todo = [n for n in names if n not in out]
     if not todo:

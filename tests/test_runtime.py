@@ -208,7 +208,8 @@ def test_build_ops_builds_once_and_a_child_after_it_compiles_nothing(tmp_path, c
     first = helpers.build_ops("cpu_adam")
     assert first["cpu_adam"] == "cached" or first["cpu_adam"].startswith("built in")
     capsys.readouterr()
-    assert helpers.build_ops("cpu_adam") == {"cpu_adam": "cached"} and capsys.readouterr().out == ""
+    again = helpers.build_ops("cpu_adam")  # on CPU with DeepSpeed's own CPU ops (helpers.runtime.CPU_COMPANION_OPS)
+    assert again["cpu_adam"] == "cached" and set(again.values()) == {"cached"} and capsys.readouterr().out == ""
     rt = helpers.detect_runtime()
     ds = helpers.load_text_dataset("local")
     helpers.train_tokenizer(ds["train"]["text"][:400], tmp_path / "tok")
