@@ -393,6 +393,16 @@ for cls in sys.argv[1:]:
 """
 
 
+def _remove_stale_op_lock(name: str) -> None:
+    """`remove_stale_build_lock` on op `name`'s folder in torch's extension cache, where there is one."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+
+        remove_stale_build_lock(_get_build_directory(name, verbose=False))
+    except (OSError, ImportError):
+        pass
+
+
 def _op_cached(name: str) -> bool:
     """True when torch's extension cache already holds op `name`'s compiled library."""
     try:
@@ -434,12 +444,7 @@ def build_ops(*names: str, timeout_s: float = 1800.0) -> dict[str, str]:
     print(f"compiling DeepSpeed's {', '.join(todo)} op{'s' if len(todo) > 1 else ''} now, before the measured runs "
           "(first use on this runtime; 1-4 min each on 2 CPU cores, then cached)", flush=True)
     for name in todo:
-        try:
-            from torch.utils.cpp_extension import _get_build_directory
-
-            remove_stale_build_lock(_get_build_directory(name, verbose=False))
-        except (OSError, ImportError):
-            pass
+        _remove_stale_op_lock(name)
     proc = subprocess.Popen([sys.executable, "-c", _BUILD_CODE, *(OP_BUILDERS[n] for n in todo)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
@@ -500,7 +505,6 @@ def announce_op_builds() -> bool:
 
     try:
         from deepspeed.ops.op_builder.builder import OpBuilder
-        from torch.utils.cpp_extension import _get_build_directory
     except ImportError:
         return False
     if getattr(OpBuilder.jit_load, "_announces", False):
@@ -511,13 +515,8 @@ def announce_op_builds() -> bool:
         name = getattr(self, "name", "?")
         if name in OpBuilder._loaded_ops:
             return jit_load(self, verbose)
-        try:
-            folder = _get_build_directory(name, verbose=False)
-            remove_stale_build_lock(folder)
-            cached = any(f.endswith(".so") for f in os.listdir(folder))
-        except OSError:
-            cached = False
-        if cached:
+        _remove_stale_op_lock(name)
+        if _op_cached(name):
             return jit_load(self, verbose)
         print(f"compiling DeepSpeed's {name} op (first use on this machine; 1-4 min on 2 CPU cores, then cached) ...",
               flush=True)

@@ -406,9 +406,7 @@ def drive_planner(driver, check: Check, first: str, port: int, downloads: Path, 
     # 3. an exact micro-batch: 16, typed, then Enter; on a runtime without a GPU its activations are in RAM: the
     # verdict's RAM total moves with it (issue 23, item 4)
     before_json, before_verdict = json_text(driver), verdict_text(driver)
-    mb = micro_batch_field(driver)
-    mb.send_keys(Keys.CONTROL, "a")
-    mb.send_keys("16", Keys.ENTER)
+    type_micro_batch(driver, 16)
     try:
         wait(driver, lambda d: '"train_micro_batch_size_per_gpu": 16' in json_text(d), 30,
              "micro-batch 16 in the JSON")
@@ -459,6 +457,15 @@ def micro_batch_field(driver):
     return driver.find_element(By.XPATH, PLANNER + "//div[label[normalize-space()='micro-batch']]//input")
 
 
+def type_micro_batch(driver, value: int) -> None:
+    """Replace the planner's micro-batch with `value`, typed, then Enter (the caller waits for the plan)."""
+    from selenium.webdriver.common.keys import Keys
+
+    mb = micro_batch_field(driver)
+    mb.send_keys(Keys.CONTROL, "a")
+    mb.send_keys(str(value), Keys.ENTER)
+
+
 def select_control(driver, label: str, value: str) -> None:
     """Pick `value` in the planner's dropdown labelled `label` ('ZeRO stage', 'param offload', ...)."""
     from selenium.webdriver.common.by import By
@@ -501,12 +508,9 @@ def micro_batch_2000(driver, check: Check, out: Path, where: str) -> None:
     """A micro-batch of 2000 typed: the field and the plan keep 2000 (no silent cap at 1024, issue 23 item 4), the
     verdict's RAM total grows, and its apply button proposes a smaller micro-batch, which fits; then back to 16."""
     from selenium.common.exceptions import TimeoutException
-    from selenium.webdriver.common.keys import Keys
 
     before = verdict_text(driver)
-    mb = micro_batch_field(driver)
-    mb.send_keys(Keys.CONTROL, "a")
-    mb.send_keys("2000", Keys.ENTER)
+    type_micro_batch(driver, 2000)
     try:
         wait(driver, lambda d: '"train_micro_batch_size_per_gpu": 2000' in json_text(d), 30,
              "micro-batch 2000 in the JSON")
@@ -535,9 +539,7 @@ def micro_batch_2000(driver, check: Check, out: Path, where: str) -> None:
     except TimeoutException:
         check(False, f"{where}micro-batch 2000 reaches the plan (field "
               f"{micro_batch_field(driver).get_attribute('value')!r}, verdict {verdict_text(driver)[:100]!r})")
-    mb = micro_batch_field(driver)
-    mb.send_keys(Keys.CONTROL, "a")
-    mb.send_keys("16", Keys.ENTER)
+    type_micro_batch(driver, 16)
     wait(driver, lambda d: '"train_micro_batch_size_per_gpu": 16' in json_text(d)
          and verdict_text(d).startswith("fits"), 30, "micro-batch 16 again")
 

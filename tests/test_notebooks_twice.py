@@ -8,8 +8,6 @@ inside a memory cgroup (scripts/colab_emulation.py) sized for its smoke run, whe
 mechanism works here, and its big runs (each in a child process) keep within the limit it reads.
 """
 import re
-import subprocess
-import sys
 
 import nbformat
 import pytest
@@ -26,14 +24,11 @@ RAM_LIMIT_BYTES = {"02_zero3_offload_nvme.ipynb": int(3e9)}
 
 def _build_ops_outside() -> None:
     """DeepSpeed's JIT op builds (g++ on 2 cores) need more RAM than the smoke run itself: inside a 3 GB group they
-    were killed on a fresh machine. Build them first, outside (the notebooks then load them from the cache)."""
-    code = ("from deepspeed.accelerator import get_accelerator as a\n"
-            "for name in ('CPUAdamBuilder', 'AsyncIOBuilder', 'ShareMemCommBuilder'):\n"
-            "    b = a().create_op_builder(name)\n"
-            "    if b is not None and b.is_compatible(verbose=False):\n"
-            "        b.load()\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    were killed on a fresh machine. Build them first, outside (the notebooks then load them from the cache):
+    helpers.build_ops, which on CPU adds DeepSpeed's shm all-reduce and pin_memory ops."""
+    import helpers
+
+    helpers.build_ops("cpu_adam", "async_io")
 
 
 # output a learner should never read: developer targets, runner noise, setup noise

@@ -47,14 +47,7 @@ def test_repeated_nvme_param_offload_runs_keep_rss_flat(tmp_path, clean_dist_env
     import helpers
     from helpers.runtime import release_host_memory
 
-    runtime = helpers.detect_runtime()
-    vocab, seq_len = 8192, 32  # the embedding (8192 x 64 bf16 = 1 MiB) is the one tensor big enough to go to NVMe
-    config = helpers.gpt2_config("gpt2-tiny", vocab_size=vocab, n_positions=seq_len)
-    gen = torch.Generator().manual_seed(0)
-    blocks = [{"input_ids": torch.randint(0, vocab, (seq_len,), generator=gen)} for _ in range(8)]
-    largest = helpers.model_shape(config).largest_layer_params
-    cfg = helpers.offload_config("zero3_nvme_all", runtime, largest_param=largest, nvme_path=str(tmp_path),
-                                 micro_batch_size=2, lr=3e-4, warmup_steps=1)
+    runtime, config, blocks, cfg = _tiny_nvme_run_setup(tmp_path)
     leak_per_run = 8 * cfg["zero_optimization"]["offload_param"]["buffer_size"] * 2  # 8 x 10M x 2 bytes = 0.16 GB
     rss, locked = [], []
     for i in range(3):
@@ -127,10 +120,11 @@ def test_tearing_down_one_nvme_run_leaves_another_live_engine_working(tmp_path, 
 
 
 def _tiny_nvme_run_setup(folder):
+    """gpt2-tiny, all on NVMe in `folder`: runtime, model config, 8 blocks of 32 tokens, DeepSpeed config."""
     import helpers
 
     runtime = helpers.detect_runtime()
-    vocab, seq_len = 8192, 32
+    vocab, seq_len = 8192, 32  # the embedding (8192 x 64 bf16 = 1 MiB) is the one tensor big enough to go to NVMe
     config = helpers.gpt2_config("gpt2-tiny", vocab_size=vocab, n_positions=seq_len)
     gen = torch.Generator().manual_seed(0)
     blocks = [{"input_ids": torch.randint(0, vocab, (seq_len,), generator=gen)} for _ in range(8)]
