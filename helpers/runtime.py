@@ -404,13 +404,24 @@ def _remove_stale_op_lock(name: str) -> None:
 
 
 def _op_cached(name: str) -> bool:
-    """True when torch's extension cache already holds op `name`'s compiled library."""
+    """True when torch's extension cache holds op `name`'s library compiled by this installation.
+
+    A library that another checkout or virtual environment compiled into the same cache (`~/.cache/torch_extensions`
+    is shared by every Python of one version on the machine) is not: its build.ninja names the other installation's
+    torch and deepspeed, so the first process here that loads the op recompiles it, silently and wherever it runs
+    (a CI run's 3 GB memory group OOM-killed that g++ 16 times). Such a cache counts as not built."""
     try:
-        from torch.utils.cpp_extension import _get_build_directory
+        from importlib.util import find_spec
+
+        from torch.utils.cpp_extension import _get_build_directory, include_paths
 
         folder = _get_build_directory(name, verbose=False)
-        return any(f.endswith(".so") for f in os.listdir(folder))
-    except (OSError, ImportError):
+        if not any(f.endswith(".so") for f in os.listdir(folder)):
+            return False
+        ninja = Path(folder, "build.ninja").read_text()
+        deepspeed_dir = (find_spec("deepspeed").submodule_search_locations or [""])[0]  # type: ignore[union-attr]
+        return include_paths()[0] in ninja and str(deepspeed_dir) in ninja
+    except (OSError, ImportError, AttributeError, IndexError):
         return False
 
 

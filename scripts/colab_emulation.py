@@ -156,6 +156,8 @@ class EnclosureStats:
     gpu_busy_source: str = ""  # "these processes" (NVML per-process samples) or "whole GPU" (shared with others)
     wall_seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    # the group's largest processes when its anonymous memory peaked: "pid rss_gb command" (names an OOM's culprit)
+    peak_processes: list[str] = field(default_factory=list)
 
     def as_report(self) -> dict[str, Any]:
         d = {"peak_ram_gb": round(self.peak_ram_bytes / GB, 2), "peak_anon_gb": round(self.peak_anon_bytes / GB, 2),
@@ -168,6 +170,8 @@ class EnclosureStats:
             d["gpu_busy_source"] = self.gpu_busy_source
         if self.notes:
             d["notes"] = self.notes
+        if self.peak_processes and self.oom_kills:
+            d["peak_processes"] = self.peak_processes
         return d
 
 
@@ -195,6 +199,7 @@ class Enclosure:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._started = 0.0
+        self._listed_at = 0  # the anonymous memory at which the group's largest processes were last listed
 
     # -- setting up
     def __enter__(self) -> "Enclosure":
@@ -342,7 +347,11 @@ class Enclosure:
                 pass
             anon = _stat(d / "memory.stat", "anon") if s.mechanism == "cgroup v2" else \
                 _stat(d / "memory.stat", "total_rss")
-            s.peak_anon_bytes = max(s.peak_anon_bytes, anon)
+            if anon > s.peak_anon_bytes:
+                s.peak_anon_bytes = anon
+                if anon > 1.1 * self._listed_at:  # re-list only on a real rise: a listing costs a few ms
+                    self._listed_at = anon
+                    s.peak_processes = _largest_processes(self._members())
             return
         procs = [p for r in self.roots for p in _tree(r)]
         total = 0
@@ -398,6 +407,20 @@ class Enclosure:
                     time.sleep(0.1)
             else:
                 self.stats.notes.append(f"could not remove {g}")
+
+
+def _largest_processes(pids: list[int], n: int = 4) -> list[str]:
+    """'pid rss_gb command' of the n largest of `pids` by resident memory (for a report of what filled a group)."""
+    import psutil
+
+    rows = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            rows.append((p.memory_info().rss, pid, " ".join(p.cmdline())[:160] or p.name()))
+        except psutil.Error:
+            pass
+    return [f"{pid} {rss / GB:.2f} GB {cmd}" for rss, pid, cmd in sorted(rows, reverse=True)[:n]]
 
 
 def _safe_rss(p: Any) -> int:

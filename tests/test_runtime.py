@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 import socket
 import weakref
 
@@ -167,6 +168,22 @@ def test_clean_slate_frees_an_engine_whose_zero3_optimizer_build_was_interrupted
     assert live_engines() == []
 
 
+def _this_installation() -> str:
+    """The include flags torch writes into an op's build.ninja for this venv's torch and deepspeed."""
+    from importlib.util import find_spec
+
+    from torch.utils.cpp_extension import include_paths
+
+    csrc = Path(find_spec("deepspeed").submodule_search_locations[0]) / "ops" / "csrc" / "includes"
+    return f"cflags = -I{csrc} -isystem {include_paths()[0]}"
+
+
+def _fake_cached_op(folder: Path, cflags: str) -> None:
+    folder.mkdir()
+    (folder / f"{folder.name}.so").write_bytes(b"")
+    (folder / "build.ninja").write_text(f"ninja_required_version = 1.3\n{cflags}\n")
+
+
 def test_an_op_build_is_announced_before_it_starts_and_a_cached_op_is_not(monkeypatch, tmp_path, capsys):
     import torch.utils.cpp_extension as cpp
     from deepspeed.ops.op_builder.builder import OpBuilder
@@ -176,8 +193,7 @@ def test_an_op_build_is_announced_before_it_starts_and_a_cached_op_is_not(monkey
     built = []
     monkeypatch.setattr(OpBuilder, "jit_load", lambda self, verbose=True: built.append(self.name) or self.name)
     monkeypatch.setattr(cpp, "_get_build_directory", lambda name, verbose: str(tmp_path / name))
-    (tmp_path / "cached_op").mkdir()
-    (tmp_path / "cached_op" / "cached_op.so").write_bytes(b"")
+    _fake_cached_op(tmp_path / "cached_op", _this_installation())
     (tmp_path / "new_op").mkdir()
     assert announce_op_builds()
     op = type("FakeBuilder", (), {"name": "new_op"})()
@@ -190,6 +206,25 @@ def test_an_op_build_is_announced_before_it_starts_and_a_cached_op_is_not(monkey
     import helpers.runtime as rt
 
     assert rt.COMPILED_OPS[-1:] == ["new_op"]  # what a measured child reports (helpers.fresh_process)
+
+
+def test_an_op_another_installation_compiled_into_the_shared_cache_counts_as_not_built(monkeypatch, tmp_path):
+    """The CI failure of stop 29: ~/.cache/torch_extensions held async_io compiled by another checkout's venv; build_ops
+    called it cached, and the first child that loaded it recompiled it inside its 3 GB memory group (OOM-killed).
+    A library whose build.ninja names another torch/deepspeed is rebuilt by build_ops, outside any measured run."""
+    import torch.utils.cpp_extension as cpp
+
+    import helpers.runtime as rt
+
+    monkeypatch.setattr(cpp, "_get_build_directory", lambda name, verbose: str(tmp_path / name))
+    _fake_cached_op(tmp_path / "ours", _this_installation())
+    other = _this_installation().replace(str(Path(cpp.__file__).parents[2]), "/elsewhere/.venv/lib/site-packages")
+    assert other != _this_installation()
+    _fake_cached_op(tmp_path / "theirs", other)
+    (tmp_path / "unfinished").mkdir()  # a build that never linked: no .so
+    (tmp_path / "unfinished" / "build.ninja").write_text(_this_installation())
+    assert rt._op_cached("ours")
+    assert not rt._op_cached("theirs") and not rt._op_cached("unfinished") and not rt._op_cached("absent")
 
 
 def test_build_ops_refuses_an_unknown_op_with_the_names_it_knows():
