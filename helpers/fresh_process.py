@@ -16,6 +16,7 @@ the kernel shows it in a progress bar from the first second (building the model,
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -81,7 +82,8 @@ def train_in_fresh_process(name: str, ds_config: dict[str, Any], model: str, *, 
                            mmap_threshold_mib: float = 0.0, cpus: set[int] | None = None,
                            timeout_s: float | None = None, gpu: str | None = None, progress: bool = True,
                            estimated_vram_bytes: int = 0, wrap: list[str] | None = None,
-                           env: dict[str, str] | None = None, time_micro_batches: bool = False) -> "RunResult":
+                           env: dict[str, str] | None = None, time_micro_batches: bool = False,
+                           trace_host_bytes: int = 0) -> "RunResult":
     """Train `model` (a helpers.GPT2_LADDER name) with `ds_config` (`plain_pytorch`: without DeepSpeed) in a child
     process, through `helpers.train_run`.
 
@@ -89,7 +91,9 @@ def train_in_fresh_process(name: str, ds_config: dict[str, Any], model: str, *, 
     the time limit), `error` says how, and `peak_rss_gb` is the peak seen from outside. Interrupting the cell kills
     the child and its NVMe files stay for the caller to remove. `wrap` is put before the child's command line and
     `env` added to its environment (benchmarks/ladder.py --emulate starts it inside a Colab enclosure that way).
-    `time_micro_batches`: see `helpers.train_run`.
+    `time_micro_batches`: see `helpers.train_run`. `trace_host_bytes` > 0 records every host storage of at least that
+    many bytes the run allocates, by the DeepSpeed line that asked for it (`helpers.host_trace`, issue 25), in
+    `extras["host_trace"]`; it slows the run (a Python call per operator), so never on a timed run.
     """
     import psutil
     from helpers.progress import progress_bar
@@ -103,7 +107,8 @@ def train_in_fresh_process(name: str, ds_config: dict[str, Any], model: str, *, 
                 "nvme_path": str(nvme_path) if nvme_path else None, "dataset": dataset, "max_blocks": max_blocks,
                 "checkpointing": checkpointing, "untimed_steps": untimed_steps, "seed": seed,
                 "mmap_threshold_mib": mmap_threshold_mib, "result": str(result_path),
-                "estimated_vram_bytes": int(estimated_vram_bytes), "time_micro_batches": time_micro_batches}
+                "estimated_vram_bytes": int(estimated_vram_bytes), "time_micro_batches": time_micro_batches,
+                "trace_host_bytes": int(trace_host_bytes)}
         spec_path.write_text(json.dumps(spec))
         child_env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
                          **(env or {}))
@@ -297,19 +302,31 @@ def _child(spec_path: str) -> int:
         torch.manual_seed(spec["seed"])
         return AutoModelForCausalLM.from_config(config)
 
+    trace = None
+    if spec.get("trace_host_bytes"):
+        from helpers.host_trace import HostAllocationTrace
+
+        trace = HostAllocationTrace(threshold_bytes=int(spec["trace_host_bytes"]), phase="building the model")
+
     def on_phase(phase: str) -> None:
+        if trace is not None:
+            trace.set_phase(phase)
         _say(phase=phase)
 
     def on_step(step: int, loss: float) -> None:
+        if trace is not None:
+            trace.set_phase(f"after step {step + 1}")
         _say(phase="training", step=step + 1, loss=loss)
 
-    r = helpers.train_run(spec["name"], build, blocks, runtime=runtime, ds_config=cfg,
-                          plain_pytorch=spec["plain_pytorch"], steps=spec["steps"],
-                          checkpointing=spec["checkpointing"], untimed_steps=spec["untimed_steps"], seed=spec["seed"],
-                          model_name=spec["model"],
-                          nvme_path=spec["nvme_path"], progress=False, on_step=on_step, on_phase=on_phase,
-                          estimated_bytes=spec["estimated_vram_bytes"],
-                          time_micro_batches=spec.get("time_micro_batches", False))
+    with trace if trace is not None else contextlib.nullcontext():
+        r = helpers.train_run(spec["name"], build, blocks, runtime=runtime, ds_config=cfg,
+                              plain_pytorch=spec["plain_pytorch"], steps=spec["steps"],
+                              checkpointing=spec["checkpointing"], untimed_steps=spec["untimed_steps"],
+                              seed=spec["seed"], model_name=spec["model"], nvme_path=spec["nvme_path"], progress=False,
+                              on_step=on_step, on_phase=on_phase, estimated_bytes=spec["estimated_vram_bytes"],
+                              time_micro_batches=spec.get("time_micro_batches", False))
+    if trace is not None:
+        r.extras["host_trace"] = trace.as_dict()
     if rt.COMPILED_OPS:
         r.extras["compiled_ops"] = list(rt.COMPILED_OPS)
     tmp = Path(spec["result"]).with_suffix(".part")

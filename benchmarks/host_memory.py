@@ -1,0 +1,190 @@
+"""Benchmark: the host byte account of ZeRO-3 offload, buffer by buffer, estimated and measured (issue 25).
+
+    python benchmarks/host_memory.py                      # CPU: gpt2-large, bf16, both NVMe configs (~15 min)
+    DS_COURSE_T4_BUDGET=1 python benchmarks/host_memory.py --sizes gpt2-xl gpt2-2.7b --seq-len 512 \\
+        --out reports/host_memory.json                    # GPU (fp16), in the Colab emulation for the 2.7B question
+
+Each (config, model) trains `--steps` optimizer steps in a fresh process (helpers.train_in_fresh_process) with
+`helpers.host_trace` recording every host storage of >= `--trace-mb` MB by the DeepSpeed line that allocated it.
+`helpers.host_buffers.stage3_host_buffers` predicts the same buffers from the config and the model's parameter
+tensors; the report puts them side by side (measured: the most bytes the site held at once), lists what the trace
+saw that no formula names (>= 100 MB), and adds them up against the process's measured peak RSS.
+
+On a CPU-only machine the accelerator is the CPU: what would be GPU memory (the 16-bit parameters, the reduce bucket,
+activations) is host RAM too. Those sites (`DEVICE_SITES`) are listed apart, so the host rows are the ones a GPU
+runtime keeps in RAM; bf16 stands in for fp16 (the same two bytes; DeepSpeed refuses fp16 on CPU).
+The predicted account of sizes not measured (`--predict`, default gpt2-xl and gpt2-2.7b with fp16) is printed too,
+labelled as an estimate.
+Writes reports/host_memory_cpu.json/.md on CPU by default, reports/host_memory.json/.md on a GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import helpers
+from helpers.host_buffers import DEEPSPEED_VERSION, DEVICE_SITES, parameter_numels, stage3_host_buffers
+
+ROOT = Path(__file__).resolve().parent.parent
+GB = 1e9
+CONFIGS = ("zero3_nvme_optimizer_gpu_params", "zero3_nvme_all")
+REPORTED_BYTES = 100_000_000  # a measured site that no formula names is listed from this size
+
+
+def host_config(name: str, runtime: Any, size: str, nvme: str, micro_batch: int, steps: int) -> dict[str, Any]:
+    """The course's offload config `name` for `size`, as the ladder builds it; bf16 where there is no GPU."""
+    shape = helpers.model_shape(helpers.gpt2_config(size))
+    extra = {} if runtime.has_gpu else {"precision": "bf16"}
+    return helpers.offload_config(name, runtime, largest_param=shape.largest_layer_params, nvme_path=nvme,
+                                  micro_batch_size=micro_batch, lr=3e-4, warmup_steps=max(1, steps // 10),
+                                  initial_scale_power=12, **extra)
+
+
+def _matches(site: str, estimate_site: str) -> bool:
+    """A traced site ('deepspeed/<file>:<line> <function>') against a formula's ('<file>:<line> <function>', or
+    '<file> <function>' for any line of that function)."""
+    site = site.removeprefix("deepspeed/")
+    file_line, _, function = site.partition(" ")
+    est_file_line, _, est_function = estimate_site.partition(" ")
+    if function != est_function:
+        return False
+    return file_line == est_file_line if ":" in est_file_line else file_line.split(":")[0] == est_file_line
+
+
+def account(trace: dict[str, Any], config: dict[str, Any], numels: list[int]) -> dict[str, Any]:
+    """The estimate's rows with what the trace measured at their sites; the unnamed and device-side sites apart."""
+    sites = trace["sites"]
+    used: set[str] = set()
+    rows = []
+    for b in stage3_host_buffers(config, numels):
+        hits = [s for s in sites if _matches(s["site"], b.site)]
+        used.update(s["site"] for s in hits)
+        measured = sum(s["max_alive_bytes"] for s in hits)
+        rows.append({**b.as_dict(), "measured_bytes": measured,
+                     "ratio": round(measured / b.bytes, 3) if b.bytes else None})
+    device = [s for s in sites if s["site"] not in used and any(d in s["site"] for d in DEVICE_SITES)]
+    other = [s for s in sites if s["site"] not in used and s not in device and s["max_alive_bytes"] >= REPORTED_BYTES]
+    return {"rows": rows, "device_sites": [_site_row(s) for s in device if s["max_alive_bytes"] >= REPORTED_BYTES],
+            "unnamed_sites": [_site_row(s) for s in other]}
+
+
+def _site_row(s: dict[str, Any]) -> dict[str, Any]:
+    return {k: s[k] for k in ("site", "dtypes", "count", "max_alive_bytes", "alive_at_peak_bytes", "first_phase")}
+
+
+def measure(args: argparse.Namespace, name: str, size: str, runtime: Any) -> dict[str, Any]:
+    nvme = Path(args.nvme_path)
+    nvme.mkdir(parents=True, exist_ok=True)
+    cfg = host_config(name, runtime, size, str(nvme), args.micro_batch, args.steps)
+    r = helpers.train_in_fresh_process(f"{name} {size}", cfg, size, tokenizer_dir=args.work_dir / "tokenizer",
+                                       steps=args.steps, seq_len=args.seq_len, nvme_path=nvme, max_blocks=64,
+                                       trace_host_bytes=int(args.trace_mb * 1e6), progress=not args.quiet)
+    helpers.remove_nvme_leftovers(str(nvme))
+    row: dict[str, Any] = {"config": name, "model": size, "params": r.params, "precision": r.precision,
+                           "error": r.error, "losses": r.losses, "peak_rss_gb": r.peak_rss_gb,
+                           "baseline_rss_gb": r.baseline_rss_gb, "rss_by_phase": r.rss_by_phase,
+                           "seconds": r.seconds}
+    trace = r.extras.get("host_trace")
+    if trace:
+        acc = account(trace, cfg, parameter_numels(size))
+        row.update(acc)
+        row["trace_peak_gb"] = round(trace["peak_live_bytes"] / GB, 3)
+        row["trace_peak_phase"] = trace["peak_phase"]
+        row["host_always_gb"] = round(sum(x["bytes"] for x in acc["rows"] if x["when"] == "always") / GB, 3)
+    return row
+
+
+def predicted(name: str, size: str) -> dict[str, Any]:
+    """The formulas alone for `size` on a GPU runtime in fp16 (not measured here)."""
+    runtime = helpers.colab_t4_profile()
+    cfg = helpers.offload_config(name, runtime, largest_param=helpers.model_shape(size).largest_layer_params,
+                                 nvme_path="/content/nvme", check_paths=False, micro_batch_size=2, lr=3e-4,
+                                 warmup_steps=1)
+    numels = parameter_numels(size)
+    rows = [b.as_dict() for b in stage3_host_buffers(cfg, numels)]
+    always = sum(b["bytes"] for b in rows if b["when"] == "always")
+    step = max([sum(b["bytes"] for b in rows if b["when"] in ("step", "first step"))] + [0])
+    return {"config": name, "model": size, "params": sum(numels), "rows": rows, "always_gb": round(always / GB, 3),
+            "step_transient_gb": round(step / GB, 3)}
+
+
+def write_md(report: dict[str, Any], path: Path) -> None:
+    lines = [f"# Host byte account of ZeRO-3 offload ({report['runtime']})", "",
+             f"DeepSpeed {report['deepspeed']} (sites checked against {DEEPSPEED_VERSION}); {report['when']}; "
+             f"{report['steps']} steps of {report['micro_batch']} x {report['seq_len']} tokens; "
+             f"the trace records host storages of >= {report['trace_mb']:g} MB. Measured: the most bytes the site "
+             "held at once. `python benchmarks/host_memory.py` regenerates it.", ""]
+    for row in report["rows"]:
+        lines += [f"## {row['config']}, {row['model']} ({row['params'] / 1e6:,.0f}M params, {row['precision']})", ""]
+        if row["error"]:
+            lines += [f"error: {row['error']}", ""]
+            continue
+        rest = row["peak_rss_gb"] - row["baseline_rss_gb"] - row["trace_peak_gb"]
+        lines += [f"Peak RSS {row['peak_rss_gb']:.2f} GB = {row['baseline_rss_gb']:.2f} GB the process held before "
+                  f"its model + {row['trace_peak_gb']:.2f} GB of traced storages at their peak "
+                  f"({row['trace_peak_phase']}) + {rest:.2f} GB outside them (tensors under the trace's threshold, "
+                  "freed heap the allocator keeps, C++ buffers no operator touched; the two peaks need not "
+                  "coincide).", "",
+                  "| host buffer (GPU runtime) | DeepSpeed site | when | formula | estimate GB | measured GB | "
+                  "measured/estimate |", "|---|---|---|---|---|---|---|"]
+        for x in row["rows"]:
+            ratio = f"{x['ratio']:.2f}" if x["ratio"] is not None else "-"
+            lines.append(f"| {x['name']} | `{x['site']}` | {x['when']} | {x['formula']} | {x['bytes'] / GB:.3f} | "
+                         f"{x['measured_bytes'] / GB:.3f} | {ratio} |")
+        if row["device_sites"]:
+            lines += ["", "On the accelerator on a GPU runtime (host RAM here, where the accelerator is the CPU):", ""]
+            lines += [f"- `{s['site']}`: {s['max_alive_bytes'] / GB:.3f} GB ({', '.join(s['dtypes'])}, "
+                      f"{s['count']} storages)" for s in row["device_sites"]]
+        lines += ["", "Traced host storages no formula names (>= 0.1 GB): "
+                  + ("none." if not row["unnamed_sites"] else "")]
+        lines += [f"- `{s['site']}`: {s['max_alive_bytes'] / GB:.3f} GB ({', '.join(s['dtypes'])})"
+                  for s in row["unnamed_sites"]]
+        lines.append("")
+    lines += ["## Predicted for the GPU runtime (fp16, formulas only, not measured here)", "",
+              "| config | model | always in RAM GB | largest transient in a step GB | biggest row |", "|---|---|---|---|---|"]
+    for p in report["predicted"]:
+        big = max(p["rows"], key=lambda b: b["bytes"])
+        lines.append(f"| {p['config']} | {p['model']} | {p['always_gb']:.2f} | {p['step_transient_gb']:.2f} | "
+                     f"{big['name']}: {big['bytes'] / GB:.2f} GB |")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", nargs="+", default=["gpt2-large"])
+    p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS)
+    p.add_argument("--predict", nargs="*", default=["gpt2-xl", "gpt2-2.7b"])
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--micro-batch", type=int, default=2)
+    p.add_argument("--seq-len", type=int, default=32)
+    p.add_argument("--trace-mb", type=float, default=1.0)
+    p.add_argument("--nvme-path", default=str(ROOT / "build" / "host_memory_nvme"))
+    p.add_argument("--work-dir", type=Path, default=ROOT / "build" / "host_memory")
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--quiet", action="store_true")
+    args = p.parse_args(argv)
+    runtime = helpers.detect_runtime()
+    out = args.out or ROOT / "reports" / ("host_memory.json" if runtime.has_gpu else "host_memory_cpu.json")
+    helpers.build_ops("cpu_adam", "async_io")
+    ds = helpers.load_text_dataset("local")
+    helpers.train_tokenizer(ds["train"]["text"], args.work_dir / "tokenizer")
+    rows = [measure(args, name, size, runtime) for size in args.sizes for name in args.configs]
+    import deepspeed
+
+    report = {"runtime": runtime.label, "deepspeed": deepspeed.__version__,
+              "when": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "steps": args.steps,
+              "micro_batch": args.micro_batch, "seq_len": args.seq_len, "trace_mb": args.trace_mb, "rows": rows,
+              "predicted": [predicted(name, size) for size in args.predict for name in args.configs]}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    write_md(report, out.with_suffix(".md"))
+    print(out.with_suffix(".md").read_text())
+    return 0 if all(not r["error"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
