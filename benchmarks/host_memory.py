@@ -82,12 +82,13 @@ def measure(args: argparse.Namespace, name: str, size: str, runtime: Any) -> dic
     cfg = host_config(name, runtime, size, str(nvme), args.micro_batch, args.steps)
     r = helpers.train_in_fresh_process(f"{name} {size}", cfg, size, tokenizer_dir=args.work_dir / "tokenizer",
                                        steps=args.steps, seq_len=args.seq_len, nvme_path=nvme, max_blocks=64,
-                                       trace_host_bytes=int(args.trace_mb * 1e6), progress=not args.quiet)
+                                       trace_host_bytes=int(args.trace_mb * 1e6), progress=not args.quiet,
+                                       mmap_threshold_mib=args.mmap_threshold_mib)
     helpers.remove_nvme_leftovers(str(nvme))
     row: dict[str, Any] = {"config": name, "model": size, "params": r.params, "precision": r.precision,
                            "error": r.error, "losses": r.losses, "peak_rss_gb": r.peak_rss_gb,
                            "baseline_rss_gb": r.baseline_rss_gb, "rss_by_phase": r.rss_by_phase,
-                           "seconds": r.seconds}
+                           "seconds": r.seconds, "mmap_threshold_mib": args.mmap_threshold_mib}
     trace = r.extras.get("host_trace")
     if trace:
         acc = account(trace, cfg, parameter_numels(size))
@@ -165,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nvme-path", default=str(ROOT / "build" / "host_memory_nvme"))
     p.add_argument("--work-dir", type=Path, default=ROOT / "build" / "host_memory")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--mmap-threshold-mib", type=float, default=0.0,
+                   help="glibc serves allocations above this with mmap in the child (helpers.mmap_large_allocations):"
+                        " freed RAM goes back at once; 0: glibc's default")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
     runtime = helpers.detect_runtime()

@@ -69,7 +69,7 @@ def test_every_host_buffer_formula_is_within_10_percent_of_the_traced_bytes(conf
     ds = helpers.load_text_dataset("local")
     helpers.train_tokenizer(ds["train"]["text"][:400], tmp_path / "work" / "tokenizer")
     args = argparse.Namespace(nvme_path=str(tmp_path / "nvme"), micro_batch=2, steps=2, work_dir=tmp_path / "work",
-                              seq_len=32, trace_mb=0.1, quiet=True)
+                              seq_len=32, trace_mb=0.1, quiet=True, mmap_threshold_mib=0.0)
     row = host_memory.measure(args, config, "gpt2-tiny", helpers.detect_runtime())
     assert not row["error"], row["error"]
     assert row["rows"] and all(0.9 <= x["ratio"] <= 1.1 for x in row["rows"]), row["rows"]
