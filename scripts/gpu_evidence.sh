@@ -7,6 +7,9 @@
 #   LADDER_ARGS="--sizes gpt2-large gpt2-xl ..." bash scripts/gpu_evidence.sh ...   # ladder options; LADDER_ARGS=none: no ladder
 #   bash scripts/gpu_evidence.sh --collect /tmp/evidence $OUT                        # tars what is there
 #   LOCAL_HUB=0 bash scripts/gpu_evidence.sh ...   # notebooks 01/04 without the Hub cache: their offline branch
+#   HOST_MEMORY_ARGS="--sizes gpt2-xl gpt2-2.7b --seq-len 512" bash scripts/gpu_evidence.sh ...  # also the host byte
+#       account (benchmarks/host_memory.py, issue 25) on the cores left, not enclosed: it measures the need. Mind the
+#       64 GB disk: a 2.7B NVMe optimizer writes ~42 GB beside notebook 02's NVMe folder
 #
 # The notebooks take Colab's branches, the Hub ones included: scripts/local_hub.py first builds a Hugging Face cache
 # with GPT-2 (124M, course-initialised) and the WikiText stand-in, and the runs read it with HF_HUB_OFFLINE=1 (nothing is
@@ -55,6 +58,12 @@ if [ "${LADDER_ARGS:-}" != "none" ]; then
   # shellcheck disable=SC2086
   taskset -c "$first-15" python3 benchmarks/ladder.py --emulate --fresh --out "$out/ladder_colab_emulation.json" \
     --nvme-path /tmp/ladder-nvme --work-dir build/bench-emulated ${LADDER_ARGS:-} >"$out/logs/ladder.log" 2>&1 &
+  pids+=($!)
+fi
+if [ -n "${HOST_MEMORY_ARGS:-}" ] && [ "${HOST_MEMORY_ARGS}" != "none" ]; then
+  # shellcheck disable=SC2086
+  taskset -c "$((2 * k))-15" python3 benchmarks/host_memory.py --quiet --out "$out/host_memory.json" \
+    --nvme-path /tmp/host-memory-nvme ${HOST_MEMORY_ARGS} >"$out/logs/host_memory.log" 2>&1 &
   pids+=($!)
 fi
 for p in "${pids[@]}"; do wait "$p"; done
