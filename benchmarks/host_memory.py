@@ -8,7 +8,9 @@ Each (config, model) trains `--steps` optimizer steps in a fresh process (helper
 `helpers.host_trace` recording every host storage of >= `--trace-mb` MB by the DeepSpeed line that allocated it.
 `helpers.host_buffers.stage3_host_buffers` predicts the same buffers from the config and the model's parameter
 tensors; the report puts them side by side (measured: the most bytes the site held at once), lists what the trace
-saw that no formula names (>= 100 MB), and adds them up against the process's measured peak RSS.
+saw that no formula names (>= 100 MB), and adds them up against the process's measured peak RSS. Each run is made
+with glibc's default allocator and again with `--mmap-threshold-mib 1` (helpers.mmap_large_allocations): the part
+of the peak outside traced storages is mostly freed heap that glibc keeps, and the second run shows how much.
 
 On a CPU-only machine the accelerator is the CPU: what would be GPU memory (the 16-bit parameters, the reduce bucket,
 activations) is host RAM too. Those sites (`DEVICE_SITES`) are listed apart, so the host rows are the ones a GPU
@@ -120,7 +122,10 @@ def write_md(report: dict[str, Any], path: Path) -> None:
              f"the trace records host storages of >= {report['trace_mb']:g} MB. Measured: the most bytes the site "
              "held at once. `python benchmarks/host_memory.py` regenerates it.", ""]
     for row in report["rows"]:
-        lines += [f"## {row['config']}, {row['model']} ({row['params'] / 1e6:,.0f}M params, {row['precision']})", ""]
+        glibc = (f", glibc mmap threshold {row['mmap_threshold_mib']:g} MiB" if row.get("mmap_threshold_mib")
+                 else ", glibc's default allocator settings")
+        lines += [f"## {row['config']}, {row['model']} ({row['params'] / 1e6:,.0f}M params, {row['precision']}{glibc})",
+                  ""]
         if row["error"]:
             lines += [f"error: {row['error']}", ""]
             continue
@@ -166,9 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nvme-path", default=str(ROOT / "build" / "host_memory_nvme"))
     p.add_argument("--work-dir", type=Path, default=ROOT / "build" / "host_memory")
     p.add_argument("--out", type=Path, default=None)
-    p.add_argument("--mmap-threshold-mib", type=float, default=0.0,
-                   help="glibc serves allocations above this with mmap in the child (helpers.mmap_large_allocations):"
-                        " freed RAM goes back at once; 0: glibc's default")
+    p.add_argument("--mmap-threshold-mib", type=float, nargs="+", default=[0.0, 1.0],
+                   help="one run each: glibc serves allocations above this with mmap in the child "
+                        "(helpers.mmap_large_allocations), so freed RAM goes back at once; 0: glibc's default")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
     runtime = helpers.detect_runtime()
@@ -176,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     helpers.build_ops("cpu_adam", "async_io")
     ds = helpers.load_text_dataset("local")
     helpers.train_tokenizer(ds["train"]["text"], args.work_dir / "tokenizer")
-    rows = [measure(args, name, size, runtime) for size in args.sizes for name in args.configs]
+    rows = [measure(argparse.Namespace(**{**vars(args), "mmap_threshold_mib": mmap}), name, size, runtime)
+            for size in args.sizes for name in args.configs for mmap in args.mmap_threshold_mib]
     import deepspeed
 
     report = {"runtime": runtime.label, "deepspeed": deepspeed.__version__,
