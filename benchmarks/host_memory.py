@@ -37,13 +37,15 @@ CONFIGS = ("zero3_nvme_optimizer_gpu_params", "zero3_nvme_all")
 REPORTED_BYTES = 100_000_000  # a measured site that no formula names is listed from this size
 
 
-def host_config(name: str, runtime: Any, size: str, nvme: str, micro_batch: int, steps: int) -> dict[str, Any]:
-    """The course's offload config `name` for `size`, as the ladder builds it; bf16 where there is no GPU."""
+def host_config(name: str, runtime: Any, size: str, nvme: str, micro_batch: int, steps: int,
+                check_paths: bool = True) -> dict[str, Any]:
+    """The ladder's config `name` for `size` (benchmarks/ladder.py); bf16 where there is no GPU."""
+    from ladder import ladder_config
+
     shape = helpers.model_shape(helpers.gpt2_config(size))
     extra = {} if runtime.has_gpu else {"precision": "bf16"}
-    return helpers.offload_config(name, runtime, largest_param=shape.largest_layer_params, nvme_path=nvme,
-                                  micro_batch_size=micro_batch, lr=3e-4, warmup_steps=max(1, steps // 10),
-                                  initial_scale_power=12, **extra)
+    return ladder_config(name, runtime, nvme, shape.largest_layer_params, micro_batch=micro_batch, steps=steps,
+                         check_paths=check_paths, **extra)
 
 
 def _matches(site: str, estimate_site: str) -> bool:
@@ -103,10 +105,8 @@ def measure(args: argparse.Namespace, name: str, size: str, runtime: Any) -> dic
 
 def predicted(name: str, size: str) -> dict[str, Any]:
     """The formulas alone for `size` on a GPU runtime in fp16 (not measured here)."""
-    runtime = helpers.colab_t4_profile()
-    cfg = helpers.offload_config(name, runtime, largest_param=helpers.model_shape(size).largest_layer_params,
-                                 nvme_path="/content/nvme", check_paths=False, micro_batch_size=2, lr=3e-4,
-                                 warmup_steps=1)
+    cfg = host_config(name, helpers.colab_t4_profile(), size, "/content/nvme", micro_batch=2, steps=1,
+                      check_paths=False)
     numels = parameter_numels(size)
     rows = [b.as_dict() for b in stage3_host_buffers(cfg, numels)]
     always = sum(b["bytes"] for b in rows if b["when"] == "always")

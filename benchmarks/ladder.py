@@ -50,17 +50,17 @@ LR = 3e-4
 
 
 def ladder_config(name: str, runtime, nvme_path: str | None, largest_param: int, *, micro_batch: int, steps: int,
-                  check_paths: bool = True) -> dict:
+                  check_paths: bool = True, **overrides) -> dict:
     """The config of a ladder column: micro-batch, lr and warm-up (a tenth of the steps) for every column, plain
     PyTorch included (it trains without DeepSpeed, reading these from its config); fp16 starts at loss scale 2^12
-    (few steps)."""
+    (few steps). `overrides` go to helpers.offload_config (benchmarks/host_memory.py: precision="bf16" on CPU)."""
     run = dict(micro_batch_size=micro_batch, lr=LR, warmup_steps=max(1, steps // 10))
     if name == "plain":
         return helpers.course_config("plain", runtime, **run)
     if name not in CONFIGS:
         raise ValueError(f"unknown ladder config {name!r}; choose from {CONFIGS}")
     return helpers.offload_config(name, runtime, largest_param=largest_param, nvme_path=nvme_path,
-                                  initial_scale_power=12, check_paths=check_paths, **run)
+                                  initial_scale_power=12, check_paths=check_paths, **run, **overrides)
 
 
 def verdict(r: dict, ram_budget_gb: float) -> tuple[bool, str]:

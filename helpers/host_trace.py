@@ -151,10 +151,6 @@ class HostAllocationTrace:
     def _live_by_site(self) -> dict[str, int]:
         return {site: n for site, n in self._site_live.items() if n > 0}
 
-    def site_of(self, data_ptr: int) -> str:
-        a = self._seen.get(data_ptr)
-        return a.site if a else "not seen by the trace"
-
     def by_site(self) -> list[dict[str, Any]]:
         """One row per allocation site, largest first: dtype(s), how many storages, bytes allocated in all, the most
         alive at once, alive at the trace's peak, and the phase it first allocated in."""
