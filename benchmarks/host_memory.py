@@ -174,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mmap-threshold-mib", type=float, nargs="+", default=[0.0, 1.0],
                    help="one run each: glibc serves allocations above this with mmap in the child "
                         "(helpers.mmap_large_allocations), so freed RAM goes back at once; 0: glibc's default")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the rows of --out measured without error and run only the others")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
     runtime = helpers.detect_runtime()
@@ -181,17 +183,32 @@ def main(argv: list[str] | None = None) -> int:
     helpers.build_ops("cpu_adam", "async_io")
     ds = helpers.load_text_dataset("local")
     helpers.train_tokenizer(ds["train"]["text"], args.work_dir / "tokenizer")
-    rows = [measure(argparse.Namespace(**{**vars(args), "mmap_threshold_mib": mmap}), name, size, runtime)
-            for size in args.sizes for name in args.configs for mmap in args.mmap_threshold_mib]
     import deepspeed
 
-    report = {"runtime": runtime.label, "deepspeed": deepspeed.__version__,
-              "when": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "steps": args.steps,
-              "micro_batch": args.micro_batch, "seq_len": args.seq_len, "trace_mb": args.trace_mb, "rows": rows,
-              "predicted": [predicted(name, size) for size in args.predict for name in args.configs]}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
-    write_md(report, out.with_suffix(".md"))
+    def key(r: dict[str, Any]) -> tuple[str, str, float]:
+        return r["config"], r["model"], float(r["mmap_threshold_mib"] or 0.0)
+
+    rows: list[dict[str, Any]] = []
+    if args.resume and out.exists():
+        rows = json.loads(out.read_text())["rows"]
+    done = {key(r) for r in rows if not r["error"]}
+    rows = [r for r in rows if key(r) in done]
+    for size in args.sizes:
+        for name in args.configs:
+            for mmap in args.mmap_threshold_mib:
+                if (name, size, float(mmap)) in done:
+                    continue
+                rows.append(measure(argparse.Namespace(**{**vars(args), "mmap_threshold_mib": mmap}), name, size,
+                                    runtime))
+                # written after every row, so a run cut short (a device call's limit) keeps what it measured
+                report = {"runtime": runtime.label, "deepspeed": deepspeed.__version__,
+                          "when": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                          "steps": args.steps, "micro_batch": args.micro_batch, "seq_len": args.seq_len,
+                          "trace_mb": args.trace_mb, "rows": rows,
+                          "predicted": [predicted(n, s) for s in args.predict for n in args.configs]}
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text(json.dumps(report, indent=1) + "\n")
+                write_md(report, out.with_suffix(".md"))
     print(out.with_suffix(".md").read_text())
     return 0 if all(not r["error"] for r in rows) else 1
 
