@@ -54,20 +54,22 @@ def _matches(site: str, estimate_site: str) -> bool:
     site = site.removeprefix("deepspeed/")
     file_line, _, function = site.partition(" ")
     est_file_line, _, est_function = estimate_site.partition(" ")
-    if function != est_function:
+    # Python 3.12 inlines comprehensions (PEP 709): '<listcomp>' there is the enclosing function's frame
+    if function != est_function and not est_function.startswith("<"):
         return False
     return file_line == est_file_line if ":" in est_file_line else file_line.split(":")[0] == est_file_line
 
 
-def account(trace: dict[str, Any], config: dict[str, Any], numels: list[int]) -> dict[str, Any]:
+def account(trace: dict[str, Any], config: dict[str, Any], numels: list[int], gpu: bool) -> dict[str, Any]:
     """The estimate's rows with what the trace measured at their sites; the unnamed and device-side sites apart."""
     sites = trace["sites"]
     used: set[str] = set()
     rows = []
-    for b in stage3_host_buffers(config, numels):
+    for b in stage3_host_buffers(config, numels, gpu=gpu):
         hits = [s for s in sites if _matches(s["site"], b.site)]
         used.update(s["site"] for s in hits)
-        measured = sum(s["max_alive_bytes"] for s in hits)
+        held = [s["max_alive_bytes"] for s in hits]
+        measured = (max(held, default=0) if b.one_at_a_time else sum(held))
         rows.append({**b.as_dict(), "measured_bytes": measured,
                      "ratio": round(measured / b.bytes, 3) if b.bytes else None})
     device = [s for s in sites if s["site"] not in used and any(d in s["site"] for d in DEVICE_SITES)]
@@ -77,7 +79,8 @@ def account(trace: dict[str, Any], config: dict[str, Any], numels: list[int]) ->
 
 
 def _site_row(s: dict[str, Any]) -> dict[str, Any]:
-    return {k: s[k] for k in ("site", "dtypes", "count", "max_alive_bytes", "alive_at_peak_bytes", "first_phase")}
+    return {k: s[k] for k in ("site", "dtypes", "count", "max_alive_bytes", "alive_at_peak_bytes", "first_phase",
+                              "pinned") if k in s}
 
 
 def measure(args: argparse.Namespace, name: str, size: str, runtime: Any) -> dict[str, Any]:
@@ -95,8 +98,9 @@ def measure(args: argparse.Namespace, name: str, size: str, runtime: Any) -> dic
                            "seconds": r.seconds, "mmap_threshold_mib": args.mmap_threshold_mib}
     trace = r.extras.get("host_trace")
     if trace:
-        acc = account(trace, cfg, parameter_numels(size))
+        acc = account(trace, cfg, parameter_numels(size), runtime.has_gpu)
         row.update(acc)
+        row["memory"] = trace.get("memory", {})
         row["trace_peak_gb"] = round(trace["peak_live_bytes"] / GB, 3)
         row["trace_peak_phase"] = trace["peak_phase"]
         row["host_always_gb"] = round(sum(x["bytes"] for x in acc["rows"] if x["when"] == "always") / GB, 3)
@@ -134,7 +138,15 @@ def write_md(report: dict[str, Any], path: Path) -> None:
                   f"its model + {row['trace_peak_gb']:.2f} GB of traced storages at their peak "
                   f"({row['trace_peak_phase']}) + {rest:.2f} GB outside them (tensors under the trace's threshold, "
                   "freed heap the allocator keeps, C++ buffers no operator touched; the two peaks need not "
-                  "coincide).", "",
+                  "coincide).", ""]
+        peak = row.get("memory", {}).get("at_rss_peak", {})
+        if peak:
+            parts = ", ".join(f"{k} {peak[k] / GB:.2f}" for k in ("RssAnon", "RssFile", "RssShmem", "VmLck", "VmPin",
+                                                                  "pinned_allocated", "pinned_reserved",
+                                                                  "traced_live") if k in peak)
+            lines += [f"At the sampled RSS peak ({peak.get('VmRSS', 0) / GB:.2f} GB, {peak.get('phase', '?')}), GB: "
+                      f"{parts}.", ""]
+        lines += [
                   "| host buffer (GPU runtime) | DeepSpeed site | when | formula | estimate GB | measured GB | "
                   "measured/estimate |", "|---|---|---|---|---|---|---|"]
         for x in row["rows"]:

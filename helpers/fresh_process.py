@@ -302,23 +302,26 @@ def _child(spec_path: str) -> int:
         torch.manual_seed(spec["seed"])
         return AutoModelForCausalLM.from_config(config)
 
-    trace = None
+    trace = probe = None
     if spec.get("trace_host_bytes"):
-        from helpers.host_trace import HostAllocationTrace
+        from helpers.host_trace import HostAllocationTrace, MemoryProbe
 
         trace = HostAllocationTrace(threshold_bytes=int(spec["trace_host_bytes"]), phase="building the model")
+        probe = MemoryProbe(trace)
 
     def on_phase(phase: str) -> None:
         if trace is not None:
+            probe.phase_ended(trace.phase)
             trace.set_phase(phase)
         _say(phase=phase)
 
     def on_step(step: int, loss: float) -> None:
         if trace is not None:
+            probe.phase_ended(trace.phase)
             trace.set_phase(f"after step {step + 1}")
         _say(phase="training", step=step + 1, loss=loss)
 
-    with trace if trace is not None else contextlib.nullcontext():
+    with trace if trace is not None else contextlib.nullcontext(), probe or contextlib.nullcontext():
         r = helpers.train_run(spec["name"], build, blocks, runtime=runtime, ds_config=cfg,
                               plain_pytorch=spec["plain_pytorch"], steps=spec["steps"],
                               checkpointing=spec["checkpointing"], untimed_steps=spec["untimed_steps"],
@@ -326,7 +329,7 @@ def _child(spec_path: str) -> int:
                               on_step=on_step, on_phase=on_phase, estimated_bytes=spec["estimated_vram_bytes"],
                               time_micro_batches=spec.get("time_micro_batches", False))
     if trace is not None:
-        r.extras["host_trace"] = trace.as_dict()
+        r.extras["host_trace"] = {**trace.as_dict(), "memory": probe.as_dict()}
     if rt.COMPILED_OPS:
         r.extras["compiled_ops"] = list(rt.COMPILED_OPS)
     tmp = Path(spec["result"]).with_suffix(".part")

@@ -39,6 +39,7 @@ class HostBuffer:
     bytes: int
     formula: str
     when: str  # "always" (from deepspeed.initialize on), "initialize" or "step" (freed again), "first step"
+    one_at_a_time: bool = False  # the site's lines allocate in turn: measured as the most any one of them held
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -79,9 +80,11 @@ def _aligned(numel: int, element_bytes: int, intra_op_parallelism: int) -> int:
     return -(-numel // unit) * unit
 
 
-def stage3_host_buffers(config: dict[str, Any], numels: list[int]) -> list[HostBuffer]:
+def stage3_host_buffers(config: dict[str, Any], numels: list[int], *, gpu: bool = True) -> list[HostBuffer]:
     """The host buffers of a ZeRO-3 `config` with offload, for a model whose parameter tensors have `numels` elements
-    (`parameter_numels`), on a GPU runtime. Empty without offload (everything then lives on the GPU)."""
+    (`parameter_numels`), on a GPU runtime (`gpu=False`: a CPU-only one, where the accelerator is the CPU and
+    DeepSpeed's gradient work at the accumulation boundary - the float64 norm, the fp32 copy before the swap-out -
+    happens in host RAM too). Empty without offload (everything then lives on the GPU)."""
     z = config.get("zero_optimization", {})
     if z.get("stage") != 3:
         return []
@@ -98,9 +101,14 @@ def stage3_host_buffers(config: dict[str, Any], numels: list[int]) -> list[HostB
     if opt != "none":
         rows.append(HostBuffer("16-bit gradient partitions, one flat buffer", f"{s3}:791 _setup_for_real_optimizer",
                                grad_accum * psi, f"{grad_accum} B x {psi:,} params", "always"))
-        rows.append(HostBuffer("gradient norm in float64, one tensor at a time", f"{s3}:1964 _constant_buffered_norm2",
-                               8 * min(largest, NORM_BUFFER_ELEMENTS),
-                               f"8 B x largest tensor ({largest:,})", "step"))
+        if not gpu:  # on a GPU, partition_grads moves each gradient partition to the device first
+            rows.append(HostBuffer("gradient norm in float64, one tensor at a time",
+                                   f"{s3}:1964 _constant_buffered_norm2", 8 * min(largest, NORM_BUFFER_ELEMENTS),
+                                   f"8 B x largest tensor ({largest:,})", "step"))
+        if config.get("fp16", {}).get("enabled"):  # loss scaling: has_overflow checks the whole buffer on the host
+            rows.append(HostBuffer("inf/nan check of the gradient buffer (torch.isinf, then torch.isnan)",
+                                   f"{s3} has_overflow", psi, f"1 B (bool) x {psi:,} params", "step",
+                                   one_at_a_time=True))
     if opt == "nvme":
         count = int(z["offload_optimizer"].get("buffer_count", 4))
         rows.append(HostBuffer("optimizer swap buffers (fp32)", "runtime/swap_tensor/utils.py:192 <listcomp>",
@@ -110,9 +118,10 @@ def stage3_host_buffers(config: dict[str, Any], numels: list[int]) -> list[HostB
         # closes before the tensor that would overflow it, so it holds at most max(bucket, largest tensor)
         bucket = min(max(int(z.get("reduce_bucket_size", 500_000_000)), largest), psi)
         # (measured the same with gradient_accumulation_steps=2: GPT-2 124M, 0.198 GB against 0.200)
-        rows.append(HostBuffer("fp32 gradients of one reduce bucket, before their swap-out",
-                               f"{s3}:1453 _offload_grad_partition_at_boundary", 4 * bucket,
-                               f"4 B x max(reduce bucket, largest tensor) ({bucket:,})", "step"))
+        if not gpu:  # on a GPU these fp32 copies are made on the device
+            rows.append(HostBuffer("fp32 gradients of one reduce bucket, before their swap-out",
+                                   f"{s3}:1453 _offload_grad_partition_at_boundary", 4 * bucket,
+                                   f"4 B x max(reduce bucket, largest tensor) ({bucket:,})", "step"))
         rows.append(HostBuffer("Adam moments made at the first step (then swapped out)", "ops/adam/cpu_adam.py step",
                                8 * g, f"2 x 4 B x largest sub-group ({g:,})", "first step"))
         rows.append(HostBuffer("gradient buffer while optimizer states are initialised",

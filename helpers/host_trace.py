@@ -8,16 +8,21 @@ line, function), its dtype and bytes, and the phase of the run. Storages that C+
 followed through weak references to the storages (DeepSpeed often frees by `tensor.data = ...`, which the tensor
 object's own lifetime would miss), so the trace knows what each site held at once, and at the trace's peak.
 `census()` lists every large storage that live tensors hold now (`gc`), to check the running count.
+`MemoryProbe` samples the process's memory from a thread and keeps its breakdown at the RSS peak and at each phase
+end: anonymous / file / shared RSS, locked and pinned pages (/proc/self/status), torch's page-locked host allocator
+(allocated vs reserved: it rounds a request up to a power of two and caches freed blocks) and what the trace holds, so
+the part of a peak that no storage explains can be split up.
 """
 
 from __future__ import annotations
 
 import gc
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["HostAllocationTrace", "TracedAllocation", "census", "site_of_caller"]
+__all__ = ["HostAllocationTrace", "MemoryProbe", "TracedAllocation", "census", "memory_snapshot", "site_of_caller"]
 
 _SKIP = ("/torch/", "/helpers/host_trace.py", "/contextlib.py", "/functools.py")
 
@@ -187,3 +192,89 @@ def census(threshold_bytes: int = 1_000_000, devices: tuple[str, ...] = ("cpu",)
         except Exception:  # noqa: BLE001 - fake or freed tensors
             continue
     return out
+
+
+_STATUS_FIELDS = ("VmRSS", "RssAnon", "RssFile", "RssShmem", "VmLck", "VmPin")
+
+
+def _status_bytes() -> dict[str, int]:
+    out: dict[str, int] = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in _STATUS_FIELDS:
+                    out[key] = int(value.split()[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def _pinned_allocator_bytes() -> dict[str, int]:
+    """torch's CUDA host (page-locked) allocator: bytes handed out now and bytes it holds (blocks, rounded, cached)."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available() or not hasattr(torch.cuda, "host_memory_stats"):
+            return {}
+        stats = torch.cuda.host_memory_stats()
+    except Exception:  # noqa: BLE001 - a probe must never break the run it measures
+        return {}
+    return {"pinned_allocated": int(stats.get("allocated_bytes.current", 0)),
+            "pinned_reserved": int(stats.get("reserved_bytes.current", 0))}
+
+
+def memory_snapshot(trace: HostAllocationTrace | None = None) -> dict[str, Any]:
+    """This process's memory now: /proc/self/status's RSS parts, torch's pinned allocator, the trace's live bytes."""
+    snap: dict[str, Any] = {**_status_bytes(), **_pinned_allocator_bytes()}
+    if trace is not None:
+        snap["traced_live"] = trace.live_bytes
+        snap["phase"] = trace.phase
+    return snap
+
+
+@dataclass
+class MemoryProbe:
+    """Sample RSS every `interval_s` from a thread; keep `memory_snapshot` at the RSS peak and at each phase end.
+
+    The trace's live count is read as the sampler sees it (its frees are booked at the trace's next large allocation
+    or phase change), so at a peak it may still count a storage freed a moment before."""
+
+    trace: HostAllocationTrace | None = None
+    interval_s: float = 0.02
+    at_peak: dict[str, Any] = field(default_factory=dict)
+    at_phase_end: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _peak_rss: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> "MemoryProbe":
+        self._thread = threading.Thread(target=self._run, name="memory-probe", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.sample()
+
+    def sample(self) -> None:
+        rss = _status_bytes().get("VmRSS", 0)
+        if rss > self._peak_rss:
+            self._peak_rss = rss
+            self.at_peak = memory_snapshot(self.trace)
+
+    def phase_ended(self, phase: str) -> None:
+        self.sample()
+        self.at_phase_end[phase] = memory_snapshot(self.trace)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.sample()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"at_rss_peak": self.at_peak, "at_phase_end": self.at_phase_end}
