@@ -90,12 +90,14 @@ def measure(args: argparse.Namespace, name: str, size: str, runtime: Any) -> dic
     r = helpers.train_in_fresh_process(f"{name} {size}", cfg, size, tokenizer_dir=args.work_dir / "tokenizer",
                                        steps=args.steps, seq_len=args.seq_len, nvme_path=nvme, max_blocks=64,
                                        trace_host_bytes=int(args.trace_mb * 1e6), progress=not args.quiet,
-                                       mmap_threshold_mib=args.mmap_threshold_mib)
+                                       mmap_threshold_mib=args.mmap_threshold_mib,
+                                       chunked_overflow_check=args.chunked_overflow_check)
     helpers.remove_nvme_leftovers(str(nvme))
     row: dict[str, Any] = {"config": name, "model": size, "params": r.params, "precision": r.precision,
                            "error": r.error, "losses": r.losses, "peak_rss_gb": r.peak_rss_gb,
                            "baseline_rss_gb": r.baseline_rss_gb, "rss_by_phase": r.rss_by_phase,
-                           "seconds": r.seconds, "mmap_threshold_mib": args.mmap_threshold_mib}
+                           "seconds": r.seconds, "mmap_threshold_mib": args.mmap_threshold_mib,
+                           "chunked_overflow_check": args.chunked_overflow_check}
     trace = r.extras.get("host_trace")
     if trace:
         acc = account(trace, cfg, parameter_numels(size), runtime.has_gpu)
@@ -186,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mmap-threshold-mib", type=float, nargs="+", default=[0.0, 1.0],
                    help="one run each: glibc serves allocations above this with mmap in the child "
                         "(helpers.mmap_large_allocations), so freed RAM goes back at once; 0: glibc's default")
+    p.add_argument("--chunked-overflow-check", action="store_true",
+                   help="the child calls helpers.chunk_zero3_overflow_check() first (fp16 only)")
     p.add_argument("--resume", action="store_true",
                    help="keep the rows of --out measured without error and run only the others")
     p.add_argument("--quiet", action="store_true")

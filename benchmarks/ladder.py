@@ -112,7 +112,8 @@ def measure_in_child(args: argparse.Namespace, name: str, size: str, nvme: Path 
                         micro_batch=args.micro_batch, steps=args.steps)
     kwargs = dict(tokenizer_dir=args.work_dir / "tokenizer", plain_pytorch=name == "plain", steps=args.steps,
                   seq_len=args.seq_len, nvme_path=nvme, max_blocks=256,
-                  mmap_threshold_mib=args.mmap_threshold_mib, timeout_s=timeout_s, gpu=gpu, progress=False)
+                  mmap_threshold_mib=args.mmap_threshold_mib, timeout_s=timeout_s, gpu=gpu, progress=False,
+                  chunked_overflow_check=args.chunked_overflow_check)
     if not args.emulate:
         r = helpers.train_in_fresh_process(f"{name} {size}", cfg, size, cpus=cpus, **kwargs)
         enclosure = None
@@ -130,6 +131,7 @@ def measure_in_child(args: argparse.Namespace, name: str, size: str, nvme: Path 
         r.error = f"the child trained {r.params:,} parameters, not {size}'s {shape.n_params:,}"
     out = {k: getattr(r, k) for k in ("peak_vram_gib", "peak_rss_gb", "disk_gb", "tokens_per_s", "losses",
                                       "error", "seconds", "params", "rss_by_phase", "baseline_rss_gb")}
+    out["skipped_steps"] = r.extras.get("skipped_steps")  # fp16 steps DeepSpeed skipped on overflow (all steps)
     if r.error.startswith("stopped after the time limit"):
         out["timed_out"] = True
         out["error"] = f"not finished within this run's time budget ({timeout_s:.0f} s left when it started)"
@@ -207,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rerun", nargs="*", default=[], metavar="CONFIG:SIZE", help="measure these rungs again")
     p.add_argument("--mmap-threshold-mib", type=float, default=0.0,
                    help="in each rung, helpers.mmap_large_allocations(this) first (0: glibc's default)")
+    p.add_argument("--chunked-overflow-check", action="store_true",
+                   help="each rung calls helpers.chunk_zero3_overflow_check() first: DeepSpeed 0.19.8's fp16 ZeRO-3 "
+                        "overflow check without its whole-model temporaries (~3 B/param of host RAM at each step)")
     p.add_argument("--emulate", action="store_true",
                    help="run each rung inside its own Colab T4 enclosure (scripts/colab_emulation.py): RAM limit, "
                         "2 CPUs, the Colab profile")
@@ -234,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = {"micro_batch": args.micro_batch, "seq_len": args.seq_len, "steps": args.steps}
     if args.mmap_threshold_mib:
         settings["mmap_threshold_mib"] = args.mmap_threshold_mib
+    if args.chunked_overflow_check:
+        settings["chunked_overflow_check"] = True
     if args.emulate:
         settings["emulation"] = ColabLimits().as_report(runtime.emulation)
     same = old.get("runtime") == runtime.label and old.get("settings") == settings
@@ -305,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
                 row["timed_out"] = True
             row["baseline_rss_gb"] = round(m.get("baseline_rss_gb", 0), 2)
             row.update(ran=True, fits=fits, reason=reason, **{k: m[k] for k in (
-                "peak_vram_gib", "peak_rss_gb", "disk_gb", "tokens_per_s", "losses", "seconds")},
+                "peak_vram_gib", "peak_rss_gb", "disk_gb", "tokens_per_s", "losses", "seconds", "skipped_steps")},
                        rss_by_phase_gb={k: round(v, 2) for k, v in m.get("rss_by_phase", {}).items()})
             if "enclosure" in m:
                 row["enclosure"] = m["enclosure"]

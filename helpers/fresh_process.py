@@ -83,7 +83,7 @@ def train_in_fresh_process(name: str, ds_config: dict[str, Any], model: str, *, 
                            timeout_s: float | None = None, gpu: str | None = None, progress: bool = True,
                            estimated_vram_bytes: int = 0, wrap: list[str] | None = None,
                            env: dict[str, str] | None = None, time_micro_batches: bool = False,
-                           trace_host_bytes: int = 0) -> "RunResult":
+                           trace_host_bytes: int = 0, chunked_overflow_check: bool = False) -> "RunResult":
     """Train `model` (a helpers.GPT2_LADDER name) with `ds_config` (`plain_pytorch`: without DeepSpeed) in a child
     process, through `helpers.train_run`.
 
@@ -94,6 +94,8 @@ def train_in_fresh_process(name: str, ds_config: dict[str, Any], model: str, *, 
     `time_micro_batches`: see `helpers.train_run`. `trace_host_bytes` > 0 records every host storage of at least that
     many bytes the run allocates, by the DeepSpeed line that asked for it (`helpers.host_trace`, issue 25), in
     `extras["host_trace"]`; it slows the run (a Python call per operator), so never on a timed run.
+    `chunked_overflow_check`: the child calls `helpers.chunk_zero3_overflow_check()` first (fp16 ZeRO-3 with the
+    optimizer offloaded: ~3 bytes per parameter less host RAM at each step; DeepSpeed 0.19.8 only).
     """
     import psutil
     from helpers.progress import progress_bar
@@ -108,7 +110,7 @@ def train_in_fresh_process(name: str, ds_config: dict[str, Any], model: str, *, 
                 "checkpointing": checkpointing, "untimed_steps": untimed_steps, "seed": seed,
                 "mmap_threshold_mib": mmap_threshold_mib, "result": str(result_path),
                 "estimated_vram_bytes": int(estimated_vram_bytes), "time_micro_batches": time_micro_batches,
-                "trace_host_bytes": int(trace_host_bytes)}
+                "trace_host_bytes": int(trace_host_bytes), "chunked_overflow_check": chunked_overflow_check}
         spec_path.write_text(json.dumps(spec))
         child_env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
                          **(env or {}))
@@ -273,6 +275,8 @@ def _child(spec_path: str) -> int:
     if spec["mmap_threshold_mib"]:
         helpers.mmap_large_allocations(int(spec["mmap_threshold_mib"] * 2**20))
     runtime = helpers.detect_runtime()
+    if spec.get("chunked_overflow_check"):
+        helpers.chunk_zero3_overflow_check()
     import helpers.runtime as rt
 
     rt.announce_op_builds()  # a compile in here is recorded: its RAM would be counted as the config's

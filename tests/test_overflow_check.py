@@ -1,0 +1,68 @@
+"""helpers.overflow_check: ZeRO-3's overflow check in slices gives DeepSpeed's own answer, without its whole-buffer
+temporaries (issue 25). On CPU the check is called directly: DeepSpeed runs it only for fp16, which it refuses on CPU."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+@pytest.fixture
+def zero3_engine(clean_dist_env):
+    import deepspeed
+
+    import helpers
+    from helpers.checkpoints import release_zero3
+    from helpers.runtime import setup_single_process, teardown
+
+    runtime = helpers.detect_runtime()
+    config = helpers.gpt2_config("gpt2-tiny", vocab_size=1024, n_positions=32)
+    cfg = helpers.offload_config("zero3_offload_cpu", runtime, largest_param=helpers.model_shape(config)
+                                 .largest_layer_params, micro_batch_size=2)
+    setup_single_process()
+    model, keep_alive = helpers.build_zero3_model(cfg, config=config, seed=0)
+    ns = {}
+    ns["engine"], ns["optimizer"], _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                                               config=cfg)
+    del model, keep_alive
+    ids = torch.randint(0, 1024, (2, 32), generator=torch.Generator().manual_seed(0))
+    ns["engine"].backward(ns["engine"](input_ids=ids, labels=ids).loss)
+    yield ns["engine"].optimizer
+    helpers.restore_zero3_overflow_check()
+    teardown(ns, "engine", "optimizer")
+    release_zero3()
+
+
+def test_chunked_check_answers_as_deepspeed_does(zero3_engine):
+    import helpers
+
+    opt = zero3_engine
+    flat = opt.grad_partitions_flat_buffer
+    assert flat.device.type == "cpu" and flat.numel() > 1000 and torch.isfinite(flat).all()
+    original = type(opt).has_overflow
+    answers = []
+    for bad in (None, float("inf"), float("-inf"), float("nan")):
+        saved = flat[-1].clone()
+        if bad is not None:
+            flat[-1] = bad  # the last slice: a scan that stopped early would miss it
+        helpers.chunk_zero3_overflow_check(chunk_elements=97)  # many slices, the last one short
+        assert type(opt).has_overflow is not original and helpers.chunked_overflow_check_active()
+        chunked = opt.has_overflow()
+        helpers.restore_zero3_overflow_check()
+        assert type(opt).has_overflow is original
+        answers.append((chunked, opt.has_overflow()))
+        flat[-1] = saved
+    assert answers == [(False, False), (True, True), (True, True), (True, True)]
+    assert not opt.inf_or_nan_tracker.any()  # reset after each check, as DeepSpeed does
+
+
+def test_chunked_check_refuses_other_deepspeed_versions_and_bad_sizes(monkeypatch):
+    import deepspeed
+
+    import helpers
+
+    with pytest.raises(ValueError, match="chunk_elements must be >= 1"):
+        helpers.chunk_zero3_overflow_check(chunk_elements=0)
+    monkeypatch.setattr(deepspeed, "__version__", "0.20.0")
+    with pytest.raises(RuntimeError, match=r"checked against DeepSpeed 0\.19\.8 only; this is DeepSpeed 0\.20\.0"):
+        helpers.chunk_zero3_overflow_check()
+    assert not helpers.chunked_overflow_check_active()
