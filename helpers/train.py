@@ -656,8 +656,8 @@ class _Loop:
                 timings.append(round(time.perf_counter() - started, 4))
         if self.time_micro_batches:
             self.result.extras.setdefault("micro_batch_s", []).append(timings)
-            if not self.plain:
-                self.result.extras["skipped_steps"] = int(getattr(net, "skipped_steps", 0))
+        if not self.plain:  # fp16 steps DeepSpeed skipped on overflow so far
+            self.result.extras["skipped_steps"] = int(getattr(net, "skipped_steps", 0))
         if self.plain:
             optimizer, scaler = self.ns["optimizer"], self.ns["scaler"]
             scaler.unscale_(optimizer)
