@@ -60,12 +60,16 @@ def _matches(site: str, estimate_site: str) -> bool:
     return file_line == est_file_line if ":" in est_file_line else file_line.split(":")[0] == est_file_line
 
 
-def account(trace: dict[str, Any], config: dict[str, Any], numels: list[int], gpu: bool) -> dict[str, Any]:
+def account(trace: dict[str, Any], config: dict[str, Any], numels: list[int], gpu: bool,
+            overflow_chunk: int = 0) -> dict[str, Any]:
     """The estimate's rows with what the trace measured at their sites; the unnamed and device-side sites apart."""
     sites = trace["sites"]
     used: set[str] = set()
     rows = []
-    for b in stage3_host_buffers(config, numels, gpu=gpu):
+    for b in stage3_host_buffers(config, numels, gpu=gpu, overflow_chunk=overflow_chunk):
+        if not b.traced:  # checked against the RSS rise in a step instead (step_rise)
+            rows.append({**b.as_dict(), "measured_bytes": None, "ratio": None})
+            continue
         hits = [s for s in sites if _matches(s["site"], b.site)]
         used.update(s["site"] for s in hits)
         held = [s["max_alive_bytes"] for s in hits]
@@ -76,6 +80,20 @@ def account(trace: dict[str, Any], config: dict[str, Any], numels: list[int], gp
     other = [s for s in sites if s["site"] not in used and s not in device and s["max_alive_bytes"] >= REPORTED_BYTES]
     return {"rows": rows, "device_sites": [_site_row(s) for s in device if s["max_alive_bytes"] >= REPORTED_BYTES],
             "unnamed_sites": [_site_row(s) for s in other]}
+
+
+def step_rise(memory: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The RSS rise inside a step (peak minus the steady state after the step before it), against the step
+    transients the formulas say are alive at once (the has_overflow mask and its |x| copy; the first step's Adam
+    moments are made at another moment). None without the memory probe's samples."""
+    peak = memory.get("at_rss_peak", {})
+    ends = memory.get("at_phase_end", {})
+    before = ends.get(peak.get("phase", ""), {})
+    if not peak or not before or not peak["phase"].startswith("after step"):
+        return None
+    together = sum(x["bytes"] for x in rows if x["when"] == "step" and "has_overflow" in x["site"])
+    return {"measured_bytes": peak["VmRSS"] - before["VmRSS"], "predicted_bytes": together,
+            "steady_rss_bytes": before["VmRSS"], "phase": peak["phase"]}
 
 
 def _site_row(s: dict[str, Any]) -> dict[str, Any]:
@@ -100,9 +118,11 @@ def measure(args: argparse.Namespace, name: str, size: str, runtime: Any) -> dic
                            "chunked_overflow_check": args.chunked_overflow_check}
     trace = r.extras.get("host_trace")
     if trace:
-        acc = account(trace, cfg, parameter_numels(size), runtime.has_gpu)
+        chunk = helpers.overflow_check.DEFAULT_CHUNK_ELEMENTS if args.chunked_overflow_check else 0
+        acc = account(trace, cfg, parameter_numels(size), runtime.has_gpu, chunk)
         row.update(acc)
         row["memory"] = trace.get("memory", {})
+        row["step_rise"] = step_rise(row["memory"], acc["rows"])
         row["trace_peak_gb"] = round(trace["peak_live_bytes"] / GB, 3)
         row["trace_peak_phase"] = trace["peak_phase"]
         row["host_always_gb"] = round(sum(x["bytes"] for x in acc["rows"] if x["when"] == "always") / GB, 3)
@@ -116,7 +136,8 @@ def predicted(name: str, size: str) -> dict[str, Any]:
     numels = parameter_numels(size)
     rows = [b.as_dict() for b in stage3_host_buffers(cfg, numels)]
     always = sum(b["bytes"] for b in rows if b["when"] == "always")
-    step = max([sum(b["bytes"] for b in rows if b["when"] in ("step", "first step"))] + [0])
+    # has_overflow's mask and copy are freed before the optimizer step makes the first step's Adam moments
+    step = max(sum(b["bytes"] for b in rows if b["when"] == when) for when in ("step", "first step"))
     return {"config": name, "model": size, "params": sum(numels), "rows": rows, "always_gb": round(always / GB, 3),
             "step_transient_gb": round(step / GB, 3)}
 
@@ -132,6 +153,10 @@ def write_md(report: dict[str, Any], path: Path) -> None:
                  else ", glibc's default allocator settings")
         lines += [f"## {row['config']}, {row['model']} ({row['params'] / 1e6:,.0f}M params, {row['precision']}{glibc})",
                   ""]
+        if row.get("note"):
+            lines += [row["note"], ""]
+        if row.get("chunked_overflow_check"):
+            lines += ["With `helpers.chunk_zero3_overflow_check()` in the child.", ""]
         if row["error"]:
             lines += [f"error: {row['error']}", ""]
             continue
@@ -153,8 +178,15 @@ def write_md(report: dict[str, Any], path: Path) -> None:
                   "measured/estimate |", "|---|---|---|---|---|---|---|"]
         for x in row["rows"]:
             ratio = f"{x['ratio']:.2f}" if x["ratio"] is not None else "-"
+            measured = f"{x['measured_bytes'] / GB:.3f}" if x["measured_bytes"] is not None else "not traced"
             lines.append(f"| {x['name']} | `{x['site']}` | {x['when']} | {x['formula']} | {x['bytes'] / GB:.3f} | "
-                         f"{x['measured_bytes'] / GB:.3f} | {ratio} |")
+                         f"{measured} | {ratio} |")
+        rise = row.get("step_rise")
+        if rise:
+            lines += ["", f"RSS rise inside a step ({rise['phase']}): {rise['measured_bytes'] / GB:.2f} GB above the "
+                      f"steady {rise['steady_rss_bytes'] / GB:.2f} GB; the has_overflow rows together (mask + |x| "
+                      f"copy, alive at once): {rise['predicted_bytes'] / GB:.2f} GB "
+                      f"({rise['measured_bytes'] / max(rise['predicted_bytes'], 1):.2f}x)."]
         if row["device_sites"]:
             lines += ["", "On the accelerator on a GPU runtime (host RAM here, where the accelerator is the CPU):", ""]
             lines += [f"- `{s['site']}`: {s['max_alive_bytes'] / GB:.3f} GB ({', '.join(s['dtypes'])}, "

@@ -40,6 +40,7 @@ class HostBuffer:
     formula: str
     when: str  # "always" (from deepspeed.initialize on), "initialize" or "step" (freed again), "first step"
     one_at_a_time: bool = False  # the site's lines allocate in turn: measured as the most any one of them held
+    traced: bool = True  # False: made inside an operator (helpers.host_trace sees only what operators return)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -80,11 +81,13 @@ def _aligned(numel: int, element_bytes: int, intra_op_parallelism: int) -> int:
     return -(-numel // unit) * unit
 
 
-def stage3_host_buffers(config: dict[str, Any], numels: list[int], *, gpu: bool = True) -> list[HostBuffer]:
+def stage3_host_buffers(config: dict[str, Any], numels: list[int], *, gpu: bool = True,
+                        overflow_chunk: int = 0) -> list[HostBuffer]:
     """The host buffers of a ZeRO-3 `config` with offload, for a model whose parameter tensors have `numels` elements
     (`parameter_numels`), on a GPU runtime (`gpu=False`: a CPU-only one, where the accelerator is the CPU and
     DeepSpeed's gradient work at the accumulation boundary - the float64 norm, the fp32 copy before the swap-out -
-    happens in host RAM too). Empty without offload (everything then lives on the GPU)."""
+    happens in host RAM too). `overflow_chunk`: the slice size when `helpers.chunk_zero3_overflow_check` is on (0:
+    DeepSpeed's own whole-buffer check). Empty without offload (everything then lives on the GPU)."""
     z = config.get("zero_optimization", {})
     if z.get("stage") != 3:
         return []
@@ -106,9 +109,14 @@ def stage3_host_buffers(config: dict[str, Any], numels: list[int], *, gpu: bool 
                                    f"{s3}:1964 _constant_buffered_norm2", 8 * min(largest, NORM_BUFFER_ELEMENTS),
                                    f"8 B x largest tensor ({largest:,})", "step"))
         if config.get("fp16", {}).get("enabled"):  # loss scaling: has_overflow checks the whole buffer on the host
-            rows.append(HostBuffer("inf/nan check of the gradient buffer (torch.isinf, then torch.isnan)",
-                                   f"{s3} has_overflow", psi, f"1 B (bool) x {psi:,} params", "step",
+            n, what = (min(overflow_chunk, psi), "a slice") if overflow_chunk else (psi, "params")
+            rows.append(HostBuffer("inf/nan mask of the gradient buffer (torch.isinf, then torch.isnan)",
+                                   f"{s3} has_overflow", n, f"1 B (bool) x {n:,} {what}", "step",
                                    one_at_a_time=True))
+            # torch.isinf(x) is `x.abs() == inf` inside the operator: a 16-bit copy beside the mask, never returned
+            rows.append(HostBuffer("|gradient| copy inside torch.isinf (not traced: made inside the operator)",
+                                   f"{s3}:3013 has_overflow", grad_accum * n,
+                                   f"{grad_accum} B x {n:,} {what}", "step", traced=False))
     if opt == "nvme":
         count = int(z["offload_optimizer"].get("buffer_count", 4))
         rows.append(HostBuffer("optimizer swap buffers (fp32)", "runtime/swap_tensor/utils.py:192 <listcomp>",
