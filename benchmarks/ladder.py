@@ -113,7 +113,7 @@ def measure_in_child(args: argparse.Namespace, name: str, size: str, nvme: Path 
     kwargs = dict(tokenizer_dir=args.work_dir / "tokenizer", plain_pytorch=name == "plain", steps=args.steps,
                   seq_len=args.seq_len, nvme_path=nvme, max_blocks=256,
                   mmap_threshold_mib=args.mmap_threshold_mib, timeout_s=timeout_s, gpu=gpu, progress=False,
-                  chunked_overflow_check=args.chunked_overflow_check)
+                  chunked_overflow_check=getattr(args, "chunked_overflow_check", False))
     if not args.emulate:
         r = helpers.train_in_fresh_process(f"{name} {size}", cfg, size, cpus=cpus, **kwargs)
         enclosure = None
@@ -312,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
                 row["timed_out"] = True
             row["baseline_rss_gb"] = round(m.get("baseline_rss_gb", 0), 2)
             row.update(ran=True, fits=fits, reason=reason, **{k: m[k] for k in (
-                "peak_vram_gib", "peak_rss_gb", "disk_gb", "tokens_per_s", "losses", "seconds", "skipped_steps")},
+                "peak_vram_gib", "peak_rss_gb", "disk_gb", "tokens_per_s", "losses", "seconds")},
+                       skipped_steps=m.get("skipped_steps"),
                        rss_by_phase_gb={k: round(v, 2) for k, v in m.get("rss_by_phase", {}).items()})
             if "enclosure" in m:
                 row["enclosure"] = m["enclosure"]
