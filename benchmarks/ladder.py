@@ -50,11 +50,11 @@ LR = 3e-4
 
 
 def ladder_config(name: str, runtime, nvme_path: str | None, largest_param: int, *, micro_batch: int, steps: int,
-                  check_paths: bool = True, **overrides) -> dict:
+                  check_paths: bool = True, lr: float = LR, **overrides) -> dict:
     """The config of a ladder column: micro-batch, lr and warm-up (a tenth of the steps) for every column, plain
     PyTorch included (it trains without DeepSpeed, reading these from its config); fp16 starts at loss scale 2^12
     (few steps). `overrides` go to helpers.offload_config (benchmarks/host_memory.py: precision="bf16" on CPU)."""
-    run = dict(micro_batch_size=micro_batch, lr=LR, warmup_steps=max(1, steps // 10))
+    run = dict(micro_batch_size=micro_batch, lr=lr, warmup_steps=max(1, steps // 10))
     if name == "plain":
         return helpers.course_config("plain", runtime, **run)
     if name not in CONFIGS:
@@ -70,6 +70,9 @@ def verdict(r: dict, ram_budget_gb: float) -> tuple[bool, str]:
     losses = r["losses"]
     if len(losses) < 2 or not losses[-1] < losses[0]:
         return False, f"loss did not fall ({losses[0]:.3f} -> {losses[-1]:.3f})" if losses else "no steps ran"
+    if r.get("skipped_timed_steps"):
+        return False, (f"{r['skipped_timed_steps']} timed step(s) skipped by fp16 overflow (the loss scale was still "
+                       "settling): run it with more --untimed-steps")
     if report_gb(r, "peak_rss") > ram_budget_gb:
         return False, f"peak RSS {report_gb(r, 'peak_rss'):.1f} GB > {ram_budget_gb} GB RAM budget"
     if report_gb(r, "disk") > DISK_BUDGET_GB:
@@ -109,8 +112,9 @@ def measure_in_child(args: argparse.Namespace, name: str, size: str, nvme: Path 
     runtime = helpers.detect_runtime()
     shape = helpers.model_shape(helpers.gpt2_config(size))
     cfg = ladder_config(name, runtime, str(nvme) if nvme else None, shape.largest_layer_params,
-                        micro_batch=args.micro_batch, steps=args.steps)
+                        micro_batch=args.micro_batch, steps=args.steps, lr=getattr(args, "lr", LR))
     kwargs = dict(tokenizer_dir=args.work_dir / "tokenizer", plain_pytorch=name == "plain", steps=args.steps,
+                  untimed_steps=getattr(args, "untimed_steps", 1),
                   seq_len=args.seq_len, nvme_path=nvme, max_blocks=256,
                   mmap_threshold_mib=args.mmap_threshold_mib, timeout_s=timeout_s, gpu=gpu, progress=False,
                   chunked_overflow_check=getattr(args, "chunked_overflow_check", False))
@@ -132,6 +136,8 @@ def measure_in_child(args: argparse.Namespace, name: str, size: str, nvme: Path 
     out = {k: getattr(r, k) for k in ("peak_vram_gib", "peak_rss_gb", "disk_gb", "tokens_per_s", "losses",
                                       "error", "seconds", "params", "rss_by_phase", "baseline_rss_gb")}
     out["skipped_steps"] = r.extras.get("skipped_steps")  # fp16 steps DeepSpeed skipped on overflow (all steps)
+    untimed = getattr(args, "untimed_steps", 1)
+    out["skipped_timed_steps"] = len([s for s in r.extras.get("skipped_at_steps", []) if s >= untimed])
     if r.error.startswith("stopped after the time limit"):
         out["timed_out"] = True
         out["error"] = f"not finished within this run's time budget ({timeout_s:.0f} s left when it started)"
@@ -209,6 +215,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rerun", nargs="*", default=[], metavar="CONFIG:SIZE", help="measure these rungs again")
     p.add_argument("--mmap-threshold-mib", type=float, default=0.0,
                    help="in each rung, helpers.mmap_large_allocations(this) first (0: glibc's default)")
+    p.add_argument("--lr", type=float, default=LR, help=f"peak learning rate of every rung (default {LR:g}); "
+                   "recorded in each row")
+    p.add_argument("--untimed-steps", type=int, default=1,
+                   help="steps before the timed ones (fp16's loss scale settles in them); recorded in each row")
     p.add_argument("--chunked-overflow-check", action="store_true",
                    help="each rung calls helpers.chunk_zero3_overflow_check() first: DeepSpeed 0.19.8's fp16 ZeRO-3 "
                         "overflow check without its whole-model temporaries (~3 B/param of host RAM at each step)")
@@ -311,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             if m.get("timed_out"):
                 row["timed_out"] = True
             row["baseline_rss_gb"] = round(m.get("baseline_rss_gb", 0), 2)
+            row.update(lr=args.lr, untimed_steps=args.untimed_steps, skipped_timed_steps=m.get("skipped_timed_steps"))
             row.update(ran=True, fits=fits, reason=reason, **{k: m[k] for k in (
                 "peak_vram_gib", "peak_rss_gb", "disk_gb", "tokens_per_s", "losses", "seconds")},
                        skipped_steps=m.get("skipped_steps"),

@@ -696,7 +696,10 @@ class _Loop:
                     torch.cuda.synchronize()
                 timed_from = time.perf_counter()
             step_started = time.perf_counter()
+            skipped_before = getattr(net, "skipped_steps", None)  # DeepSpeed engines count fp16 overflow skips
             step_loss = self.step(net, batches, device)
+            if skipped_before is not None and getattr(net, "skipped_steps", skipped_before) > skipped_before:
+                result.extras.setdefault("skipped_at_steps", []).append(step)
             if timed_from is not None:
                 if device == "cuda":
                     torch.cuda.synchronize()  # plain PyTorch's optimizer step is still queued after .item()

@@ -81,6 +81,10 @@ def test_verdict_needs_a_falling_loss_and_the_budgets():
     assert ladder.verdict(ok | {"peak_rss_gb": 12.7}, 12.7) == (True, "")  # GB, the budget's unit
     assert "RAM budget" in ladder.verdict(ok | {"peak_rss_gb": 12.8}, 12.7)[1]
     assert "disk budget" in ladder.verdict(ok | {"disk_gb": 60.1}, 12.7)[1]
+    # issue 25: a timed step that fp16 skipped did not train; the fix (more untimed steps) is named
+    skipped = ladder.verdict(ok | {"skipped_timed_steps": 2}, 12.7)
+    assert skipped[0] is False and "2 timed step(s) skipped by fp16 overflow" in skipped[1] and "--untimed-steps" in skipped[1]
+    assert ladder.verdict(ok | {"skipped_timed_steps": 0}, 12.7) == (True, "")
     old = {"error": "", "losses": [11.0, 10.5], "peak_rss_gib": 12.0, "disk_gib": 1.0}  # a row of an older report
     assert ladder.verdict(old, 12.7)[1] == "peak RSS 12.9 GB > 12.7 GB RAM budget"  # 12.0 GiB = 12.9 GB
 
