@@ -9,15 +9,20 @@ the model's parameter tensors in `model.parameters()` order (DeepSpeed cuts sub-
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["DEEPSPEED_VERSION", "DEVICE_SITES", "HostBuffer", "parameter_numels", "stage3_host_buffers",
-           "sub_group_numels"]
+__all__ = ["DEEPSPEED_VERSION", "DEVICE_SITES", "RUNTIME_GROWTH_BYTES", "HostBuffer", "HostPeak", "parameter_numels",
+           "stage3_host_buffers", "stage3_host_peak", "sub_group_numels"]
 
 DEEPSPEED_VERSION = "0.19.8"
 AIO_ALIGNED_BYTES = 1024  # deepspeed/runtime/swap_tensor/utils.py: swap buffers are whole multiples of this
 NORM_BUFFER_ELEMENTS = 250_000_000  # stage3.py _constant_buffered_norm2's split size
+# What a training process's RSS grows by beyond its named buffers once the model exists and has taken a step (CUDA
+# kernels and library state loaded on first use, autograd and DeepSpeed's Python objects): measured on the GPU machine,
+# GPT-2 XL, fp16 ZeRO-3 with the optimizer on NVMe (reports/host_memory.json): +0.39 GB building the model, +0.56 GB
+# in the first training step; 2.7B built to the same +0.39 GB.
+RUNTIME_GROWTH_BYTES = 950_000_000
 # Allocation sites that are on the accelerator on a GPU runtime (on a CPU-only run they are host RAM too): a CPU
 # trace lists them, the host account leaves them out.
 DEVICE_SITES = (
@@ -167,3 +172,36 @@ def stage3_host_buffers(config: dict[str, Any], numels: list[int], *, gpu: bool 
                                f"{e} B x {psi:,} params (torch's pinned allocator rounds it up to a power of two)",
                                "always"))
     return rows
+
+
+@dataclass
+class HostPeak:
+    """The peak host RAM of a ZeRO-3 offload run, by part (bytes): what the process held before its model
+    (`baseline`), what the runtime adds (`runtime`), the buffers held from `deepspeed.initialize` on (`always`), and
+    the largest moment on top of them (`transient`: inside a step, the first step, or initialisation, whichever is
+    largest; `transient_when` says which)."""
+
+    baseline: int
+    runtime: int
+    always: int
+    transient: int
+    transient_when: str
+    rows: list[HostBuffer] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return self.baseline + self.runtime + self.always + self.transient
+
+
+def stage3_host_peak(config: dict[str, Any], numels: list[int], *, baseline_bytes: int, gpu: bool = True,
+                     overflow_chunk: int = 0) -> HostPeak:
+    """Peak host RAM of a ZeRO-3 offload run from its named buffers (`stage3_host_buffers`), the process's own
+    `baseline_bytes` before the model exists (helpers.child_baseline_rss measures it) and `RUNTIME_GROWTH_BYTES`.
+    Transients of one kind are alive together, kinds at different moments (has_overflow's mask and copy are freed
+    before the optimizer step makes the first step's Adam moments). Checked against reports/host_memory.json and the
+    2.7B rung of reports/ladder_2p7b_colab_emulation.json (tests/test_host_memory.py)."""
+    rows = stage3_host_buffers(config, numels, gpu=gpu, overflow_chunk=overflow_chunk)
+    always = sum(b.bytes for b in rows if b.when == "always")
+    moments = {when: sum(b.bytes for b in rows if b.when == when) for when in ("step", "first step", "initialize")}
+    when = max(moments, key=lambda k: moments[k]) if moments else "step"
+    return HostPeak(int(baseline_bytes), RUNTIME_GROWTH_BYTES, always, moments.get(when, 0), when, rows)
