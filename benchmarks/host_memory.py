@@ -29,12 +29,15 @@ from pathlib import Path
 from typing import Any
 
 import helpers
-from helpers.host_buffers import DEEPSPEED_VERSION, DEVICE_SITES, parameter_numels, stage3_host_buffers
+from helpers.host_buffers import (DEEPSPEED_VERSION, DEVICE_SITES, RUNTIME_GROWTH_BYTES, parameter_numels,
+                                  stage3_host_buffers, stage3_host_peak)
+from helpers.overflow_check import DEFAULT_CHUNK_ELEMENTS
 
 ROOT = Path(__file__).resolve().parent.parent
 GB = 1e9
 CONFIGS = ("zero3_nvme_optimizer_gpu_params", "zero3_nvme_all")
 REPORTED_BYTES = 100_000_000  # a measured site that no formula names is listed from this size
+PREDICT_BASELINE_BYTES = 1_330_000_000  # a fresh training process before its model, GPU machine (reports/host_memory.json)
 
 
 def host_config(name: str, runtime: Any, size: str, nvme: str, micro_batch: int, steps: int,
@@ -138,8 +141,12 @@ def predicted(name: str, size: str) -> dict[str, Any]:
     always = sum(b["bytes"] for b in rows if b["when"] == "always")
     # has_overflow's mask and copy are freed before the optimizer step makes the first step's Adam moments
     step = max(sum(b["bytes"] for b in rows if b["when"] == when) for when in ("step", "first step"))
+    peaks = {chunked: stage3_host_peak(cfg, numels, baseline_bytes=PREDICT_BASELINE_BYTES,
+                                       overflow_chunk=DEFAULT_CHUNK_ELEMENTS if chunked else 0).total
+             for chunked in (False, True)}
     return {"config": name, "model": size, "params": sum(numels), "rows": rows, "always_gb": round(always / GB, 3),
-            "step_transient_gb": round(step / GB, 3)}
+            "step_transient_gb": round(step / GB, 3), "peak_gb": round(peaks[False] / GB, 2),
+            "peak_chunked_overflow_check_gb": round(peaks[True] / GB, 2)}
 
 
 def write_md(report: dict[str, Any], path: Path) -> None:
@@ -196,11 +203,17 @@ def write_md(report: dict[str, Any], path: Path) -> None:
         lines += [f"- `{s['site']}`: {s['max_alive_bytes'] / GB:.3f} GB ({', '.join(s['dtypes'])})"
                   for s in row["unnamed_sites"]]
         lines.append("")
-    lines += ["## Predicted for the GPU runtime (fp16, formulas only, not measured here)", "",
-              "| config | model | always in RAM GB | largest transient in a step GB | biggest row |", "|---|---|---|---|---|"]
+    lines += ["## Predicted for the GPU runtime (fp16, formulas only)", "",
+              f"Peak = {PREDICT_BASELINE_BYTES / GB:.2f} GB the process holds before its model + "
+              f"{RUNTIME_GROWTH_BYTES / GB:.2f} GB the runtime adds + the buffers always held + the largest transient "
+              "(`helpers.stage3_host_peak`); with DeepSpeed's overflow check, and with "
+              "`helpers.chunk_zero3_overflow_check()`. Colab's limit in the emulation: 12.13 GB.", "",
+              "| config | model | always in RAM GB | largest transient in a step GB | peak GB | peak, chunked check GB | "
+              "biggest row |", "|---|---|---|---|---|---|---|"]
     for p in report["predicted"]:
         big = max(p["rows"], key=lambda b: b["bytes"])
         lines.append(f"| {p['config']} | {p['model']} | {p['always_gb']:.2f} | {p['step_transient_gb']:.2f} | "
+                     f"{p.get('peak_gb', 0):.2f} | {p.get('peak_chunked_overflow_check_gb', 0):.2f} | "
                      f"{big['name']}: {big['bytes'] / GB:.2f} GB |")
     path.write_text("\n".join(lines) + "\n")
 
