@@ -66,3 +66,24 @@ def test_chunked_check_refuses_other_deepspeed_versions_and_bad_sizes(monkeypatc
     with pytest.raises(RuntimeError, match=r"checked against DeepSpeed 0\.19\.8 only; this is DeepSpeed 0\.20\.0"):
         helpers.chunk_zero3_overflow_check()
     assert not helpers.chunked_overflow_check_active()
+
+
+def test_the_benchmark_compares_both_checks_on_the_same_run(tmp_path):
+    """benchmarks/overflow_check.py smoke-sized on this machine: both runs train the same losses (on CPU, bf16, the
+    check never runs: the patch must change nothing else), the comparison and the Markdown say so."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("overflow_check_bench", root / "benchmarks" / "overflow_check.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "overflow_check.json"
+    assert bench.main(["--sizes", "gpt2-tiny", "--steps", "3", "--seq-len", "32", "--quiet", "--out", str(out),
+                       "--nvme-path", str(tmp_path / "nvme"), "--work-dir", str(tmp_path / "work")]) == 0
+    report = json.loads(out.read_text())
+    assert [r["check"] for r in report["rows"]] == ["DeepSpeed's", "chunked"]
+    (c,) = report["comparison"]
+    assert c["same_skipped_steps"] and c["max_loss_difference"] < 1e-4, report
+    assert "| gpt2-tiny | yes |" in out.with_suffix(".md").read_text()

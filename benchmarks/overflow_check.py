@@ -1,0 +1,127 @@
+"""Benchmark: ZeRO-3's fp16 overflow check, DeepSpeed's against `helpers.chunk_zero3_overflow_check()` (issue 25).
+
+    DS_COURSE_T4_BUDGET=1 python benchmarks/overflow_check.py                       # GPU: gpt2 then gpt2-xl, fp16
+    python benchmarks/overflow_check.py --sizes gpt2-tiny --seq-len 32 --steps 3    # CPU smoke (bf16: no check runs)
+
+Each size trains twice in a fresh process (helpers.train_in_fresh_process) with the ladder's NVMe config
+(zero3_nvme_optimizer_gpu_params: the gradient buffer in host RAM), once with DeepSpeed 0.19.8's own
+`has_overflow` and once with the chunked one, from the same seed and data. fp16 starts at loss scale 2^16
+(`--initial-scale-power`), so the first steps overflow and are skipped: both runs must skip the same steps and give
+the same losses (the check's answer decides every step). The report puts side by side the peak RSS (the chunked
+check saves ~3 bytes per parameter of host RAM at each step), tokens/s (its cost) and the skipped steps.
+On a CPU runtime DeepSpeed refuses fp16, and with bf16 it never checks for overflow: the rows then only show that the
+patch changes nothing else. Writes reports/overflow_check.json and .md (reports/overflow_check_cpu.* on CPU).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+from pathlib import Path
+from typing import Any
+
+import helpers
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _bench  # noqa: E402
+
+CONFIG = "zero3_nvme_optimizer_gpu_params"
+
+
+def measure(args: argparse.Namespace, size: str, chunked: bool, runtime: Any) -> dict[str, Any]:
+    shape = helpers.model_shape(helpers.gpt2_config(size))
+    nvme = Path(args.nvme_path) / f"{size}-{'chunked' if chunked else 'deepspeed'}"
+    nvme.mkdir(parents=True, exist_ok=True)
+    extra = {} if runtime.has_gpu else {"precision": "bf16"}
+    cfg = helpers.offload_config(CONFIG, runtime, largest_param=shape.largest_layer_params, nvme_path=str(nvme),
+                                 micro_batch_size=args.micro_batch, lr=args.lr, warmup_steps=1,
+                                 initial_scale_power=args.initial_scale_power, **extra)
+    r = helpers.train_in_fresh_process(f"{size} {'chunked' if chunked else 'DeepSpeed'} check", cfg, size,
+                                       tokenizer_dir=args.work_dir / "tokenizer", steps=args.steps,
+                                       untimed_steps=args.untimed_steps, seq_len=args.seq_len, nvme_path=nvme,
+                                       max_blocks=64, chunked_overflow_check=chunked, progress=not args.quiet)
+    helpers.remove_nvme_leftovers(str(nvme))
+    return {"model": size, "params": shape.n_params, "check": "chunked" if chunked else "DeepSpeed's",
+            "precision": r.precision, "error": r.error, "losses": r.losses,
+            "skipped_at_steps": r.extras.get("skipped_at_steps", []), "skipped_steps": r.extras.get("skipped_steps"),
+            "peak_rss_gb": r.peak_rss_gb, "baseline_rss_gb": r.baseline_rss_gb, "tokens_per_s": r.tokens_per_s,
+            "step_seconds": r.step_seconds, "seconds": r.seconds}
+
+
+def compare(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One line per size measured both ways: same skipped steps, largest loss difference, RSS saved, speed ratio."""
+    out = []
+    for size in dict.fromkeys(r["model"] for r in rows):
+        pair = {r["check"]: r for r in rows if r["model"] == size and not r["error"]}
+        if len(pair) < 2:
+            continue
+        ds, ch = pair["DeepSpeed's"], pair["chunked"]
+        n = min(len(ds["losses"]), len(ch["losses"]))
+        out.append({"model": size, "same_skipped_steps": ds["skipped_at_steps"] == ch["skipped_at_steps"],
+                    "max_loss_difference": max((abs(a - b) for a, b in zip(ds["losses"][:n], ch["losses"][:n])),
+                                               default=None),
+                    "rss_saved_gb": round(ds["peak_rss_gb"] - ch["peak_rss_gb"], 2),
+                    "tokens_per_s_ratio": round(ch["tokens_per_s"] / ds["tokens_per_s"], 3)
+                    if ds["tokens_per_s"] else None})
+    return out
+
+
+def markdown(report: dict[str, Any]) -> str:
+    s = report["settings"]
+    lines = [f"# ZeRO-3's fp16 overflow check: DeepSpeed's vs chunked ({report['runtime']}, {report['date']})", "",
+             f"Config `{CONFIG}`, {s['steps']} steps ({s['untimed_steps']} untimed) of {s['micro_batch']} x "
+             f"{s['seq_len']} tokens, lr {s['lr']:g}, fp16 loss scale from 2^{s['initial_scale_power']}; each run in a "
+             "fresh process, same seed and data. `python benchmarks/overflow_check.py` regenerates it.", "",
+             "| model | check | precision | skipped at steps | losses | peak RSS GB | tokens/s | error |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in report["rows"]:
+        losses = ", ".join(f"{x:.4f}" for x in r["losses"])
+        lines.append(f"| {r['model']} | {r['check']} | {r['precision']} | {r['skipped_at_steps'] or '-'} | {losses} | "
+                     f"{r['peak_rss_gb']:.2f} | {r['tokens_per_s']:,.0f} | {r['error'][:80]} |")
+    if report["comparison"]:
+        lines += ["", "| model | same skipped steps | largest loss difference | RSS saved GB | tokens/s chunked / "
+                  "DeepSpeed's |", "|---|---|---|---|---|"]
+        for c in report["comparison"]:
+            diff = "-" if c["max_loss_difference"] is None else f"{c['max_loss_difference']:.2e}"
+            lines.append(f"| {c['model']} | {'yes' if c['same_skipped_steps'] else 'NO'} | {diff} | "
+                         f"{c['rss_saved_gb']:.2f} | {c['tokens_per_s_ratio']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", nargs="+", default=["gpt2", "gpt2-xl"])
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--untimed-steps", type=int, default=1)
+    p.add_argument("--micro-batch", type=int, default=2)
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--initial-scale-power", type=int, default=16)
+    p.add_argument("--nvme-path", default=str(ROOT / "build" / "overflow_check_nvme"))
+    p.add_argument("--work-dir", type=Path, default=ROOT / "build" / "overflow_check")
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--quiet", action="store_true")
+    args = p.parse_args(argv)
+    runtime = helpers.detect_runtime()
+    out = args.out or ROOT / "reports" / ("overflow_check.json" if runtime.has_gpu else "overflow_check_cpu.json")
+    helpers.build_ops("cpu_adam", "async_io")
+    ds = helpers.load_text_dataset("local")
+    helpers.train_tokenizer(ds["train"]["text"], args.work_dir / "tokenizer")
+    report: dict[str, Any] = {
+        "runtime": runtime.label, "date": dt.date.today().isoformat(),
+        "settings": {"steps": args.steps, "untimed_steps": args.untimed_steps, "micro_batch": args.micro_batch,
+                     "seq_len": args.seq_len, "lr": args.lr, "initial_scale_power": args.initial_scale_power},
+        "rows": [], "comparison": []}
+    for size in args.sizes:
+        for chunked in (False, True):
+            report["rows"].append(measure(args, size, chunked, runtime))
+            report["comparison"] = compare(report["rows"])
+            _bench.write_report(report, out, markdown)
+    print(out.with_suffix(".md").read_text())
+    return 0 if all(not r["error"] for r in report["rows"]) and all(c["same_skipped_steps"]
+                                                                     for c in report["comparison"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
