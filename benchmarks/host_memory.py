@@ -121,7 +121,7 @@ def measure(args: argparse.Namespace, name: str, size: str, runtime: Any) -> dic
                            "chunked_overflow_check": args.chunked_overflow_check}
     trace = r.extras.get("host_trace")
     if trace:
-        chunk = helpers.overflow_check.DEFAULT_CHUNK_ELEMENTS if args.chunked_overflow_check else 0
+        chunk = DEFAULT_CHUNK_ELEMENTS if args.chunked_overflow_check else 0
         acc = account(trace, cfg, parameter_numels(size), runtime.has_gpu, chunk)
         row.update(acc)
         row["memory"] = trace.get("memory", {})

@@ -112,12 +112,12 @@ def measure_in_child(args: argparse.Namespace, name: str, size: str, nvme: Path 
     runtime = helpers.detect_runtime()
     shape = helpers.model_shape(helpers.gpt2_config(size))
     cfg = ladder_config(name, runtime, str(nvme) if nvme else None, shape.largest_layer_params,
-                        micro_batch=args.micro_batch, steps=args.steps, lr=getattr(args, "lr", LR))
+                        micro_batch=args.micro_batch, steps=args.steps, lr=args.lr)
     kwargs = dict(tokenizer_dir=args.work_dir / "tokenizer", plain_pytorch=name == "plain", steps=args.steps,
-                  untimed_steps=getattr(args, "untimed_steps", 1),
+                  untimed_steps=args.untimed_steps,
                   seq_len=args.seq_len, nvme_path=nvme, max_blocks=256,
                   mmap_threshold_mib=args.mmap_threshold_mib, timeout_s=timeout_s, gpu=gpu, progress=False,
-                  chunked_overflow_check=getattr(args, "chunked_overflow_check", False))
+                  chunked_overflow_check=args.chunked_overflow_check)
     if not args.emulate:
         r = helpers.train_in_fresh_process(f"{name} {size}", cfg, size, cpus=cpus, **kwargs)
         enclosure = None
@@ -136,8 +136,7 @@ def measure_in_child(args: argparse.Namespace, name: str, size: str, nvme: Path 
     out = {k: getattr(r, k) for k in ("peak_vram_gib", "peak_rss_gb", "disk_gb", "tokens_per_s", "losses",
                                       "error", "seconds", "params", "rss_by_phase", "baseline_rss_gb")}
     out["skipped_steps"] = r.extras.get("skipped_steps")  # fp16 steps DeepSpeed skipped on overflow (all steps)
-    untimed = getattr(args, "untimed_steps", 1)
-    out["skipped_timed_steps"] = len([s for s in r.extras.get("skipped_at_steps", []) if s >= untimed])
+    out["skipped_timed_steps"] = len([s for s in r.extras.get("skipped_at_steps", []) if s >= args.untimed_steps])
     if r.error.startswith("stopped after the time limit"):
         out["timed_out"] = True
         out["error"] = f"not finished within this run's time budget ({timeout_s:.0f} s left when it started)"

@@ -163,7 +163,7 @@ def test_a_child_that_trained_another_model_size_is_an_error(tmp_path, monkeypat
     monkeypatch.setattr(ladder.helpers, "build_ops", lambda *ops: {})  # no rung runs here: nothing to compile
     monkeypatch.setattr(ladder.helpers, "train_in_fresh_process", wrong_size)
     args = argparse.Namespace(work_dir=tmp_path, steps=2, micro_batch=2, seq_len=32, mmap_threshold_mib=0.0,
-                              emulate=False)
+                              emulate=False, lr=ladder.LR, untimed_steps=1, chunked_overflow_check=False)
     row = ladder.measure_in_child(args, "plain", "gpt2", None, None)
     assert row["error"] == "the child trained 123 parameters, not gpt2's 124,439,808"
 
