@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--micro-batch", type=int, default=2)
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--n-layer", type=int, default=0, help="override the size's depth (a quick probe of its width)")
     p.add_argument("--work-dir", type=Path, default=ROOT / "build" / "bench-emulated")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--quiet", action="store_true")
@@ -83,14 +84,15 @@ def main(argv: list[str] | None = None) -> int:
     ds = helpers.load_text_dataset("local")
     tok = helpers.train_tokenizer(ds["train"]["text"], args.work_dir / "tokenizer")
     blocks = helpers.pack_blocks(ds["train"], tok, args.seq_len, max_blocks=256)  # as the ladder's child packs them
+    config = helpers.gpt2_config(args.size, **({"n_layer": args.n_layer} if args.n_layer else {}))
     torch.manual_seed(args.seed)
-    template = AutoModelForCausalLM.from_config(helpers.gpt2_config(args.size))  # one initialisation, copied per lr
-    shape = helpers.model_shape(helpers.gpt2_config(args.size))
+    template = AutoModelForCausalLM.from_config(config)  # one initialisation, copied per lr
+    shape = helpers.model_shape(config)
     warmup = ladder_config("plain", runtime, None, shape.largest_layer_params, micro_batch=args.micro_batch,
                            steps=args.steps)["scheduler"]["params"]["warmup_num_steps"]
     report: dict[str, Any] = {
         "runtime": runtime.label, "precision": runtime.precision, "date": dt.date.today().isoformat(),
-        "settings": {"size": args.size, "params": shape.n_params, "steps": args.steps, "micro_batch": args.micro_batch,
+        "settings": {"size": args.size, "n_layer": config.n_layer, "params": shape.n_params, "steps": args.steps, "micro_batch": args.micro_batch,
                      "seq_len": args.seq_len, "seed": args.seed, "warmup_steps": warmup},
         "rows": [], "picked_lr": None}
     for lr in args.lrs:
