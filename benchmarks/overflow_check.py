@@ -9,6 +9,9 @@ Each size trains twice in a fresh process (helpers.train_in_fresh_process) with 
 (`--initial-scale-power`), so the first steps overflow and are skipped: both runs must skip the same steps and give
 the same losses (the check's answer decides every step). The report puts side by side the peak RSS (the chunked
 check saves ~3 bytes per parameter of host RAM at each step), tokens/s (its cost) and the skipped steps.
+`--scan-sizes` times the check alone instead (the part that runs on the host CPU, whose speed the GPU machine does not
+emulate): DeepSpeed's two whole-buffer calls and the chunked ones over an fp16 buffer of each size's parameter count,
+on `--threads` cores (Colab: 2), with the RSS each adds (reports/overflow_check_scan.json and .md).
 On a CPU runtime DeepSpeed refuses fp16, and with bf16 it never checks for overflow: the rows then only show that the
 patch changes nothing else. Writes reports/overflow_check.json and .md (reports/overflow_check_cpu.* on CPU).
 """
@@ -47,6 +50,68 @@ def measure(args: argparse.Namespace, size: str, chunked: bool, runtime: Any) ->
             "skipped_at_steps": r.extras.get("skipped_at_steps", []), "skipped_steps": r.extras.get("skipped_steps"),
             "peak_rss_gb": r.peak_rss_gb, "baseline_rss_gb": r.baseline_rss_gb, "tokens_per_s": r.tokens_per_s,
             "step_seconds": r.step_seconds, "seconds": r.seconds}
+
+
+def time_scan(n_elements: int, threads: int, repeats: int, chunk_elements: int) -> dict[str, Any]:
+    """Seconds and transient RSS of one overflow check over an fp16 host buffer of `n_elements`, DeepSpeed's way
+    (stage3.py: isinf(buffer).any(), then isnan(buffer).any()) and sliced (helpers.overflow_check), on `threads`."""
+    import threading
+    import time
+
+    import psutil
+    import torch
+
+    from helpers.overflow_check import _any_inf_or_nan
+
+    torch.set_num_threads(threads)
+    # finite values in every page, as a gradient buffer holds (zeros from calloc would read one shared zero page)
+    buf = torch.full((n_elements,), 1e-3, dtype=torch.float16)
+    proc = psutil.Process()
+
+    def whole() -> bool:
+        return bool(torch.isinf(buf).any()) or bool(torch.isnan(buf).any())
+
+    def sliced() -> bool:
+        return bool(_any_inf_or_nan(buf, chunk_elements))
+
+    out: dict[str, Any] = {"elements": n_elements, "threads": threads, "chunk_elements": chunk_elements}
+    for name, fn in (("deepspeed", whole), ("chunked", sliced)):
+        seconds, peaks = [], []
+        for _ in range(repeats):
+            base = proc.memory_info().rss
+            peak = [base]
+            done = [False]
+
+            def watch() -> None:
+                while not done[0]:
+                    peak[0] = max(peak[0], proc.memory_info().rss)
+                    time.sleep(0.005)
+            w = threading.Thread(target=watch)
+            w.start()
+            t = time.perf_counter()
+            assert fn() is False
+            seconds.append(time.perf_counter() - t)
+            done[0] = True
+            w.join()
+            peaks.append(peak[0] - base)
+        out[f"{name}_seconds"] = round(min(seconds), 3)
+        out[f"{name}_transient_gb"] = round(max(peaks) / 1e9, 2)
+    return out
+
+
+def scan_markdown(report: dict[str, Any]) -> str:
+    lines = [f"# ZeRO-3's fp16 overflow check alone, on the host CPU ({report['runtime']}, {report['date']})", "",
+             "One check over an fp16 gradient buffer of each size's parameter count (all finite, as in a step that "
+             "does not overflow), DeepSpeed 0.19.8's way (`isinf(buffer).any()` then `isnan(buffer).any()`) and in "
+             f"slices of {report['chunk_elements']:,} elements; best of {report['repeats']}; transient = peak RSS "
+             "above the buffer, sampled every 5 ms. `python benchmarks/overflow_check.py --scan-sizes ...` "
+             "regenerates it.", "",
+             "| model | parameters | threads | DeepSpeed's s | chunked s | DeepSpeed's transient GB | chunked transient GB |",
+             "|---|---|---|---|---|---|---|"]
+    for r in report["rows"]:
+        lines.append(f"| {r['model']} | {r['elements']:,} | {r['threads']} | {r['deepspeed_seconds']} | "
+                     f"{r['chunked_seconds']} | {r['deepspeed_transient_gb']} | {r['chunked_transient_gb']} |")
+    return "\n".join(lines) + "\n"
 
 
 def compare(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -102,8 +167,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work-dir", type=Path, default=ROOT / "build" / "overflow_check")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--scan-sizes", nargs="*", default=None,
+                   help="time the check alone over buffers of these sizes' parameter counts (no training)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args(argv)
     runtime = helpers.detect_runtime()
+    if args.scan_sizes is not None:
+        from helpers.overflow_check import DEFAULT_CHUNK_ELEMENTS
+
+        out = args.out or ROOT / "reports" / "overflow_check_scan.json"
+        report = {"runtime": f"{runtime.label}, host CPU", "date": dt.date.today().isoformat(),
+                  "chunk_elements": DEFAULT_CHUNK_ELEMENTS, "repeats": args.repeats, "rows": []}
+        for size in args.scan_sizes or ["gpt2-xl", "gpt2-2.7b"]:
+            n = helpers.model_shape(helpers.gpt2_config(size)).n_params
+            report["rows"].append({"model": size, **time_scan(n, args.threads, args.repeats, DEFAULT_CHUNK_ELEMENTS)})
+            _bench.write_report(report, out, scan_markdown)
+        print(out.with_suffix(".md").read_text())
+        return 0
     out = args.out or ROOT / "reports" / ("overflow_check.json" if runtime.has_gpu else "overflow_check_cpu.json")
     helpers.build_ops("cpu_adam", "async_io")
     ds = helpers.load_text_dataset("local")
