@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import helpers
-from helpers.host_buffers import (DEEPSPEED_VERSION, DEVICE_SITES, RUNTIME_GROWTH_BYTES, parameter_numels,
-                                  stage3_host_buffers, stage3_host_peak)
+from helpers.host_buffers import DEEPSPEED_VERSION, DEVICE_SITES, parameter_numels, stage3_host_buffers, stage3_host_peak
+from helpers.memory import RUNTIME_GROWTH_BYTES
 from helpers.overflow_check import DEFAULT_CHUNK_ELEMENTS
 
 ROOT = Path(__file__).resolve().parent.parent

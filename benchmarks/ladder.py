@@ -81,7 +81,7 @@ def verdict(r: dict, ram_budget_gb: float) -> tuple[bool, str]:
 
 
 def predict(name: str, size: str, runtime, nvme: str | None, micro_batch: int, seq_len: int,
-            baseline_rss_gb: float) -> dict:
+            baseline_rss_gb: float, chunked_overflow_check: bool = False) -> dict:
     """Estimated peak VRAM (GiB), RSS (GB) and disk (GB) of a rung, before running it."""
     shape = helpers.model_shape(helpers.gpt2_config(size))
     plain = name == "plain"
@@ -92,7 +92,8 @@ def predict(name: str, size: str, runtime, nvme: str | None, micro_batch: int, s
     states = est.states
     if not plain:
         states = helpers.estimate_for_config(cfg, shape.n_params, largest_layer_params=shape.largest_layer_params,
-                                             zero_init=cfg["zero_optimization"]["stage"] == 3)
+                                             zero_init=cfg["zero_optimization"]["stage"] == 3,
+                                             chunked_overflow_check=chunked_overflow_check)
     cpu = states.n_params * 4 if plain else states.cpu_total  # plain: the fp32 model built on CPU
     return {"predicted_vram_gib": round(est.peak_bytes / GiB, 2),
             "predicted_rss_gb": round(cpu / GB + baseline_rss_gb, 2),
@@ -283,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         if (name, size) in done:
             baseline[0] = max(baseline[0], done[(name, size)].get("baseline_rss_gb", 0.0))
             row = {**done[(name, size)], **predict(name, size, runtime, None, args.micro_batch, args.seq_len,
-                                                  baseline[0])}
+                                                  baseline[0], args.chunked_overflow_check)}
             with lock:
                 rows.append(row)
             return row
@@ -297,7 +298,8 @@ def main(argv: list[str] | None = None) -> int:
         if nvme:
             shutil.rmtree(nvme, ignore_errors=True)
             nvme.mkdir(parents=True)
-        pred = predict(name, size, runtime, str(nvme) if nvme else None, args.micro_batch, args.seq_len, baseline[0])
+        pred = predict(name, size, runtime, str(nvme) if nvme else None, args.micro_batch, args.seq_len, baseline[0],
+                       args.chunked_overflow_check)
         row = {"model": size, "params": shape.n_params, "config": name, "runtime": runtime.label, **pred}
         over = [f"RAM {pred['predicted_rss_gb']:.1f} GB > {ram_budget_gb} GB"] if pred["predicted_rss_gb"] > ram_budget_gb else []
         if pred["predicted_disk_gb"] > DISK_BUDGET_GB:

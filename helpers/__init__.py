@@ -14,11 +14,11 @@ from helpers.hardware import *  # noqa: F403
 from helpers.runtime import *  # noqa: F403
 from helpers.records import *  # noqa: F403
 from helpers.progress import *  # noqa: F403
+from helpers.overflow_check import *  # noqa: F403
 # floor 1: estimates, configs, data and models
 from helpers.memory import *  # noqa: F403
 from helpers.host_buffers import *  # noqa: F403
 from helpers.host_trace import *  # noqa: F403
-from helpers.overflow_check import *  # noqa: F403
 from helpers.config import *  # noqa: F403
 from helpers.data import *  # noqa: F403
 from helpers.models import *  # noqa: F403
@@ -41,7 +41,7 @@ from helpers.launch import *  # noqa: F403
 from helpers.rank import *  # noqa: F403
 from helpers.scale_out import *  # noqa: F403
 
-MODULES = ("atomic", "checks", "hardware", "runtime", "records", "progress", "memory", "host_buffers", "host_trace", "overflow_check", "config", "data", "models", "hub", "health",
+MODULES = ("atomic", "checks", "hardware", "runtime", "records", "progress", "overflow_check", "memory", "host_buffers", "host_trace", "config", "data", "models", "hub", "health",
            "limits", "step_time", "planner", "bootstrap", "train", "fresh_process", "plots", "planner_ui", "checkpoints", "moe", "integrations", "launch",
            "rank", "scale_out")
 

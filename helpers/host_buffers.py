@@ -12,17 +12,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["DEEPSPEED_VERSION", "DEVICE_SITES", "RUNTIME_GROWTH_BYTES", "HostBuffer", "HostPeak", "parameter_numels",
+from helpers.memory import RUNTIME_GROWTH_BYTES  # the runtime's own growth, measured (see there)
+
+__all__ = ["DEEPSPEED_VERSION", "DEVICE_SITES", "HostBuffer", "HostPeak", "parameter_numels",
            "stage3_host_buffers", "stage3_host_peak", "sub_group_numels"]
 
 DEEPSPEED_VERSION = "0.19.8"
 AIO_ALIGNED_BYTES = 1024  # deepspeed/runtime/swap_tensor/utils.py: swap buffers are whole multiples of this
 NORM_BUFFER_ELEMENTS = 250_000_000  # stage3.py _constant_buffered_norm2's split size
-# What a training process's RSS grows by beyond its named buffers once the model exists and has taken a step (CUDA
-# kernels and library state loaded on first use, autograd and DeepSpeed's Python objects): measured on the GPU machine,
-# GPT-2 XL, fp16 ZeRO-3 with the optimizer on NVMe (reports/host_memory.json): +0.39 GB building the model, +0.56 GB
-# in the first training step; 2.7B built to the same +0.39 GB.
-RUNTIME_GROWTH_BYTES = 950_000_000
 # Allocation sites that are on the accelerator on a GPU runtime (on a CPU-only run they are host RAM too): a CPU
 # trace lists them, the host account leaves them out.
 DEVICE_SITES = (

@@ -20,8 +20,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
 from helpers.checks import ConfigError, check_model_size, check_number, check_offload_device
+from helpers.overflow_check import DEFAULT_CHUNK_ELEMENTS, chunked_overflow_check_active
 
-__all__ = ["COMPONENTS", "STAGE3_OFFLOAD_STAGING_BYTES_PER_PARAM", "Measurement", "ModelStateEstimate",
+__all__ = ["COMPONENTS", "OVERFLOW_CHECK_BYTES_PER_PARAM", "RUNTIME_GROWTH_BYTES", "STAGE3_OFFLOAD_STAGING_BYTES_PER_PARAM", "Measurement", "ModelStateEstimate",
            "RunEstimate", "bytes_per_element", "count_params", "deepspeed_estimate", "estimate_activations",
            "estimate_for_config", "estimate_model_states", "estimate_peak", "estimate_run",
            "estimate_step_transient", "folder_bytes", "measure_peak", "model_states_per_gpu", "pinned_bytes",
@@ -29,11 +30,21 @@ __all__ = ["COMPONENTS", "STAGE3_OFFLOAD_STAGING_BYTES_PER_PARAM", "Measurement"
 
 GiB = 1024**3
 GB = 1000**3
-COMPONENTS = ("params", "grads", "optimizer", "activations", "buffers", "staging")
-# ZeRO-3 with offload holds more host RAM than its tensors add up to: DeepSpeed's swap and copy staging
-# (pinned blocks that torch's host allocator rounds up and caches) and per-layer tensors freed into glibc's
-# heap during initialisation. Measured in fresh processes (reports/ladder.json, H200 capped to T4 budget,
-# fp16, 355M-1.5B, four stage-3 offload configs): 2.9-3.9 bytes/param above the named components.
+COMPONENTS = ("params", "grads", "optimizer", "activations", "buffers", "step on host", "runtime", "staging")
+# fp16 ZeRO-3 with the optimizer offloaded: at every step DeepSpeed 0.19.8's has_overflow runs torch.isinf over the
+# whole host gradient buffer, `x.abs() == inf` inside the operator: a 16-bit |x| copy and a bool mask of every
+# parameter at once (reports/host_memory.md, GPU: the RSS rose 4.67 GB at GPT-2 XL, 3 x 1.558 G params).
+# helpers.chunk_zero3_overflow_check() scans slices of DEFAULT_CHUNK_ELEMENTS instead.
+OVERFLOW_CHECK_BYTES_PER_PARAM = 3
+# What a GPU training process's RSS grows by once the model exists and has taken a step (CUDA kernels and library
+# state loaded on first use, autograd and DeepSpeed's Python objects): measured on the GPU machine, GPT-2 XL, fp16
+# ZeRO-3 with the optimizer on NVMe (reports/host_memory.json): +0.39 GB building the model, +0.56 GB in the first
+# training step; 2.7B built to the same +0.39 GB.
+RUNTIME_GROWTH_BYTES = 950_000_000
+# Without a GPU (bf16/fp32 runs on CPU) ZeRO-3's zero.Init builds each layer's partitions in host RAM, copies them
+# into DeepSpeed's flat buffer and frees them into glibc's heap, which keeps them: measured on CPU (GPT-2 large,
+# reports/host_memory_cpu.md) 2.4-3.2 GB above the traced storages, 3.1-4.1 bytes/param ('staging'). bf16 on a GPU
+# was not measured: the same allowance is kept there.
 STAGE3_OFFLOAD_STAGING_BYTES_PER_PARAM = 3.5
 
 
@@ -131,6 +142,7 @@ def estimate_model_states(
     nvme_buffer_size: int = 100_000_000,
     sub_group_size: int = 1_000_000_000,
     zero_init: bool = False,
+    chunked_overflow_check: bool = False,
 ) -> ModelStateEstimate:
     """Model-state bytes per GPU and per node CPU for a ZeRO `stage` (None: plain PyTorch AMP + AdamW).
 
@@ -144,8 +156,11 @@ def estimate_model_states(
     With optimizer offload the gradients land in RAM: fp32 at stages 1-2; at stage 3 a 16-bit
     partition plus the fp32 copy the optimizer steps on (all of it with a CPU optimizer, one
     `sub_group_size` slice with NVMe, whose 4 swap buffers of that slice are held in RAM too; the fp32
-    gradients then live on NVMe beside the optimizer states: 16 Ψ on disk). ZeRO-3 with offload adds
-    `STAGE3_OFFLOAD_STAGING_BYTES_PER_PARAM` of host RAM ('staging', measured, see there).
+    gradients then live on NVMe beside the optimizer states: 16 Ψ on disk). ZeRO-3 with offload in fp16 (a GPU
+    runtime) adds the largest moment of the step in RAM ('step on host': DeepSpeed's overflow check, 3 Ψ, or with
+    `chunked_overflow_check` (helpers.chunk_zero3_overflow_check) one slice of it, or the first step's Adam moments
+    of one NVMe sub-group, 8 B each, whichever is larger) and what the runtime grows by ('runtime'); in bf16/fp32
+    (CPU runtimes) `STAGE3_OFFLOAD_STAGING_BYTES_PER_PARAM` ('staging', measured, see there).
     """
     check_model_size(n_params, largest_layer_params)
     if stage is not None and (isinstance(stage, bool) or not isinstance(stage, int)):
@@ -191,8 +206,10 @@ def estimate_model_states(
         sub_group = min(int(sub_group_size), psi)
         if stage == 3:
             # 16-bit gradient partitions, then the fp32 gradients the optimizer steps on; with NVMe those are
-            # swapped out with their sub-group (DeepSpeed's swap_out_gradients) and one sub-group is in RAM
-            cpu["grads"] = e * psi + (4 * psi if offload_optimizer == "cpu" else 4 * sub_group)
+            # swapped out with their sub-group (DeepSpeed's swap_out_gradients) and one sub-group is in RAM (in fp16 on
+            # a GPU only while the optimizer states are initialised: counted with the step's moments, 'step on host')
+            nvme_fp32_grads = 0 if precision == "fp16" else 4 * sub_group
+            cpu["grads"] = e * psi + (4 * psi if offload_optimizer == "cpu" else nvme_fp32_grads)
             if offload_optimizer == "nvme":
                 nvme["grads"] = 4 * psi
         else:
@@ -212,13 +229,24 @@ def estimate_model_states(
             nvme["params"] = param_share * n
             cpu["buffers"] = nvme_buffer_count * nvme_buffer_size * e
     if offload_optimizer == "nvme":
-        # optimizer swap buffers: 4 of one sub-group each, fp32
-        cpu["buffers"] = cpu.get("buffers", 0) + 4 * min(int(sub_group_size), psi) * 4
+        # optimizer swap buffers: 4 of one sub-group each, fp32; DeepSpeed closes a sub-group once it reaches
+        # sub_group_size, so the largest is never smaller than the largest tensor (GPT-2 2.7B: the 128.7M embedding)
+        cpu["buffers"] = cpu.get("buffers", 0) + 4 * max(min(int(sub_group_size), psi), largest_layer_params) * 4
     if stage in (1, 2) and reduce_bucket_elements:
         # contiguous gradients: torch.empty(reduce_bucket_size) in the model dtype, x2 with overlap_comm
         gpu["buffers"] = reduce_bucket_elements * e * (2 if overlap_comm else 1)
     if stage == 3 and (offload_optimizer != "none" or offload_param != "none"):
-        cpu["staging"] = int(STAGE3_OFFLOAD_STAGING_BYTES_PER_PARAM * psi)
+        if precision == "fp16":  # a GPU runtime: DeepSpeed refuses fp16 on CPU
+            if offload_optimizer != "none":
+                overflow = OVERFLOW_CHECK_BYTES_PER_PARAM * (min(DEFAULT_CHUNK_ELEMENTS, psi)
+                                                             if chunked_overflow_check else psi)
+                # with NVMe: the first step's Adam moments of one sub-group (8 B), or at initialisation its fp32
+                # gradient buffer (4 B): at other moments than the overflow check, so the largest of the three counts
+                group = max(min(int(sub_group_size), psi), largest_layer_params)
+                cpu["step on host"] = max(overflow, 8 * group if offload_optimizer == "nvme" else 0)
+            cpu["runtime"] = RUNTIME_GROWTH_BYTES
+        else:
+            cpu["staging"] = int(STAGE3_OFFLOAD_STAGING_BYTES_PER_PARAM * psi)
     cpu["model copy"] = 0 if (zero_init and stage == 3) else 4 * psi
     if precision:
         parts.append(precision)
@@ -234,8 +262,12 @@ def model_states_per_gpu(n_params: int, precision: str = "fp16",
 
 
 def estimate_for_config(config: dict[str, Any], n_params: int, *, n_gpus: int = 1,
-                        largest_layer_params: int = 0, zero_init: bool = False) -> ModelStateEstimate:
-    """`estimate_model_states` read off a DeepSpeed config dict (stage, offload, precision)."""
+                        largest_layer_params: int = 0, zero_init: bool = False,
+                        chunked_overflow_check: bool | None = None) -> ModelStateEstimate:
+    """`estimate_model_states` read off a DeepSpeed config dict (stage, offload, precision).
+    `chunked_overflow_check` None: whether this process has called helpers.chunk_zero3_overflow_check()."""
+    if chunked_overflow_check is None:
+        chunked_overflow_check = chunked_overflow_check_active()
     zero = config.get("zero_optimization", {})
     precision = ("fp16" if config.get("fp16", {}).get("enabled") else
                  "bf16" if config.get("bf16", {}).get("enabled") else "fp32")
@@ -250,7 +282,8 @@ def estimate_for_config(config: dict[str, Any], n_params: int, *, n_gpus: int = 
         offload_param=off_par, n_gpus=n_gpus, largest_layer_params=largest_layer_params,
         reduce_bucket_elements=int(zero.get("reduce_bucket_size", 500_000_000))
         if zero.get("contiguous_gradients", True) else 0,
-        overlap_comm=bool(zero.get("overlap_comm", False)), zero_init=zero_init, **kwargs)
+        overlap_comm=bool(zero.get("overlap_comm", False)), zero_init=zero_init,
+        chunked_overflow_check=chunked_overflow_check, **kwargs)
 
 
 def deepspeed_estimate(n_params: int, stage: int, *, offload_optimizer: str = "none",

@@ -227,3 +227,27 @@ def test_the_planner_and_preflight_name_the_measured_fresh_runtime_run_for_gpt2_
     assert helpers.config_kind(helpers.course_config("zero2")) is None
     # nothing is claimed for a rung the emulated ladder did not train
     assert helpers.measured_fresh_runtime("zero3_offload_cpu", "gpt2-xl") is None
+
+
+def test_preflight_ram_is_within_10_percent_of_every_measured_gpu_rung():
+    """Issue 25: pre-flight's RAM (ladder.predict: helpers.estimate_for_config + the process's own baseline) against
+    every fp16 rung the GPU machine ran to the end: reports/ladder.json (RSS), the emulated ladder (the enclosure's
+    peak, RAM enforced) and the 2.7B rung with the chunked overflow check. Within 10 % each."""
+    import helpers
+
+    runtime = helpers.colab_t4_profile()
+    checked = []
+    for report in ("ladder.json", "ladder_colab_emulation.json", "ladder_2p7b_colab_emulation.json"):
+        data = json.loads((ROOT / "reports" / report).read_text())
+        chunked = data["settings"].get("chunked_overflow_check", False)
+        for r in data["rows"]:
+            measured = (r.get("enclosure") or {}).get("peak_ram_gb") or report_gb(r, "peak_rss")
+            if r["config"] == "plain" or not r.get("ran", True) or not measured or r.get("error") \
+                    or (r.get("enclosure") and r["enclosure"].get("oom_kills")):
+                continue
+            p = ladder.predict(r["config"], r["model"], runtime, "/content/nvme", data["settings"]["micro_batch"],
+                               data["settings"]["seq_len"], r.get("baseline_rss_gb") or 1.3, chunked)
+            checked.append((report, r["model"], r["config"], measured, p["predicted_rss_gb"]))
+    assert len(checked) >= 14 and any(m == "gpt2-2.7b" for _, m, *_ in checked)
+    off = [c for c in checked if abs(c[4] - c[3]) > 0.10 * c[3]]
+    assert not off, off

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from helpers.config import build_ds_config
-from helpers.memory import (count_params, deepspeed_estimate, estimate_activations, estimate_for_config,
+from helpers.memory import (RUNTIME_GROWTH_BYTES, count_params, deepspeed_estimate, estimate_activations, estimate_for_config,
                             estimate_model_states, measure_peak)
 
 PSI = 1_000_000
@@ -50,8 +50,18 @@ def test_param_offload_keeps_only_live_layers_on_gpu():
     # the 16-bit params sit in one pinned buffer, which torch's host allocator rounds up to a power of two
     assert e.gpu["params"] == 2 * 2 * 50_000 and e.cpu["params"] == 2**21 and e.cpu["model copy"] == 0
     # stage 3 keeps a 16-bit gradient partition and the fp32 gradients the CPU optimizer steps on
-    assert e.cpu["grads"] == 2 * PSI + 4 * PSI and e.cpu["staging"] == 3.5 * PSI
-    assert e.cpu_total == 2**21 + 6 * PSI + 12 * PSI + 3.5 * PSI
+    assert e.cpu["grads"] == 2 * PSI + 4 * PSI
+    # fp16 (a GPU runtime): DeepSpeed's overflow check over the host gradient buffer (|x| copy + mask, 3 B/param)
+    # at each step, and what the runtime grows by (reports/host_memory.md)
+    assert e.cpu["step on host"] == 3 * PSI and e.cpu["runtime"] == RUNTIME_GROWTH_BYTES and "staging" not in e.cpu
+    assert e.cpu_total == 2**21 + 6 * PSI + 12 * PSI + 3 * PSI + RUNTIME_GROWTH_BYTES
+    # helpers.chunk_zero3_overflow_check: one slice of it; bf16/fp32 (CPU runtimes): the zero.Init heap allowance
+    chunked = estimate_model_states(PSI, 3, precision="fp16", offload_optimizer="cpu", offload_param="cpu",
+                                    largest_layer_params=50_000, zero_init=True, chunked_overflow_check=True)
+    assert chunked.cpu["step on host"] == 3 * min(2**25, PSI)
+    bf16 = estimate_model_states(PSI, 3, precision="bf16", offload_optimizer="cpu", offload_param="cpu",
+                                 largest_layer_params=50_000, zero_init=True)
+    assert bf16.cpu["staging"] == 3.5 * PSI and "step on host" not in bf16.cpu and "runtime" not in bf16.cpu
 
 
 def test_pinned_buffers_round_up_to_a_power_of_two():
@@ -66,8 +76,12 @@ def test_nvme_offload_puts_states_on_disk_and_buffers_in_ram():
     assert e.nvme == {"optimizer": 12 * PSI, "grads": 4 * PSI, "params": 2 * PSI}
     # param swap buffers (fp16) + 4 optimizer swap buffers of one fp32 sub-group
     assert e.cpu["buffers"] == 4 * 600_000 * 2 + 4 * 100_000 * 4
-    # gradients: the 16-bit partition, and fp32 for one sub-group at a time
-    assert e.cpu["grads"] == 2 * PSI + 4 * 100_000
+    # gradients: the 16-bit partition; the fp32 gradients of one sub-group exist in RAM only while the optimizer
+    # states are initialised in fp16 (counted in 'step on host'), and always on a CPU runtime (bf16/fp32)
+    assert e.cpu["grads"] == 2 * PSI
+    bf16 = estimate_model_states(PSI, 3, precision="bf16", offload_optimizer="nvme", offload_param="nvme",
+                                 nvme_buffer_count=4, nvme_buffer_size=600_000, sub_group_size=100_000)
+    assert bf16.cpu["grads"] == 2 * PSI + 4 * 100_000
     cfg = build_ds_config(3, precision="fp16", offload_optimizer="nvme", offload_param="nvme", nvme_path="/x",
                           check_paths=False, nvme_buffer_count=4, nvme_buffer_size=600_000, sub_group_size=100_000)
     assert estimate_for_config(cfg, PSI, zero_init=True).cpu == e.cpu | {"model copy": 0}
@@ -151,7 +165,12 @@ def test_nvme_optimizer_with_params_on_the_gpu():
     e = estimate_model_states(PSI, 3, precision="fp16", offload_optimizer="nvme", sub_group_size=sub,
                               zero_init=True)
     assert e.gpu == {"params": 2 * PSI}
-    assert e.cpu == {"grads": 2 * PSI + 4 * sub, "buffers": 4 * sub * 4, "staging": 3.5 * PSI, "model copy": 0}
+    # the step's largest moment in RAM: the overflow check (3 B/param), larger here than the first step's Adam moments
+    # of one sub-group (8 B x sub)
+    # of one sub-group (8 B x sub); the sub-group's fp32 gradient buffer (4 B x sub) lives only while the optimizer
+    # states are initialised
+    assert e.cpu == {"grads": 2 * PSI, "buffers": 4 * sub * 4, "step on host": max(3 * PSI, 8 * sub),
+                     "runtime": RUNTIME_GROWTH_BYTES, "model copy": 0}
     assert e.nvme == {"optimizer": 12 * PSI, "grads": 4 * PSI}
 
 
