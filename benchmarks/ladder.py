@@ -35,6 +35,7 @@ from helpers.config import LADDER_CONFIGS
 from helpers.hardware import COLAB_NVME_BUDGET_BYTES, COLAB_RAM_GB
 from helpers.memory import estimate_run
 from helpers.models import GPT2_LADDER
+from helpers.planner import LADDER_LR
 from helpers.records import report_gb
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,7 +47,7 @@ DISK_BUDGET_GB = COLAB_NVME_BUDGET_BYTES / GB
 CONFIGS = LADDER_CONFIGS  # helpers.config.NAMED_CONFIGS marked ladder=True, cheapest first
 CHEAP = ("plain", "zero2_offload_cpu", "zero3_offload_cpu")
 FRESH_PROCESS_RSS_GB = 1.5  # until a child reports its own baseline
-LR = 3e-4
+LR = LADDER_LR  # helpers.planner: the fresh-runtime command names a rung's lr only where it differs
 
 
 def ladder_config(name: str, runtime, nvme_path: str | None, largest_param: int, *, micro_batch: int, steps: int,
@@ -190,6 +191,17 @@ def markdown(report: dict) -> str:
             p = r["rss_by_phase_gb"]
             lines.append(f"| {r['model']} | {r['config']} | {p.get('build model', 0):.2f} | {p.get('initialize', 0):.2f} "
                          f"| {p.get('train', 0):.2f} | {r.get('predicted_rss_gb', 0):.2f} |")
+    own = [r for r in report["rows"] if r.get("ran", True) and (
+        r.get("steps", s["steps"]) != s["steps"] or r.get("chunked_overflow_check") or r.get("lr", LR) != LR)]
+    if own:
+        lines += ["", "Rungs run with their own settings (the rest: lr "
+                  f"{LR:g}, {s['steps']} steps, DeepSpeed's overflow check):", ""]
+        for r in own:
+            lines.append(f"- {r['model']} {r['config']}: lr {r.get('lr', LR):g}, {r.get('steps', s['steps'])} steps "
+                         f"({r.get('untimed_steps', 1)} untimed), losses "
+                         f"{', '.join(f'{x:.2f}' for x in r['losses'])}, skipped steps {r.get('skipped_steps')}"
+                         + (", chunked overflow check (`helpers.chunk_zero3_overflow_check`)"
+                            if r.get("chunked_overflow_check") else ""))
     if report.get("not_run"):
         lines += ["", "Not run (time budget): " + ", ".join(report["not_run"])]
     return "\n".join(lines) + "\n"
@@ -283,8 +295,9 @@ def main(argv: list[str] | None = None) -> int:
         """Measure (or refuse) one rung; None when the deadline has passed."""
         if (name, size) in done:
             baseline[0] = max(baseline[0], done[(name, size)].get("baseline_rss_gb", 0.0))
-            row = {**done[(name, size)], **predict(name, size, runtime, None, args.micro_batch, args.seq_len,
-                                                  baseline[0], args.chunked_overflow_check)}
+            kept = done[(name, size)]  # its prediction follows the check it ran with (a merged rung may differ)
+            row = {**kept, **predict(name, size, runtime, None, args.micro_batch, args.seq_len, baseline[0],
+                                     kept.get("chunked_overflow_check", args.chunked_overflow_check))}
             with lock:
                 rows.append(row)
             return row
@@ -322,7 +335,9 @@ def main(argv: list[str] | None = None) -> int:
             if m.get("timed_out"):
                 row["timed_out"] = True
             row["baseline_rss_gb"] = round(m.get("baseline_rss_gb", 0), 2)
-            row.update(lr=args.lr, untimed_steps=args.untimed_steps, skipped_timed_steps=m.get("skipped_timed_steps"))
+            row.update(lr=args.lr, steps=args.steps, untimed_steps=args.untimed_steps,
+                       chunked_overflow_check=args.chunked_overflow_check,
+                       skipped_timed_steps=m.get("skipped_timed_steps"))
             row.update(ran=True, fits=fits, reason=reason, **{k: m[k] for k in (
                 "peak_vram_gib", "peak_rss_gb", "disk_gb", "tokens_per_s", "losses", "seconds")},
                        skipped_steps=m.get("skipped_steps"),

@@ -177,7 +177,9 @@ def main(argv: list[str] | None = None) -> int:
         from helpers.overflow_check import DEFAULT_CHUNK_ELEMENTS
 
         out = args.out or ROOT / "reports" / "overflow_check_scan.json"
-        report = {"runtime": f"{runtime.label}, host CPU", "date": dt.date.today().isoformat(),
+        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name")), "unknown CPU") if Path("/proc/cpuinfo").exists() else "unknown CPU"
+        report = {"runtime": f"{runtime.label}: {cpu}", "date": dt.date.today().isoformat(),
                   "chunk_elements": DEFAULT_CHUNK_ELEMENTS, "repeats": args.repeats, "rows": []}
         for size in args.scan_sizes or ["gpt2-xl", "gpt2-2.7b"]:
             n = helpers.model_shape(helpers.gpt2_config(size)).n_params

@@ -188,7 +188,8 @@ class PreflightReport:
         if self.fresh_runtime_kind and self.fresh_runtime and self.model_name:
             m = self.fresh_runtime
             fresh = (f"; from a fresh runtime, without this kernel's RAM, {self.fresh_runtime_kind!r} trained it, "
-                     f"measured at {m['peak_ram_gb']:.2f} GB of {m['ram_limit_gb']} GB ({m['runtime']}, {m['batch']}): "
+                     f"measured at {m['peak_ram_gb']:.2f} GB of {m['ram_limit_gb']} GB ({m['runtime']}, {m['batch']}"
+                     f"{CHUNKED_NOTE if m.get('chunked_overflow_check') else ''}): "
                      "Runtime > "
                      "Restart session, run the setup cell, then "
                      f"!{fresh_runtime_command(self.fresh_runtime_kind, self.model_name)}")
@@ -408,6 +409,9 @@ def _smaller_model_that_fits(n_params: int, runtime: "Runtime", precision: str, 
 # The committed ladder measured inside the Colab emulation (RAM, CPUs and VRAM enforced), each rung alone in a fresh
 # process: what a learner gets from a fresh runtime (benchmarks/ladder.py --emulate).
 EMULATED_LADDER = "reports/ladder_colab_emulation.json"
+LADDER_LR = 3e-4  # benchmarks/ladder.py's default peak learning rate
+CHUNKED_NOTE = (", with helpers.chunk_zero3_overflow_check: DeepSpeed's fp16 overflow check otherwise needs 3 bytes "
+                "per parameter more RAM at each step; the command turns it on")
 
 
 def config_kind(config: dict[str, Any] | None) -> str | None:
@@ -433,8 +437,24 @@ def fresh_runtime_command(kind: str, model: str, *, nvme_path: str = "/content/n
     if kind not in OFFLOAD_KINDS:
         raise ValueError(f"unknown offload config {kind!r}. Fix: one of {', '.join(OFFLOAD_KINDS)}.")
     out = out or f"/content/ladder-{model}.json"
+    measured = measured_fresh_runtime(kind, model) or {}
     return (f"python benchmarks/ladder.py --configs {kind} --sizes {model} --verify-refusals {kind} --fresh "
-            f"--nvme-path {nvme_path} --out {out}")
+            f"--nvme-path {nvme_path} --out {out}" + measured.get("ladder_flags", ""))
+
+
+def _ladder_flags(row: dict[str, Any], settings: dict[str, Any]) -> str:
+    """The ladder.py options with which a rung of the emulated ladder ran where they differ from the ladder's defaults
+    (the 2.7B rung: its own lr and steps, the chunked overflow check), so the printed command repeats that run."""
+    flags = ""
+    if row.get("lr") not in (None, LADDER_LR):
+        flags += f" --lr {row['lr']:g}"
+    if row.get("steps") not in (None, settings.get("steps")):
+        flags += f" --steps {row['steps']}"
+    if row.get("untimed_steps") not in (None, 1):
+        flags += f" --untimed-steps {row['untimed_steps']}"
+    if row.get("chunked_overflow_check"):
+        flags += " --chunked-overflow-check"
+    return flags
 
 
 def measured_fresh_runtime(kind: str | None, model: str) -> dict[str, Any] | None:
@@ -452,7 +472,9 @@ def measured_fresh_runtime(kind: str | None, model: str) -> dict[str, Any] | Non
             return {"fits": bool(r.get("fits")), "peak_ram_gb": enc.get("peak_ram_gb"),
                     "ram_limit_gb": enc.get("ram_limit_gb", report.get("budgets", {}).get("ram_gb")),
                     "tokens_per_s": r.get("tokens_per_s", 0.0), "runtime": report.get("runtime", ""),
-                    "batch": f"micro-batch {report['settings']['micro_batch']} x {report['settings']['seq_len']}"}
+                    "batch": f"micro-batch {report['settings']['micro_batch']} x {report['settings']['seq_len']}",
+                    "chunked_overflow_check": bool(r.get("chunked_overflow_check")),
+                    "ladder_flags": _ladder_flags(r, report.get("settings", {}))}
     return None
 
 
@@ -465,7 +487,8 @@ def _measured_text(p: "Plan") -> str:
     m = measured_fresh_runtime(kind, p.shape.name)
     if not m or not m["fits"]:
         return ""
-    return (f"measured from a fresh runtime ({m['runtime']}, {m['batch']}): it trains, peak RAM {m['peak_ram_gb']:.2f} GB of "
+    return (f"measured from a fresh runtime ({m['runtime']}, {m['batch']}{CHUNKED_NOTE if m['chunked_overflow_check'] else ''}): "
+            f"it trains, peak RAM {m['peak_ram_gb']:.2f} GB of "
             f"{m['ram_limit_gb']} GB, {m['tokens_per_s']:,.0f} tokens/s. The estimate above counts what this "
             "kernel holds and keeps a margin, so beside a notebook it refuses; to run it, Runtime > Restart session, "
             f"run the setup cell, then: !{fresh_runtime_command(kind, p.shape.name)}")  # type: ignore[arg-type]

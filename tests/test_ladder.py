@@ -246,8 +246,38 @@ def test_preflight_ram_is_within_10_percent_of_every_measured_gpu_rung():
                     or (r.get("enclosure") and r["enclosure"].get("oom_kills")):
                 continue
             p = ladder.predict(r["config"], r["model"], runtime, "/content/nvme", data["settings"]["micro_batch"],
-                               data["settings"]["seq_len"], r.get("baseline_rss_gb") or 1.3, chunked)
+                               data["settings"]["seq_len"], r.get("baseline_rss_gb") or 1.3,
+                               r.get("chunked_overflow_check", chunked))
             checked.append((report, r["model"], r["config"], measured, p["predicted_rss_gb"]))
     assert len(checked) >= 14 and any(m == "gpt2-2.7b" for _, m, *_ in checked)
     off = [c for c in checked if abs(c[4] - c[3]) > 0.10 * c[3]]
     assert not off, off
+
+
+def test_the_fresh_runtime_command_repeats_a_rung_with_its_own_settings():
+    """Issue 25: the 2.7B rung of the emulated ladder ran with its own lr and steps and the chunked overflow check; the
+    command the planner and notebook 02 print for it passes those (ladder.py accepts each), and a rung run with the
+    ladder's defaults (GPT-2 XL) gets none."""
+    import shlex
+
+    import helpers
+
+    row = next(r for r in json.loads((ROOT / "reports" / "ladder_colab_emulation.json").read_text())["rows"]
+               if r["model"] == "gpt2-2.7b" and r.get("ran"))
+    cmd = shlex.split(helpers.fresh_runtime_command(row["config"], "gpt2-2.7b"))
+    assert cmd[cmd.index("--lr") + 1] == f"{row['lr']:g}" and cmd[cmd.index("--steps") + 1] == str(row["steps"])
+    assert cmd[cmd.index("--untimed-steps") + 1] == str(row["untimed_steps"]) and "--chunked-overflow-check" in cmd
+    xl = helpers.fresh_runtime_command("zero3_nvme_optimizer_gpu_params", "gpt2-xl")
+    assert not any(f in xl for f in ("--lr", "--steps", "--chunked-overflow-check"))
+    options = {a for a in cmd if a.startswith("--")}
+    assert options <= set(_ladder_help_options()), options - set(_ladder_help_options())
+
+
+def _ladder_help_options() -> list[str]:
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.suppress(SystemExit):
+        ladder.main(["--help"])
+    return [w.strip("[],") for w in buf.getvalue().split() if w.startswith(("--", "[--"))]

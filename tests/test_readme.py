@@ -109,3 +109,9 @@ def test_readme_nvme_speeds_and_the_gpt2_xl_claim_are_the_reports():
     assert f"{ladder['summary']['deepspeed_over_plain']:.1f}x plain PyTorch's largest" in README
     assert f"{xl['enclosure']['peak_ram_gb']:.1f} GB of RAM at peak, {xl['tokens_per_s']:.0f} tokens/s" in README
     assert f"GPT-2 XL (1.5B) at {xl['tokens_per_s']:.0f} tokens/s alone from a fresh runtime" in " ".join(README.split())
+    # issue 25: the 2.7B rung, with the chunked overflow check, its own lr, every timed step taken
+    top = next(r for r in ladder["rows"] if (r["config"], r["model"]) == ("zero3_nvme_optimizer_gpu_params", "gpt2-2.7b"))
+    assert top["fits"] and top["enclosure"]["oom_kills"] == 0 and top["chunked_overflow_check"]
+    assert top["skipped_timed_steps"] == 0 and top["losses"][-1] < top["losses"][0] and len(top["losses"]) >= 5
+    assert (f"measured in the emulation: {top['enclosure']['peak_ram_gb']:.1f} GB of RAM at peak, "
+            f"{top['tokens_per_s']:.0f} tokens/s, lr {top['lr']:g})") in README
