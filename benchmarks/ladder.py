@@ -35,7 +35,7 @@ from helpers.config import LADDER_CONFIGS
 from helpers.hardware import COLAB_NVME_BUDGET_BYTES, COLAB_RAM_GB
 from helpers.memory import estimate_run
 from helpers.models import GPT2_LADDER
-from helpers.planner import LADDER_LR
+from helpers.planner import LADDER_LR, LADDER_UNTIMED_STEPS, ladder_flags
 from helpers.records import report_gb
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -191,14 +191,13 @@ def markdown(report: dict) -> str:
             p = r["rss_by_phase_gb"]
             lines.append(f"| {r['model']} | {r['config']} | {p.get('build model', 0):.2f} | {p.get('initialize', 0):.2f} "
                          f"| {p.get('train', 0):.2f} | {r.get('predicted_rss_gb', 0):.2f} |")
-    own = [r for r in report["rows"] if r.get("ran", True) and (
-        r.get("steps", s["steps"]) != s["steps"] or r.get("chunked_overflow_check") or r.get("lr", LR) != LR)]
+    own = [r for r in report["rows"] if r.get("ran", True) and ladder_flags(r, s)]
     if own:
         lines += ["", "Rungs run with their own settings (the rest: lr "
                   f"{LR:g}, {s['steps']} steps, DeepSpeed's overflow check):", ""]
         for r in own:
             lines.append(f"- {r['model']} {r['config']}: lr {r.get('lr', LR):g}, {r.get('steps', s['steps'])} steps "
-                         f"({r.get('untimed_steps', 1)} untimed), losses "
+                         f"({r.get('untimed_steps', LADDER_UNTIMED_STEPS)} untimed), losses "
                          f"{', '.join(f'{x:.2f}' for x in r['losses'])}, skipped steps {r.get('skipped_steps')}"
                          + (", chunked overflow check (`helpers.chunk_zero3_overflow_check`)"
                             if r.get("chunked_overflow_check") else ""))
@@ -229,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="in each rung, helpers.mmap_large_allocations(this) first (0: glibc's default)")
     p.add_argument("--lr", type=float, default=LR, help=f"peak learning rate of every rung (default {LR:g}); "
                    "recorded in each row")
-    p.add_argument("--untimed-steps", type=int, default=1,
+    p.add_argument("--untimed-steps", type=int, default=LADDER_UNTIMED_STEPS,
                    help="steps before the timed ones (fp16's loss scale settles in them); recorded in each row")
     p.add_argument("--chunked-overflow-check", action="store_true",
                    help="each rung calls helpers.chunk_zero3_overflow_check() first: DeepSpeed 0.19.8's fp16 ZeRO-3 "

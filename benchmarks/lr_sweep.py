@@ -88,16 +88,15 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     template = AutoModelForCausalLM.from_config(config)  # one initialisation, copied per lr
     shape = helpers.model_shape(config)
-    warmup = ladder_config("plain", runtime, None, shape.largest_layer_params, micro_batch=args.micro_batch,
-                           steps=args.steps)["scheduler"]["params"]["warmup_num_steps"]
+    configs = {lr: ladder_config("plain", runtime, None, shape.largest_layer_params, micro_batch=args.micro_batch,
+                                 steps=args.steps, lr=lr) for lr in args.lrs}
+    warmup = configs[args.lrs[0]]["scheduler"]["params"]["warmup_num_steps"]  # the same for every lr
     report: dict[str, Any] = {
         "runtime": runtime.label, "precision": runtime.precision, "date": dt.date.today().isoformat(),
         "settings": {"size": args.size, "n_layer": config.n_layer, "params": shape.n_params, "steps": args.steps, "micro_batch": args.micro_batch,
                      "seq_len": args.seq_len, "seed": args.seed, "warmup_steps": warmup},
         "rows": [], "picked_lr": None}
-    for lr in args.lrs:
-        cfg = ladder_config("plain", runtime, None, shape.largest_layer_params, micro_batch=args.micro_batch,
-                            steps=args.steps, lr=lr)
+    for lr, cfg in configs.items():
         r = helpers.train_run(f"{args.size} lr {lr:g}", lambda: copy.deepcopy(template), blocks, runtime=runtime,
                               ds_config=cfg, plain_pytorch=True, steps=args.steps, checkpointing=True,
                               untimed_steps=1, seed=args.seed, model_name=args.size, progress=not args.quiet)

@@ -55,10 +55,8 @@ def measure(args: argparse.Namespace, size: str, chunked: bool, runtime: Any) ->
 def time_scan(n_elements: int, threads: int, repeats: int, chunk_elements: int) -> dict[str, Any]:
     """Seconds and transient RSS of one overflow check over an fp16 host buffer of `n_elements`, DeepSpeed's way
     (stage3.py: isinf(buffer).any(), then isnan(buffer).any()) and sliced (helpers.overflow_check), on `threads`."""
-    import threading
     import time
 
-    import psutil
     import torch
 
     from helpers.overflow_check import _any_inf_or_nan
@@ -66,7 +64,6 @@ def time_scan(n_elements: int, threads: int, repeats: int, chunk_elements: int) 
     torch.set_num_threads(threads)
     # finite values in every page, as a gradient buffer holds (zeros from calloc would read one shared zero page)
     buf = torch.full((n_elements,), 1e-3, dtype=torch.float16)
-    proc = psutil.Process()
 
     def whole() -> bool:
         return bool(torch.isinf(buf).any()) or bool(torch.isnan(buf).any())
@@ -78,22 +75,11 @@ def time_scan(n_elements: int, threads: int, repeats: int, chunk_elements: int) 
     for name, fn in (("deepspeed", whole), ("chunked", sliced)):
         seconds, peaks = [], []
         for _ in range(repeats):
-            base = proc.memory_info().rss
-            peak = [base]
-            done = [False]
-
-            def watch() -> None:
-                while not done[0]:
-                    peak[0] = max(peak[0], proc.memory_info().rss)
-                    time.sleep(0.005)
-            w = threading.Thread(target=watch)
-            w.start()
-            t = time.perf_counter()
-            assert fn() is False
-            seconds.append(time.perf_counter() - t)
-            done[0] = True
-            w.join()
-            peaks.append(peak[0] - base)
+            with helpers.measure_peak(interval_s=0.005) as m:  # peak RSS above the buffer, sampled every 5 ms
+                t = time.perf_counter()
+                assert fn() is False
+                seconds.append(time.perf_counter() - t)
+            peaks.append(m.peak_rss - m.baseline_rss)
         out[f"{name}_seconds"] = round(min(seconds), 3)
         out[f"{name}_transient_gb"] = round(max(peaks) / 1e9, 2)
     return out

@@ -228,10 +228,12 @@ def estimate_model_states(
         else:
             nvme["params"] = param_share * n
             cpu["buffers"] = nvme_buffer_count * nvme_buffer_size * e
+    # DeepSpeed closes an optimizer sub-group once it reaches sub_group_size, so the largest is never smaller than the
+    # largest tensor (GPT-2 2.7B: the 128.7M embedding)
+    largest_sub_group = max(min(int(sub_group_size), psi), largest_layer_params)
     if offload_optimizer == "nvme":
-        # optimizer swap buffers: 4 of one sub-group each, fp32; DeepSpeed closes a sub-group once it reaches
-        # sub_group_size, so the largest is never smaller than the largest tensor (GPT-2 2.7B: the 128.7M embedding)
-        cpu["buffers"] = cpu.get("buffers", 0) + 4 * max(min(int(sub_group_size), psi), largest_layer_params) * 4
+        # optimizer swap buffers: 4 of one sub-group each, fp32
+        cpu["buffers"] = cpu.get("buffers", 0) + 4 * largest_sub_group * 4
     if stage in (1, 2) and reduce_bucket_elements:
         # contiguous gradients: torch.empty(reduce_bucket_size) in the model dtype, x2 with overlap_comm
         gpu["buffers"] = reduce_bucket_elements * e * (2 if overlap_comm else 1)
@@ -242,8 +244,7 @@ def estimate_model_states(
                                                              if chunked_overflow_check else psi)
                 # with NVMe: the first step's Adam moments of one sub-group (8 B), or at initialisation its fp32
                 # gradient buffer (4 B): at other moments than the overflow check, so the largest of the three counts
-                group = max(min(int(sub_group_size), psi), largest_layer_params)
-                cpu["step on host"] = max(overflow, 8 * group if offload_optimizer == "nvme" else 0)
+                cpu["step on host"] = max(overflow, 8 * largest_sub_group if offload_optimizer == "nvme" else 0)
             cpu["runtime"] = RUNTIME_GROWTH_BYTES
         else:
             cpu["staging"] = int(STAGE3_OFFLOAD_STAGING_BYTES_PER_PARAM * psi)

@@ -410,6 +410,7 @@ def _smaller_model_that_fits(n_params: int, runtime: "Runtime", precision: str, 
 # process: what a learner gets from a fresh runtime (benchmarks/ladder.py --emulate).
 EMULATED_LADDER = "reports/ladder_colab_emulation.json"
 LADDER_LR = 3e-4  # benchmarks/ladder.py's default peak learning rate
+LADDER_UNTIMED_STEPS = 1  # and its default --untimed-steps
 CHUNKED_NOTE = (", with helpers.chunk_zero3_overflow_check: DeepSpeed's fp16 overflow check otherwise needs 3 bytes "
                 "per parameter more RAM at each step; the command turns it on")
 
@@ -442,7 +443,7 @@ def fresh_runtime_command(kind: str, model: str, *, nvme_path: str = "/content/n
             f"--nvme-path {nvme_path} --out {out}" + measured.get("ladder_flags", ""))
 
 
-def _ladder_flags(row: dict[str, Any], settings: dict[str, Any]) -> str:
+def ladder_flags(row: dict[str, Any], settings: dict[str, Any]) -> str:
     """The ladder.py options with which a rung of the emulated ladder ran where they differ from the ladder's defaults
     (the 2.7B rung: its own lr and steps, the chunked overflow check), so the printed command repeats that run."""
     flags = ""
@@ -450,7 +451,7 @@ def _ladder_flags(row: dict[str, Any], settings: dict[str, Any]) -> str:
         flags += f" --lr {row['lr']:g}"
     if row.get("steps") not in (None, settings.get("steps")):
         flags += f" --steps {row['steps']}"
-    if row.get("untimed_steps") not in (None, 1):
+    if row.get("untimed_steps") not in (None, LADDER_UNTIMED_STEPS):
         flags += f" --untimed-steps {row['untimed_steps']}"
     if row.get("chunked_overflow_check"):
         flags += " --chunked-overflow-check"
@@ -474,7 +475,7 @@ def measured_fresh_runtime(kind: str | None, model: str) -> dict[str, Any] | Non
                     "tokens_per_s": r.get("tokens_per_s", 0.0), "runtime": report.get("runtime", ""),
                     "batch": f"micro-batch {report['settings']['micro_batch']} x {report['settings']['seq_len']}",
                     "chunked_overflow_check": bool(r.get("chunked_overflow_check")),
-                    "ladder_flags": _ladder_flags(r, report.get("settings", {}))}
+                    "ladder_flags": ladder_flags(r, report.get("settings", {}))}
     return None
 
 
