@@ -39,8 +39,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _bench, also when lo
 import _bench  # noqa: E402
 
 GB = 1e9
+ROW_SETUP_S = 90  # a fresh process's imports, model, engine and NVMe swap files (GPT-2 XL on the GPU machine: ~75 s)
 CONFIG = "zero3_nvme_optimizer_gpu_params"
-LR = 3e-4
+# A constant learning rate, no warm-up: DeepSpeed's WarmupLR gives lr 0 to the first two optimizer steps (it
+# raises warmup_num_steps to at least 2 and starts at iteration 0), so a 2-step row would never update the
+# weights before its last loss. Constant, the first step updates and the second step's loss shows it: 2 optimizer
+# steps judge the loss. 1.5e-4 is the lr at which GPT-2 XL's loss first fell in the ladder (11.11 -> 9.94).
+LR = 1.5e-4
 # name -> (what changes, micro-batch, grad accumulation, config patch as {dotted.path: value})
 LEVERS: dict[str, tuple[str, int, int, dict[str, Any]]] = {
     "baseline": ("the ladder's setting: micro-batch 2, one micro-batch per optimizer step", 2, 1, {}),
@@ -77,14 +82,21 @@ def lever_config(name: str, runtime: Any, shape: Any, nvme: str) -> dict[str, An
     """The DeepSpeed config of one lever (the ladder's NVMe config, then the lever's changes)."""
     _, mb, accum, patch = LEVERS[name]
     cfg = helpers.offload_config(CONFIG, runtime, largest_param=shape.largest_layer_params, nvme_path=nvme,
-                                 micro_batch_size=mb, grad_accum_steps=accum, lr=LR, warmup_steps=1,
+                                 micro_batch_size=mb, grad_accum_steps=accum, lr=LR, scheduler=None,
                                  initial_scale_power=12, check_paths=False)
     return patched(cfg, patch)
 
 
-def measure_limits_in(enclosure: Any, nvme: str, aio: dict[str, Any], out: Path) -> RuntimeLimits:
-    """helpers.limits measured in a child process (inside `enclosure` when given: its CPUs, its RAM)."""
-    argv = ["--nvme", nvme, "--aio", json.dumps(aio), "--out", str(out), "--refresh"]
+def measure_limits_in(enclosure: Any, nvme: str, aio: dict[str, Any], out: Path,
+                      blocks: list[tuple[int, int, int, int]] = (), n_layers: int = 0,
+                      adam_params: int = 16_000_000, zero: dict[str, Any] | None = None) -> RuntimeLimits:
+    """helpers.limits measured in a child process (inside `enclosure` when given: its CPUs, its RAM), with what
+    the bandwidths miss: the gradient round trip, the compute rate of the model's blocks at the levers'
+    micro-batches, ZeRO-3's hooks at the model's depth, the overflow check, the weight copy, CPU Adam on one
+    sub-group."""
+    argv = ["--nvme", nvme, "--aio", json.dumps(aio), "--out", str(out), "--refresh", "--grad-round-trip",
+            "--blocks", json.dumps([list(b) for b in blocks]), "--adam-params", str(adam_params)]
+    argv += ["--zero3-layers", str(n_layers), "--zero3-config", json.dumps(zero or {})] if n_layers else []
     cmd = [sys.executable, "-c", f"import sys; from helpers.limits import _main; sys.exit(_main({argv!r}))"]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     if enclosure is not None:
@@ -97,12 +109,19 @@ def measure_limits_in(enclosure: Any, nvme: str, aio: dict[str, Any], out: Path)
 
 
 def verdict(m: Any, ram_gb: float) -> tuple[bool, str]:
+    """Does the row count: finished, at least one optimizer step applied (not skipped by fp16 overflow) before the
+    last loss, that loss below the first (constant lr: the last step's loss is after the updates), RAM and disk
+    within Colab's."""
     if m.error:
         return False, m.error
-    if len(m.losses) < 2 or not m.losses[-1] < m.losses[0]:
-        return False, "loss did not fall"
-    if m.extras.get("skipped_steps", 0) and m.extras["skipped_steps"] >= len(m.losses):
-        return False, f"{m.extras['skipped_steps']} step(s) skipped by fp16 overflow: no optimizer step was timed"
+    skipped_at = set(m.extras.get("skipped_at_steps", []))
+    if len(m.losses) < 2:
+        return False, f"{len(m.losses)} optimizer step(s): the loss needs 2 to be judged"
+    if all(step in skipped_at for step in range(len(m.losses) - 1)):
+        return False, (f"fp16 overflow skipped every optimizer step before the last loss (steps {sorted(skipped_at)}):"
+                       " the weights never changed")
+    if not m.losses[-1] < m.losses[0]:
+        return False, f"loss did not fall ({m.losses[0]:.3f} -> {m.losses[-1]:.3f})"
     if m.peak_rss_gb > ram_gb:
         return False, f"peak RSS {m.peak_rss_gb:.2f} GB > {ram_gb} GB"
     if m.disk_gb > COLAB_NVME_BUDGET_BYTES / GB:
@@ -120,6 +139,72 @@ def measured_breakdown(micro_batch_s: list[list[float]], untimed: int) -> dict[s
     boundary = sum(last) / len(last) - (per_mb if inner else 0.0)
     return {"micro_batch_s": round(per_mb, 3) if inner else None, "boundary_and_optimizer_step_s": round(boundary, 3),
             "step_s": round(sum(sum(s) for s in timed) / len(timed), 3)}
+
+
+def measured_phases(phases: list[list[dict[str, float]]], untimed: int) -> dict[str, float]:
+    """Seconds per optimizer step in each measured phase (train_run's `micro_batch_phases`), over the timed steps."""
+    timed = phases[untimed:] or phases[-1:]
+    out: dict[str, float] = {}
+    for step in timed:
+        for micro in step:
+            for k, v in micro.items():
+                out[k] = out.get(k, 0.0) + v / len(timed)
+    return {k: round(v, 3) for k, v in out.items()}
+
+
+def phase_table(phases: dict[str, float], accum: int) -> str:
+    """The measured phases of one optimizer step as text: the micro-batch loop, then the optimizer step's parts."""
+    def line(name: str, indent: int = 0) -> str:
+        return f"{'  ' * indent + name:<44} {phases.get(name, 0.0):>8.2f}"
+
+    lines = [f"measured per optimizer step ({accum} micro-batch{'es' if accum > 1 else ''}), seconds:",
+             line("forward"), line("backward"), line("reduce + host gradient copies", 1),
+             line("host gradient copies", 2), line("engine.step"), line("overflow check", 1), line("gradient norm", 1),
+             line("optimizer states + gradients from disk", 1), line("CPU Adam", 1), line("new weights to GPU", 1),
+             line("optimizer states to disk", 1)]
+    return "\n".join(lines)
+
+
+def predict_row(row: dict[str, Any], limits: RuntimeLimits, runtime: Any, shape: Any, seq_len: int,
+                nvme: str) -> dict[str, Any]:
+    """The step-time model's fields of one row, from the limits measured with it (its "limits"; else `limits`)
+    (`--repredict` reuses a run's measurements)."""
+    if row.get("limits"):  # the limits of the machine the row ran on (each device call is a fresh machine)
+        limits = RuntimeLimits.from_dict(row["limits"])
+    cfg = lever_config(row["lever"], runtime, shape, nvme)
+    est = estimate_step_time(cfg, shape, limits, seq_len=seq_len, name=row["lever"])
+    fields = {k: v for k, v in est.as_dict().items() if k != "config"}
+    measured = row.get("measured") or {}
+    if measured:
+        detail = (f"a micro-batch {measured['micro_batch_s']:.2f} s; the last one, with the optimizer step, adds "
+                  f"{measured['boundary_and_optimizer_step_s']:.2f} s" if measured.get("micro_batch_s") is not None
+                  else "one micro-batch per optimizer step")
+        fields["breakdown"] = est.table() + f"\nmeasured: {measured['step_s']:.2f} s per optimizer step ({detail})"
+        if row.get("phases"):
+            fields["breakdown"] += "\n" + phase_table(row["phases"], row["grad_accum"])
+    return fields
+
+
+def with_summary(report: dict[str, Any]) -> dict[str, Any]:
+    """`report` with its "baseline" and "best" (the fastest row that fits) filled from its rows."""
+    rows = report["rows"]
+    base = next((r for r in rows if r["lever"] == "baseline"), None)
+    best = max((r for r in rows if r["fits"]), key=lambda r: r["tokens_per_s"], default=None)
+    keys = ("lever", "tokens_per_s", "predicted_tokens_per_s", "roofline_tokens_per_s", "bottleneck", "peak_rss_gb",
+            "disk_gb", "grad_accum", "micro_batch")
+    return {**report, "baseline": base and {k: base[k] for k in keys}, "best": best and {k: best[k] for k in keys}}
+
+
+def repredict(path: Path) -> dict[str, Any]:
+    """The report at `path` with every row's prediction recomputed from its own limits by the current step-time
+    model (no run): the runtime the rows ran on is the Colab profile for an emulated report, else this one."""
+    report = json.loads(path.read_text())
+    runtime = helpers.colab_t4_profile() if report.get("emulation") else helpers.detect_runtime()
+    shape = helpers.model_shape(helpers.gpt2_config(report["model"]))
+    limits = RuntimeLimits.from_dict(report["limits"])
+    for row in report["rows"]:
+        row.update(predict_row(row, limits, runtime, shape, report["settings"]["seq_len"], "/nvme/" + row["lever"]))
+    return with_summary(report)
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -168,10 +253,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--deadline-s", type=float, default=0.0)
     p.add_argument("--hard-stop-s", type=float, default=0.0)
     p.add_argument("--rerun", nargs="*", default=[])
+    p.add_argument("--remeasure-limits", action="store_true", help="measure the limits again, keeping the rows")
+    p.add_argument("--repredict", action="store_true",
+                   help="no runs: recompute every kept row's prediction from the report's limits and this model")
     p.add_argument("--out", type=Path, default=ROOT / "reports" / "offload_speed.json")
     p.add_argument("--work-dir", type=Path, default=ROOT / "build" / "bench")
     args = p.parse_args(argv)
 
+    if args.repredict:
+        _bench.write_report(repredict(args.out), args.out, markdown)
+        print(args.out.with_suffix(".md").read_text())
+        return 0
     started = time.perf_counter()
     runtime = helpers.detect_runtime()
     enclosure_cls = limits_cls = None
@@ -190,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     helpers.train_tokenizer(ds["train"]["text"], args.work_dir / "tokenizer")
     nvme_root = Path(args.nvme_path)
     nvme_root.mkdir(parents=True, exist_ok=True)
-    settings = {"seq_len": args.seq_len, "steps": args.steps, "untimed_steps": args.untimed_steps}
+    settings = {"seq_len": args.seq_len, "steps": args.steps, "untimed_steps": args.untimed_steps, "lr": LR,
+                "schedule": "constant"}
     old = json.loads(args.out.read_text()) if args.out.exists() else {}
     same = old.get("runtime") == runtime.label and old.get("model") == args.model and old.get("settings") == settings
     kept = {r["lever"]: r for r in old.get("rows", []) if r["lever"] not in args.rerun} if same else {}
@@ -204,33 +297,28 @@ def main(argv: list[str] | None = None) -> int:
     base_cfg = lever_config("baseline", runtime, shape, str(nvme_root / "probe"))
     limits_file = args.work_dir / "limits.json"
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    if same and old.get("limits"):
+    blocks = sorted({(shape.hidden, shape.n_heads, args.seq_len, LEVERS[name][1]) for name in args.levers})
+    if same and old.get("limits") and (args.repredict or not args.remeasure_limits):
         limits = RuntimeLimits.from_dict(old["limits"])
     else:
         enc = enclosure("limits")
+        limit_args = (str(nvme_root), base_cfg.get("aio", {}), limits_file, blocks, shape.n_layers,
+                      int(base_cfg["zero_optimization"].get("sub_group_size", 16_000_000)),
+                      base_cfg["zero_optimization"])
         if enc is None:
-            limits = measure_limits_in(None, str(nvme_root), base_cfg.get("aio", {}), limits_file)
+            limits = measure_limits_in(None, *limit_args)
         else:
             with enc:
-                limits = measure_limits_in(enc, str(nvme_root), base_cfg.get("aio", {}), limits_file)
+                limits = measure_limits_in(enc, *limit_args)
     print(limits.table(), flush=True)
     rows: list[dict[str, Any]] = []
 
     def write() -> None:
-        fitting = [r for r in rows if r["fits"]]
-        base = next((r for r in rows if r["lever"] == "baseline"), None)
-        best = max(fitting, key=lambda r: r["tokens_per_s"], default=None)
         report = {"runtime": runtime.label, "date": dt.date.today().isoformat(), "model": args.model,
                   "params": shape.n_params, "config": CONFIG, "settings": settings, "ram_budget_gb": ram_gb,
                   "emulation": limits_cls().as_report(runtime.emulation) if limits_cls else None,
-                  "limits": limits.as_dict(), "rows": rows,
-                  "baseline": base and {k: base[k] for k in ("lever", "tokens_per_s", "predicted_tokens_per_s",
-                                                             "roofline_tokens_per_s", "peak_rss_gb", "disk_gb",
-                                                             "grad_accum", "micro_batch")},
-                  "best": best and {k: best[k] for k in ("lever", "tokens_per_s", "predicted_tokens_per_s",
-                                                         "roofline_tokens_per_s", "bottleneck", "peak_rss_gb",
-                                                         "disk_gb", "grad_accum", "micro_batch")}}
-        _bench.write_report(report, args.out, markdown)
+                  "limits": limits.as_dict(), "rows": rows}
+        _bench.write_report(with_summary(report), args.out, markdown)
 
     for name in args.levers:
         what, mb, accum, patch = LEVERS[name]
@@ -241,11 +329,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: not started (deadline)", flush=True)
             continue
         nvme = nvme_root / name
+        cfg = lever_config(name, runtime, shape, str(nvme))
+        est = estimate_step_time(cfg, shape, limits, seq_len=args.seq_len, name=name)  # printed below
+        left = args.hard_stop_s - (time.perf_counter() - started) if args.hard_stop_s else None
+        need = ROW_SETUP_S + 1.2 * args.steps * est.seconds  # the model says how long the row will take
+        if left is not None and left < need:
+            print(f"{name}: not started ({left:.0f} s left, the row needs ~{need:.0f} s by the step-time model)",
+                  flush=True)
+            continue
         shutil.rmtree(nvme, ignore_errors=True)
         nvme.mkdir(parents=True)
-        cfg = lever_config(name, runtime, shape, str(nvme))
-        est = estimate_step_time(cfg, shape, limits, seq_len=args.seq_len, name=name)
-        left = args.hard_stop_s - (time.perf_counter() - started) if args.hard_stop_s else None
         kwargs = dict(tokenizer_dir=args.work_dir / "tokenizer", steps=args.steps, seq_len=args.seq_len,
                       nvme_path=nvme, max_blocks=max(64, args.steps * mb * accum + 8),
                       untimed_steps=args.untimed_steps, timeout_s=left, progress=False, time_micro_batches=True)
@@ -265,17 +358,15 @@ def main(argv: list[str] | None = None) -> int:
         fits, reason = verdict(m, ram_gb)
         timings = m.extras.get("micro_batch_s", [])
         measured = measured_breakdown(timings, args.untimed_steps) if timings else {}
+        phases = m.extras.get("micro_batch_phases", [])
         row = {"lever": name, "what": what, "micro_batch": mb, "grad_accum": accum, "patch": patch,
-               "tokens_per_s": m.tokens_per_s, **{k: v for k, v in est.as_dict().items() if k != "config"},
-               "peak_rss_gb": m.peak_rss_gb, "disk_gb": m.disk_gb, "peak_vram_gib": m.peak_vram_gib,
-               "losses": m.losses, "skipped_steps": m.extras.get("skipped_steps"), "micro_batch_s": timings,
+               "tokens_per_s": m.tokens_per_s, "peak_rss_gb": m.peak_rss_gb, "disk_gb": m.disk_gb,
+               "peak_vram_gib": m.peak_vram_gib, "losses": m.losses, "skipped_steps": m.extras.get("skipped_steps"),
+               "skipped_at_steps": m.extras.get("skipped_at_steps", []), "micro_batch_s": timings,
+               "micro_batch_phases": phases, "phases": measured_phases(phases, args.untimed_steps) if phases else {},
                "measured": measured, "rss_by_phase_gb": m.rss_by_phase, "run_seconds": m.seconds, "fits": fits,
-               "reason": reason, "enclosure": enc_report}
-        if measured:
-            detail = (f"a micro-batch {measured['micro_batch_s']:.2f} s; the last one, with the optimizer step, adds "
-                      f"{measured['boundary_and_optimizer_step_s']:.2f} s" if measured["micro_batch_s"] is not None
-                      else "one micro-batch per optimizer step")
-            row["breakdown"] = est.table() + f"\nmeasured: {measured['step_s']:.2f} s per optimizer step ({detail})"
+               "reason": reason, "enclosure": enc_report, "limits": limits.as_dict()}
+        row.update(predict_row(row, limits, runtime, shape, args.seq_len, str(nvme)))
         rows.append(row)
         write()
         print(f"{name:<20} {m.tokens_per_s:>8,.1f} tok/s (predicted {est.tokens_per_s:,.1f}, roofline "

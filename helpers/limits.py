@@ -8,7 +8,14 @@ Measured, never assumed:
   ZeRO-Infinity swaps with; O_DIRECT, so the page cache does not flatter it), with the config's `aio` settings;
 - PCIe: host-to-GPU and GPU-to-host copies, from pinned and from pageable (ordinary) memory;
 - CPU Adam: parameters per second that DeepSpeedCPUAdam updates on the cores this process may use;
-- GPU matmul: fp16 (bf16/fp32 as the runtime trains) TFLOP/s of a large square matmul; on a CPU runtime the CPU's.
+- GPU matmul: fp16 (bf16/fp32 as the runtime trains) TFLOP/s of a large square matmul; on a CPU runtime the CPU's;
+- optionally, for the model a benchmark trains (benchmarks/offload_speed.py), the parts of a ZeRO-3 offload step
+  that no bandwidth above predicts, each timed on the code DeepSpeed runs: the gradient round trip through the
+  host every micro-batch (`measure_grad_round_trip`), the TFLOP/s of two GPT-2 blocks of the model's width at its
+  micro-batch (`measure_block_compute`), ZeRO-3's own cost per micro-batch - its parameter and gradient hooks on
+  the host - on a model of the same depth but 64 wide (`measure_zero3_micro_batch`), the fp16 overflow check over
+  the host gradient buffer (`measure_overflow_check`), and the updated fp32 weights copied into the GPU's fp16
+  ones (`measure_weights_to_gpu`).
 Units: GB/s = 1e9 bytes per second (disks and links are sold in them); TFLOP/s = 1e12 per second.
 Results are cached as JSON under ~/.cache/ds-course/ (one file per runtime label and disk); `refresh=True` measures again.
 """
@@ -22,7 +29,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["RuntimeLimits", "measure_cpu_adam", "measure_disk", "measure_limits", "measure_matmul", "measure_pcie"]
+__all__ = ["RuntimeLimits", "block_key", "measure_block_compute", "measure_cpu_adam", "measure_disk",
+           "measure_grad_round_trip", "measure_limits", "measure_matmul", "measure_overflow_check", "measure_pcie",
+           "measure_weights_to_gpu", "measure_zero3_micro_batch"]
 
 GB = 1e9
 CACHE_DIR = Path(os.environ.get("DS_COURSE_CACHE", Path.home() / ".cache" / "ds-course"))
@@ -50,6 +59,15 @@ class RuntimeLimits:
     cpu_adam_params_per_s: float | None = None
     matmul_tflops: float | None = None
     matmul_dtype: str = ""
+    # gradient bytes per second through ZeRO-3's host round trip (stage3.py partition_grads), pinned / pageable
+    grad_round_trip_pinned_gbps: float | None = None
+    grad_round_trip_pageable_gbps: float | None = None
+    block_tflops: dict[str, float] = field(default_factory=dict)  # block_key(...) -> TFLOP/s of a GPT-2 block
+    zero3_micro_batch_s: dict[str, float] = field(default_factory=dict)  # "48 layers" -> ZeRO-3's seconds/micro-batch
+    overflow_check_per_s: float | None = None  # elements/s of DeepSpeed's fp16 overflow check on a host buffer
+    weights_to_gpu_pinned_gbps: float | None = None  # fp32 host bytes/s copied into fp16 GPU weights
+    weights_to_gpu_pageable_gbps: float | None = None
+    cpu_adam_group_params: int = 0  # the sub-group size CPU Adam was timed at
     seconds: dict[str, float] = field(default_factory=dict)  # what each measurement took
     notes: list[str] = field(default_factory=list)
 
@@ -74,6 +92,17 @@ class RuntimeLimits:
                 (f"CPU Adam ({self.cpus} CPU{'s' if self.cpus != 1 else ''})",
                  f(self.cpu_adam_params_per_s, "M params/s", 1e6)),
                 (f"matmul ({self.matmul_dtype or '-'})", f(self.matmul_tflops, "TFLOP/s"))]
+        if self.grad_round_trip_pinned_gbps or self.grad_round_trip_pageable_gbps:
+            rows += [("gradients via host, pinned", f(self.grad_round_trip_pinned_gbps, "GB/s")),
+                     ("gradients via host, pageable", f(self.grad_round_trip_pageable_gbps, "GB/s"))]
+        rows += [(f"GPT-2 blocks {k}", f(v, "TFLOP/s")) for k, v in self.block_tflops.items()]
+        rows += [(f"ZeRO-3 hooks, {k} (64 wide)", f"{v:,.3f} s per micro-batch")
+                 for k, v in self.zero3_micro_batch_s.items()]
+        if self.overflow_check_per_s:
+            rows.append(("fp16 overflow check (host)", f(self.overflow_check_per_s, "G elements/s", 1e9)))
+        if self.weights_to_gpu_pinned_gbps or self.weights_to_gpu_pageable_gbps:
+            rows += [("fp32 weights -> GPU fp16, pinned", f(self.weights_to_gpu_pinned_gbps, "GB/s")),
+                     ("fp32 weights -> GPU fp16, pageable", f(self.weights_to_gpu_pageable_gbps, "GB/s"))]
         width = max(len(k) for k, _ in rows)
         lines = [f"{k:<{width}}  {v}" for k, v in rows]
         return "\n".join(lines + [f"({n})" for n in self.notes])
@@ -162,6 +191,171 @@ def measure_pcie(size_bytes: int = 256 << 20, repeats: int = 3) -> dict[str, flo
     return out
 
 
+def measure_grad_round_trip(size_bytes: int = 1 << 30, piece_bytes: int = 20 << 20, pinned: bool = False,
+                            repeats: int = 3) -> float:
+    """Gradient GB/s through the host the way ZeRO-3 with an offloaded optimizer accumulates them (needs a GPU).
+
+    DeepSpeed 0.19.8's `partition_grads` (runtime/zero/stage3.py), for every gradient partition of every
+    micro-batch after the first: copy the host accumulation buffer's slice to the GPU (`.to(device,
+    non_blocking=True)`), add the new gradient there, copy the sum back (`copy_(non_blocking=True)`); the first
+    micro-batch does the same two copies. Here fp16 pieces of `piece_bytes` (a GPT-2 XL MLP matrix is 20 MB)
+    go through a flat host buffer of `size_bytes` (pinned or not: the config's `pin_memory`).
+    Returns gradient bytes per second (each byte crosses PCIe twice).
+    """
+    import torch
+
+    n, piece = size_bytes // 2, max(1, piece_bytes // 2)
+    host = torch.zeros(n, dtype=torch.float16)
+    if pinned:
+        host = host.pin_memory()
+    grads = torch.ones(n, dtype=torch.float16, device="cuda")
+
+    def round_trip() -> None:
+        for start in range(0, n, piece):
+            length = min(piece, n - start)
+            buffer = host.narrow(0, start, length)
+            on_gpu = buffer.to("cuda", non_blocking=True)
+            on_gpu.add_(grads.narrow(0, start, length))
+            buffer.copy_(on_gpu, non_blocking=True)
+        torch.cuda.synchronize()
+
+    seconds = _timed(round_trip, repeats)
+    host = grads = None  # freed before empty_cache
+    torch.cuda.empty_cache()
+    return size_bytes / seconds / GB
+
+
+def block_key(hidden: int, seq_len: int, micro_batch: int) -> str:
+    """The `RuntimeLimits.block_tflops` key of one shape: "hidden 1600, 8 x 512"."""
+    return f"hidden {hidden}, {micro_batch} x {seq_len}"
+
+
+def block_flops(hidden: int, seq_len: int, micro_batch: int, layers: int, *, checkpointing: bool = True) -> float:
+    """FLOPs of training `layers` GPT-2 blocks on one micro-batch: weights 12 h^2 per block, (6 + 2 recomputed) x
+    parameters per token, attention (12 + 4) x h x sequence per token per block (helpers.step_time's count)."""
+    tokens = micro_batch * seq_len
+    weight = (8 if checkpointing else 6) * 12 * hidden**2 * layers
+    attention = (16 if checkpointing else 12) * layers * hidden * seq_len
+    return float(tokens * (weight + attention))
+
+
+def measure_block_compute(hidden: int, n_head: int, seq_len: int, micro_batch: int, *, layers: int = 2,
+                          dtype: str = "fp16", repeats: int = 3) -> float:
+    """TFLOP/s of forward + backward (+ the recomputed forward) through `layers` GPT-2 blocks (transformers'
+    GPT2Block: attention through SDPA, MLP, layer norms) at one micro-batch, in `dtype` autocast on the GPU.
+
+    The GPU's matmul peak (`measure_matmul`) is what square 8192 matrices reach; a block at a model's width
+    and micro-batch reaches less (narrower GEMMs, softmax, norms, GELU): this is the rate the step-time model uses
+    for that shape when it was measured."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+    from transformers import GPT2Config
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+    cfg = GPT2Config(n_embd=hidden, n_head=n_head, n_positions=seq_len, n_layer=layers)
+    cfg._attn_implementation = "sdpa"
+    blocks = torch.nn.ModuleList(GPT2Block(cfg, layer_idx=i) for i in range(layers)).to("cuda")
+    torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+    x = torch.randn(micro_batch, seq_len, hidden, device="cuda", requires_grad=True)
+
+    def train_once() -> None:
+        with torch.autocast("cuda", dtype=torch_dtype, enabled=dtype != "fp32"):
+            h = x
+            for block in blocks:
+                h = checkpoint(lambda t, b=block: _first(b(t)), h, use_reentrant=False)
+            h.float().sum().backward()
+        torch.cuda.synchronize()
+
+    seconds = _timed(train_once, repeats)
+    blocks = x = None  # freed before empty_cache
+    torch.cuda.empty_cache()
+    return block_flops(hidden, seq_len, micro_batch, layers) / seconds / 1e12
+
+
+def measure_overflow_check(n_elements: int = 256_000_000, repeats: int = 3) -> float:
+    """Elements per second of DeepSpeed 0.19.8's fp16 overflow check on a host buffer, on this process's CPUs.
+
+    ZeRO-3 with the optimizer offloaded keeps the 16-bit gradients in one host buffer, and `has_overflow`
+    (runtime/zero/stage3.py) runs `torch.isinf(buffer).any()` and `torch.isnan(buffer).any()` over all of it at
+    every optimizer step (fp16 only; bf16 and fp32 skip it)."""
+    import torch
+
+    buffer = torch.zeros(n_elements, dtype=torch.float16)
+
+    def check() -> None:
+        bool(torch.isinf(buffer).any()) or bool(torch.isnan(buffer).any())
+
+    seconds = _timed(check, repeats)
+    buffer = None
+    return n_elements / seconds
+
+
+def measure_weights_to_gpu(n_elements: int = 256_000_000, pinned: bool = True, repeats: int = 3) -> float:
+    """fp32 host bytes per second copied into fp16 GPU weights (needs a GPU): ZeRO-3's
+    `_reassign_or_swap_out_partitioned_parameters` after each CPU Adam sub-group step
+    (`fp16_flat.copy_(fp32_flat)`; the fp32 weights sit in pinned swap buffers with NVMe offload)."""
+    import torch
+
+    host = torch.ones(n_elements, dtype=torch.float32)
+    if pinned:
+        host = host.pin_memory()
+    gpu = torch.empty(n_elements, dtype=torch.float16, device="cuda")
+    seconds = _copy_seconds(gpu, host, repeats, non_blocking=False)
+    del host, gpu
+    torch.cuda.empty_cache()
+    return 4 * n_elements / seconds / GB
+
+
+def measure_zero3_micro_batch(n_layers: int, *, zero: dict[str, Any] | None = None, micro_batches: int = 6) -> float:
+    """Seconds of one micro-batch (forward, backward, engine.step inside the accumulation) of a GPT-2 with
+    `n_layers` blocks but 64 wide, under ZeRO-3 with the optimizer on the CPU and activation checkpointing.
+
+    Its compute and its copies are tiny, so what is left is what ZeRO-3 costs per micro-batch whatever the width:
+    fetching and releasing every block's parameters for the forward, the recomputed forward and the backward,
+    and the gradient hooks (reduce, partition, copy to the host) of every parameter, run by Python on the host's
+    CPUs while the GPU waits. A model of the same depth pays the same (benchmarks/offload_speed.py). `zero`: the
+    config's zero_optimization section (its bucket sizes and thresholds), with the optimizer offloaded to the CPU
+    and the parameters kept on the GPU whatever it says (no disk in this measurement)."""
+    import deepspeed
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from helpers.runtime import destroy_engine, setup_single_process
+
+    setup_single_process()
+    gpu = torch.cuda.is_available()
+    config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1000, "steps_per_print": 10**9,
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+              "zero_optimization": {**{k: v for k, v in (zero or {}).items() if k not in ("offload_param",)},
+                                    "stage": 3, "offload_optimizer": {"device": "cpu"}}}
+    if gpu:
+        config["fp16"] = {"enabled": True, "initial_scale_power": 12}
+    with deepspeed.zero.Init(config_dict_or_path=config):
+        model = GPT2LMHeadModel(GPT2Config(n_embd=64, n_head=4, n_layer=n_layers, n_positions=64, vocab_size=256))
+    model.gradient_checkpointing_enable()
+    model.config.use_cache = False
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    del model
+    try:
+        ids = torch.randint(0, 256, (1, 64), device=engine.device)
+
+        def micro_batch() -> None:
+            loss = engine(input_ids=ids, labels=ids).loss
+            engine.backward(loss)
+            engine.step()
+            if gpu:
+                torch.cuda.synchronize()
+
+        micro_batch()
+        return _timed(micro_batch, micro_batches)
+    finally:
+        destroy_engine(engine)
+
+
+def _first(out: Any) -> Any:
+    return out[0] if isinstance(out, tuple) else out
+
+
 def measure_cpu_adam(n_params: int = 16_000_000, repeats: int = 5) -> float:
     """Parameters per second that DeepSpeedCPUAdam updates (fp32 states, AdamW) on this process's cores.
 
@@ -236,11 +430,17 @@ def _cache_file(label: str, disk_path: str | None) -> Path:
 
 def measure_limits(nvme_path: str | os.PathLike[str] | None = None, *, runtime: Any = None,
                    aio: dict[str, Any] | None = None, refresh: bool = False, cache: bool = True,
-                   cpu_adam: bool = True) -> RuntimeLimits:
+                   cpu_adam: bool = True, blocks: list[tuple[int, int, int, int]] | None = None,
+                   grad_round_trip: bool = False, zero3_layers: list[int] | None = None,
+                   zero3_config: dict[str, Any] | None = None, adam_params: int = 16_000_000) -> RuntimeLimits:
     """Measure (or read from the cache) this runtime's limits; the disk only when `nvme_path` is given (notebook 02).
 
     Each measurement takes a few seconds (the first CPU Adam measurement also builds DeepSpeed's cpu_adam op).
-    A measurement that cannot run here is left None with a note saying why.
+    A measurement that cannot run here is left None with a note saying why. On a GPU, `grad_round_trip=True` also
+    measures ZeRO-3's gradient round trip through the host, its fp16 overflow check and the fp32 -> fp16 weight
+    copy, `blocks` [(hidden, heads, seq_len, micro_batch)] the compute rate of GPT-2 blocks of those shapes,
+    `zero3_layers` ZeRO-3's cost per micro-batch at those depths, and `adam_params` sizes the CPU Adam
+    measurement (the config's sub_group_size: the tensor DeepSpeed steps at a time) (benchmarks/offload_speed.py).
     """
     from helpers.hardware import detect_runtime, usable_cpus
 
@@ -279,7 +479,8 @@ def measure_limits(nvme_path: str | os.PathLike[str] | None = None, *, runtime: 
         limits.notes.append("no GPU: no PCIe copies to measure")
     if cpu_adam:
         def adam_fn() -> None:
-            limits.cpu_adam_params_per_s = round(measure_cpu_adam(), -3)
+            limits.cpu_adam_params_per_s = round(measure_cpu_adam(adam_params), -3)
+            limits.cpu_adam_group_params = adam_params
         run("cpu_adam", adam_fn)
 
     def matmul_fn() -> None:
@@ -287,6 +488,29 @@ def measure_limits(nvme_path: str | os.PathLike[str] | None = None, *, runtime: 
         limits.matmul_dtype = dtype if runtime.has_gpu else "fp32 (CPU)"
         limits.matmul_tflops = round(measure_matmul(dtype), 3)
     run("matmul", matmul_fn)
+    if runtime.has_gpu and grad_round_trip:
+        def round_trip_fn() -> None:
+            limits.grad_round_trip_pinned_gbps = round(measure_grad_round_trip(pinned=True), 2)
+            limits.grad_round_trip_pageable_gbps = round(measure_grad_round_trip(pinned=False), 2)
+        run("grad_round_trip", round_trip_fn)
+
+        def overflow_fn() -> None:
+            limits.overflow_check_per_s = round(measure_overflow_check(), -6)
+        run("overflow_check", overflow_fn)
+
+        def weights_fn() -> None:
+            limits.weights_to_gpu_pinned_gbps = round(measure_weights_to_gpu(pinned=True), 2)
+            limits.weights_to_gpu_pageable_gbps = round(measure_weights_to_gpu(pinned=False), 2)
+        run("weights_to_gpu", weights_fn)
+    for layers in zero3_layers or []:
+        def zero3_fn(n: int = layers) -> None:
+            limits.zero3_micro_batch_s[f"{n} layers"] = round(measure_zero3_micro_batch(n, zero=zero3_config), 4)
+        run(f"zero3 {layers} layers", zero3_fn)
+    for hidden, heads, seq_len, micro_batch in (blocks or []) if runtime.has_gpu else []:
+        def block_fn(h: int = hidden, n: int = heads, s: int = seq_len, b: int = micro_batch) -> None:
+            limits.block_tflops[block_key(h, s, b)] = round(measure_block_compute(h, n, s, b,
+                                                                                  dtype=runtime.precision), 2)
+        run(f"block {block_key(hidden, seq_len, micro_batch)}", block_fn)
     if cache:
         from helpers.atomic import write_atomically
 
@@ -306,8 +530,16 @@ def _main(argv: list[str] | None = None) -> int:
     p.add_argument("--aio", default="{}", help="the config's aio section, as JSON")
     p.add_argument("--out", default=None, help="also write the limits to this JSON file")
     p.add_argument("--refresh", action="store_true", help="measure again even if cached")
+    p.add_argument("--grad-round-trip", action="store_true", help="also ZeRO-3's gradient round trip via the host")
+    p.add_argument("--blocks", default="[]", help="GPT-2 block shapes to time, JSON [[hidden, heads, seq, batch]]")
+    p.add_argument("--zero3-layers", type=int, nargs="*", default=[], help="ZeRO-3's cost per micro-batch at these depths")
+    p.add_argument("--adam-params", type=int, default=16_000_000, help="CPU Adam timed on this many parameters")
+    p.add_argument("--zero3-config", default="{}", help="the zero_optimization section for --zero3-layers, as JSON")
     args = p.parse_args(argv)
-    limits = measure_limits(args.nvme, aio=json.loads(args.aio), refresh=args.refresh)
+    limits = measure_limits(args.nvme, aio=json.loads(args.aio), refresh=args.refresh,
+                            grad_round_trip=args.grad_round_trip,
+                            blocks=[tuple(b) for b in json.loads(args.blocks)], zero3_layers=args.zero3_layers,
+                            zero3_config=json.loads(args.zero3_config), adam_params=args.adam_params)
     print(limits.table())
     if args.out:
         Path(args.out).write_text(json.dumps(limits.as_dict(), indent=1))

@@ -29,7 +29,13 @@ micro-batches. What moves is read off DeepSpeed 0.19.8 (one GPU):
 Without offload (plain, ZeRO 0-3 on the GPU) only compute is counted: the optimizer runs on the GPU at memory speed.
 On a CPU runtime (no GPU) compute runs on the CPU and nothing crosses PCIe (the copies "to the host" are RAM copies,
 not counted).
-Not counted: kernel launches, Python and hook overheads, loss-scale checks; measured/predicted says how much
+- What the bandwidths above miss, measured on the code DeepSpeed runs when the limits have it
+  (`helpers.limits`, benchmarks/offload_speed.py): ZeRO-3's hooks, Python on the host that fetches, releases and
+  partitions every module's parameters and gradients each micro-batch (timed on a model of the same depth, 64
+  wide); the fp16 overflow check over the 16-bit host gradient buffer each optimizer step (`has_overflow`:
+  isinf/isnan on the CPU); the updated fp32 weights copied into the GPU's fp16 ones (`fp16_flat.copy_(fp32)`); the
+  gradient round trip and the blocks' compute rate at this width and micro-batch.
+Not counted: kernel launches outside ZeRO-3's hooks, the loss-scale bookkeeping; measured/predicted says how much
 they weigh.
 """
 from __future__ import annotations
@@ -39,7 +45,7 @@ from typing import Any
 
 from helpers.limits import RuntimeLimits
 
-__all__ = ["StepTimeEstimate", "estimate_step_time", "training_flops_per_token"]
+__all__ = ["PhaseClock", "StepTimeEstimate", "estimate_step_time", "training_flops_per_token"]
 
 GB = 1e9
 
@@ -168,7 +174,11 @@ def estimate_step_time(ds_config: dict[str, Any] | None, shape: Any, limits: Run
         rate = _rate(limits, f"disk_{kind}_gbps")
         return None if rate is None else nbytes / (rate * GB)
 
-    tflops = _rate(limits, "matmul_tflops")
+    from helpers.limits import block_key
+
+    # the rate GPT-2 blocks of this width reach at this micro-batch, when measured; else the square-matmul peak
+    tflops = (getattr(limits, "block_tflops", None) or {}).get(block_key(shape.hidden, seq_len, mb)) \
+        or _rate(limits, "matmul_tflops")
     flops = training_flops_per_token(shape, seq_len, checkpointing=checkpointing) * tokens * accum
     device = "GPU" if limits.has_gpu else "CPU"
     add(f"{device} compute", device, None if tflops is None else flops / (tflops * 1e12), "matmul rate")
@@ -179,12 +189,24 @@ def estimate_step_time(ds_config: dict[str, Any] | None, shape: Any, limits: Run
         if param_dev == "nvme":
             add("weights from disk", "disk", disk("read", fetches), "disk read bandwidth")
             add("weights to disk", "disk", disk("write", half * n), "disk write bandwidth")
+    if stage == 3:  # ZeRO-3's hooks: Python on the host fetches, releases and partitions per module and parameter
+        hooks = (getattr(limits, "zero3_micro_batch_s", None) or {}).get(f"{shape.n_layers} layers")
+        if hooks is not None or getattr(limits, "zero3_micro_batch_s", None):
+            add("ZeRO-3 hooks (host)", "CPU", None if hooks is None else hooks * accum,
+                f"ZeRO-3's cost per micro-batch at {shape.n_layers} layers")
     if opt_dev != "none":
         cpu_adam = _rate(limits, "cpu_adam_params_per_s")
+        if stage == 3 and half == 2 and cfg.get("fp16", {}).get("enabled") and \
+                getattr(limits, "overflow_check_per_s", None):
+            # has_overflow: isinf/isnan over the whole 16-bit host gradient buffer, once per optimizer step
+            add("fp16 overflow check (host)", "CPU", n / limits.overflow_check_per_s, "overflow check rate")
         if stage == 3:
-            # partition_grads: each micro-batch, the 16-bit gradient partition to the CPU buffer and back
-            add("gradients via host (PCIe)", "PCIe", _sum(pcie("d2h", half * n * accum), pcie("h2d", half * n * accum)),
-                "PCIe bandwidth")
+            # partition_grads: each micro-batch, the 16-bit gradient partition to the CPU buffer and back; at the
+            # rate of that very pattern when measured (limits.measure_grad_round_trip), else the two copies' rates
+            trip = _rate(limits, f"grad_round_trip_{'pinned' if pinned else 'pageable'}_gbps")
+            add("gradients via host (PCIe)", "PCIe",
+                half * n * accum / (trip * GB) if trip and limits.has_gpu else
+                _sum(pcie("d2h", half * n * accum), pcie("h2d", half * n * accum)), "PCIe bandwidth")
         else:
             # stage 1/2 with a CPU optimizer: fp32 gradients to the host each micro-batch, back to accumulate after
             add("gradients via host (PCIe)", "PCIe", _sum(pcie("d2h", 4 * n * accum),
@@ -199,7 +221,12 @@ def estimate_step_time(ds_config: dict[str, Any] | None, shape: Any, limits: Run
         if opt_dev == "nvme":
             add("optimizer states to disk", "disk", disk("write", 12 * n), "disk write bandwidth")
         if param_dev == "none":
-            add("new weights to GPU (PCIe)", "PCIe", pcie("h2d", half * n), "host-to-GPU bandwidth")
+            # stage 3: fp16_flat.copy_(fp32_flat) per sub-group, from the fp32 weights (pinned swap buffers with
+            # NVMe) at the rate of that very copy when measured; else 16-bit bytes at the plain copy rate
+            weights = _rate(limits, f"weights_to_gpu_{'pinned' if opt_dev == 'nvme' or pinned else 'pageable'}_gbps")
+            add("new weights to GPU (PCIe)", "PCIe",
+                4 * n / (weights * GB) if weights and stage == 3 and limits.has_gpu else pcie("h2d", half * n),
+                "host-to-GPU bandwidth")
     return est
 
 
@@ -217,3 +244,70 @@ def _config_name(cfg: dict[str, Any]) -> str:
         if dev != "none":
             parts.append(f"{label} on {dev.upper()}")
     return ", ".join(parts)
+
+
+# The measured side: DeepSpeed 0.19.8's ZeRO-3 optimizer methods that do one component each (runtime/zero/stage3.py),
+# timed in place. Name -> method; each call waits for the GPU before and after, so the seconds are the component's own.
+ZERO3_PHASES = {
+    "reduce + host gradient copies": "_DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads",
+    "host gradient copies": "partition_grads",  # inside the one above: each micro-batch's gradient via the host
+    "overflow check": "_overflow_check_and_loss_scale_update",
+    "gradient norm": "_get_norm_groups",
+    "optimizer states + gradients from disk": "_optimizer_states_and_gradient_swap_in",
+    "CPU Adam": "_optimizer_step",
+    "new weights to GPU": "_reassign_or_swap_out_partitioned_parameters",
+    "optimizer states to disk": "_optimizer_states_and_gradient_swap_out",
+}
+
+
+class PhaseClock:
+    """Seconds spent in named methods of one object, summed until `take()` (benchmarks/offload_speed.py).
+
+        clock = PhaseClock(engine.optimizer, ZERO3_PHASES)    # wraps the bound methods in place
+        ...; seconds = clock.take()                            # {"CPU Adam": 1.3, ...} since the last take
+        clock.remove()
+
+    The wrappers live on the instance (not the class) and `remove()` takes them off; a method the object does not
+    have is skipped (listed in `missing`). Every call waits for the GPU before and after (torch.cuda.synchronize),
+    which costs the overlap DeepSpeed might get between streams: the timed run is a measurement, not the fastest run.
+    """
+
+    def __init__(self, obj: Any, phases: dict[str, str]) -> None:
+        import time
+
+        import torch
+
+        self.obj, self.seconds, self.missing = obj, {name: 0.0 for name in phases}, []
+        self._wrapped: list[str] = []
+        sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+        for name, attr in phases.items():
+            original = getattr(obj, attr, None)
+            if original is None or attr in self._wrapped:
+                self.missing.append(name)
+                continue
+
+            def timed(*args: Any, _original_fn: Any = original, _phase: str = name, **kwargs: Any) -> Any:
+                sync()
+                started = time.perf_counter()
+                try:
+                    return _original_fn(*args, **kwargs)
+                finally:
+                    sync()
+                    self.seconds[_phase] += time.perf_counter() - started
+
+            setattr(obj, attr, timed)
+            self._wrapped.append(attr)
+
+    def take(self) -> dict[str, float]:
+        """The seconds per phase since the last take (rounded to 0.1 ms), then zero."""
+        out = {k: round(v, 4) for k, v in self.seconds.items() if k not in self.missing}
+        self.seconds = dict.fromkeys(self.seconds, 0.0)
+        return out
+
+    def remove(self) -> None:
+        for attr in self._wrapped:
+            try:
+                delattr(self.obj, attr)
+            except AttributeError:
+                pass
+        self._wrapped.clear()

@@ -476,7 +476,9 @@ def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *,
     `time_micro_batches=True` (benchmarks/offload_speed.py) waits for the GPU after every micro-batch and keeps
     the seconds of each in `extras["micro_batch_s"]` (one list per optimizer step; the last micro-batch of a step
     includes DeepSpeed's optimizer step), and DeepSpeed's count of steps skipped by fp16 overflow in
-    `extras["skipped_steps"]`.
+    `extras["skipped_steps"]`; with DeepSpeed also where each micro-batch's seconds went, in
+    `extras["micro_batch_phases"]` (forward, backward, engine.step, and `helpers.step_time.ZERO3_PHASES`: the
+    ZeRO-3 optimizer's own components, timed by `PhaseClock`).
     """
     import torch
 
@@ -582,6 +584,10 @@ class _Loop:
             self.on_phase("deepspeed.initialize")
             ns["engine"], ns["optimizer"], _, _ = deepspeed.initialize(
                 model=model, model_parameters=self.hooks.param_groups(model), config=self.ds_config)
+            if self.time_micro_batches:  # what each micro-batch spends where (benchmarks/offload_speed.py)
+                from helpers.step_time import ZERO3_PHASES, PhaseClock
+
+                ns["phase_clock"] = PhaseClock(ns["engine"].optimizer, ZERO3_PHASES)
         del model
 
     def close(self) -> None:
@@ -607,6 +613,8 @@ class _Loop:
                 remove_deepspeed_hooks(model)
                 del model
         try:
+            if ns.get("phase_clock") is not None:
+                ns.pop("phase_clock").remove()
             teardown(ns, "engine", "scheduler", "scaler", "optimizer", "model", "keep_alive")
         finally:
             ns.clear()  # whatever a failed teardown left; only the phase times stay
@@ -628,8 +636,23 @@ class _Loop:
         accum = self.settings.grad_accum
         step_loss = 0.0
         timings: list[float] = []
+        phases: list[dict[str, float]] = []
+        clock = self.ns.get("phase_clock")
+        timed = self.time_micro_batches and not self.plain
+        sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+        def mark(name: str, since: float) -> float:
+            if timed:
+                sync()
+                now = time.perf_counter()
+                phases[-1][name] = round(now - since, 4)
+                return now
+            return since
+
         for _ in range(accum):
             started = time.perf_counter()
+            if timed:
+                phases.append({})
             ids = next(batches)["input_ids"].to(device)
             # the output is read and dropped before backward: it holds the logits (micro-batch x sequence x
             # vocabulary: 0.19 GiB at 4 x 512 for GPT-2 in fp16), which would otherwise add to the peak
@@ -642,13 +665,19 @@ class _Loop:
                 self.ns["scaler"].scale(loss).backward()
                 step_loss += loss.item()
             else:
+                t = mark("batch to device", started)
                 out = net(input_ids=ids, labels=ids)
                 self.hooks.after_forward(out)
                 loss = out.loss
                 del out
+                t = mark("forward", t)
                 net.backward(stage0_fp16_loss(net, loss))
+                t = mark("backward", t)
                 net.step()
+                mark("engine.step", t)
                 step_loss += loss.item() / accum
+                if clock is not None:
+                    phases[-1].update(clock.take())
             del loss, ids
             if self.time_micro_batches:
                 if device == "cuda":
@@ -656,6 +685,8 @@ class _Loop:
                 timings.append(round(time.perf_counter() - started, 4))
         if self.time_micro_batches:
             self.result.extras.setdefault("micro_batch_s", []).append(timings)
+        if phases:
+            self.result.extras.setdefault("micro_batch_phases", []).append(phases)
         if not self.plain:  # fp16 steps DeepSpeed skipped on overflow so far
             self.result.extras["skipped_steps"] = int(getattr(net, "skipped_steps", 0))
         if self.plain:

@@ -39,8 +39,14 @@ def test_a_run_fits_only_when_it_trained_within_the_budgets():
     assert bench.verdict(ok, 12.1) == (True, "")
     assert not bench.verdict(SimpleNamespace(**{**vars(ok), "peak_rss_gb": 12.5}), 12.1)[0]
     assert not bench.verdict(SimpleNamespace(**{**vars(ok), "losses": [5.0, 5.1]}), 12.1)[0]
-    skipped = bench.verdict(SimpleNamespace(**{**vars(ok), "extras": {"skipped_steps": 2}}), 12.1)
+    # fp16 overflow skipped the first step: the weights never changed before the last loss
+    skipped = bench.verdict(SimpleNamespace(**{**vars(ok), "extras": {"skipped_steps": 1, "skipped_at_steps": [0]}}),
+                            12.1)
     assert not skipped[0] and "overflow" in skipped[1]
+    # one step of three skipped still leaves an update before the last loss
+    later = SimpleNamespace(**{**vars(ok), "losses": [5.0, 5.0, 4.0], "extras": {"skipped_at_steps": [0]}})
+    assert bench.verdict(later, 12.1) == (True, "")
+    assert "2 to be judged" in bench.verdict(SimpleNamespace(**{**vars(ok), "losses": [5.0]}), 12.1)[1]
 
 
 def test_committed_cpu_report_is_consistent():
