@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rerun", nargs="*", default=[])
     p.add_argument("--remeasure-limits", action="store_true", help="measure the limits again, keeping the rows")
     p.add_argument("--repredict", action="store_true",
-                   help="no runs: recompute every kept row's prediction from the report's limits and this model")
+                   help="no runs: recompute every row's prediction from the limits measured with it and this model")
     p.add_argument("--out", type=Path, default=ROOT / "reports" / "offload_speed.json")
     p.add_argument("--work-dir", type=Path, default=ROOT / "build" / "bench")
     args = p.parse_args(argv)
@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     limits_file = args.work_dir / "limits.json"
     args.work_dir.mkdir(parents=True, exist_ok=True)
     blocks = sorted({(shape.hidden, shape.n_heads, args.seq_len, LEVERS[name][1]) for name in args.levers})
-    if same and old.get("limits") and (args.repredict or not args.remeasure_limits):
+    if same and old.get("limits") and not args.remeasure_limits:
         limits = RuntimeLimits.from_dict(old["limits"])
     else:
         enc = enclosure("limits")

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["RuntimeLimits", "block_key", "measure_block_compute", "measure_cpu_adam", "measure_disk",
+__all__ = ["RuntimeLimits", "block_key", "flops_per_token", "measure_block_compute", "measure_cpu_adam", "measure_disk",
            "measure_grad_round_trip", "measure_limits", "measure_matmul", "measure_overflow_check", "measure_pcie",
            "measure_weights_to_gpu", "measure_zero3_micro_batch"]
 
@@ -225,6 +225,13 @@ def measure_grad_round_trip(size_bytes: int = 1 << 30, piece_bytes: int = 20 << 
     return size_bytes / seconds / GB
 
 
+def flops_per_token(weights: int, n_layers: int, hidden: int, seq_len: int, *, checkpointing: bool = True) -> float:
+    """FLOPs to train on one token through `weights` multiplied parameters and `n_layers` attention layers:
+    forward + backward (+ the recomputed forward with activation checkpointing) (nanoGPT's `estimate_mfu`); the
+    step-time model's count (helpers.step_time.training_flops_per_token) and the blocks' TFLOP/s here."""
+    return float((8 if checkpointing else 6) * weights + (16 if checkpointing else 12) * n_layers * hidden * seq_len)
+
+
 def block_key(hidden: int, seq_len: int, micro_batch: int) -> str:
     """The `RuntimeLimits.block_tflops` key of one shape: "hidden 1600, 8 x 512"."""
     return f"hidden {hidden}, {micro_batch} x {seq_len}"
@@ -233,10 +240,8 @@ def block_key(hidden: int, seq_len: int, micro_batch: int) -> str:
 def block_flops(hidden: int, seq_len: int, micro_batch: int, layers: int, *, checkpointing: bool = True) -> float:
     """FLOPs of training `layers` GPT-2 blocks on one micro-batch: weights 12 h^2 per block, (6 + 2 recomputed) x
     parameters per token, attention (12 + 4) x h x sequence per token per block (helpers.step_time's count)."""
-    tokens = micro_batch * seq_len
-    weight = (8 if checkpointing else 6) * 12 * hidden**2 * layers
-    attention = (16 if checkpointing else 12) * layers * hidden * seq_len
-    return float(tokens * (weight + attention))
+    return micro_batch * seq_len * flops_per_token(12 * hidden**2 * layers, layers, hidden, seq_len,
+                                                   checkpointing=checkpointing)
 
 
 def measure_block_compute(hidden: int, n_head: int, seq_len: int, micro_batch: int, *, layers: int = 2,

@@ -43,7 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from helpers.limits import RuntimeLimits
+from helpers.limits import RuntimeLimits, block_key, flops_per_token
 
 __all__ = ["PhaseClock", "StepTimeEstimate", "estimate_step_time", "training_flops_per_token"]
 
@@ -53,9 +53,7 @@ GB = 1e9
 def training_flops_per_token(shape: Any, seq_len: int, *, checkpointing: bool = True) -> float:
     """FLOPs to train on one token: forward + backward (+ the recomputed forward with activation checkpointing)."""
     n = shape.n_params - seq_len * shape.hidden  # position embeddings are looked up, not multiplied
-    weight = (8 if checkpointing else 6) * n
-    attention = (16 if checkpointing else 12) * shape.n_layers * shape.hidden * seq_len
-    return float(weight + attention)
+    return flops_per_token(n, shape.n_layers, shape.hidden, seq_len, checkpointing=checkpointing)
 
 
 @dataclass
@@ -174,11 +172,8 @@ def estimate_step_time(ds_config: dict[str, Any] | None, shape: Any, limits: Run
         rate = _rate(limits, f"disk_{kind}_gbps")
         return None if rate is None else nbytes / (rate * GB)
 
-    from helpers.limits import block_key
-
     # the rate GPT-2 blocks of this width reach at this micro-batch, when measured; else the square-matmul peak
-    tflops = (getattr(limits, "block_tflops", None) or {}).get(block_key(shape.hidden, seq_len, mb)) \
-        or _rate(limits, "matmul_tflops")
+    tflops = limits.block_tflops.get(block_key(shape.hidden, seq_len, mb)) or _rate(limits, "matmul_tflops")
     flops = training_flops_per_token(shape, seq_len, checkpointing=checkpointing) * tokens * accum
     device = "GPU" if limits.has_gpu else "CPU"
     add(f"{device} compute", device, None if tflops is None else flops / (tflops * 1e12), "matmul rate")
@@ -190,14 +185,13 @@ def estimate_step_time(ds_config: dict[str, Any] | None, shape: Any, limits: Run
             add("weights from disk", "disk", disk("read", fetches), "disk read bandwidth")
             add("weights to disk", "disk", disk("write", half * n), "disk write bandwidth")
     if stage == 3:  # ZeRO-3's hooks: Python on the host fetches, releases and partitions per module and parameter
-        hooks = (getattr(limits, "zero3_micro_batch_s", None) or {}).get(f"{shape.n_layers} layers")
-        if hooks is not None or getattr(limits, "zero3_micro_batch_s", None):
+        hooks = limits.zero3_micro_batch_s.get(f"{shape.n_layers} layers")
+        if hooks is not None or limits.zero3_micro_batch_s:  # measured at other depths only: listed as missing
             add("ZeRO-3 hooks (host)", "CPU", None if hooks is None else hooks * accum,
                 f"ZeRO-3's cost per micro-batch at {shape.n_layers} layers")
     if opt_dev != "none":
         cpu_adam = _rate(limits, "cpu_adam_params_per_s")
-        if stage == 3 and half == 2 and cfg.get("fp16", {}).get("enabled") and \
-                getattr(limits, "overflow_check_per_s", None):
+        if stage == 3 and cfg.get("fp16", {}).get("enabled") and limits.overflow_check_per_s:
             # has_overflow: isinf/isnan over the whole 16-bit host gradient buffer, once per optimizer step
             add("fp16 overflow check (host)", "CPU", n / limits.overflow_check_per_s, "overflow check rate")
         if stage == 3:

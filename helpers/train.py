@@ -584,7 +584,9 @@ class _Loop:
             self.on_phase("deepspeed.initialize")
             ns["engine"], ns["optimizer"], _, _ = deepspeed.initialize(
                 model=model, model_parameters=self.hooks.param_groups(model), config=self.ds_config)
-            if self.time_micro_batches:  # what each micro-batch spends where (benchmarks/offload_speed.py)
+            # what each micro-batch spends where, in the ZeRO-3 optimizer's own methods (benchmarks/offload_speed.py);
+            # ZeRO-1/2's optimizer has an `_optimizer_step` of its own, which ZERO3_PHASES must not time
+            if self.time_micro_batches and ns["engine"].zero_optimization_stage() == 3:
                 from helpers.step_time import ZERO3_PHASES, PhaseClock
 
                 ns["phase_clock"] = PhaseClock(ns["engine"].optimizer, ZERO3_PHASES)
