@@ -5,7 +5,7 @@
 
 First the runtime's limits (helpers.limits: disk through DeepSpeed's aio, PCIe, CPU Adam, matmul), measured in the
 same enclosure as the runs. Then each lever (LEVERS: micro-batch, gradient accumulation, pinned buffers, aio
-settings, pipelined swapping) trains the model with the ladder's NVMe config ("zero3_nvme_optimizer_gpu_params":
+settings, pipelined swapping, the course's overflow check) trains the model with the ladder's NVMe config ("zero3_nvme_optimizer_gpu_params":
 ZeRO-3, fp16 weights on the GPU, optimizer states and fp32 gradients on NVMe) in a fresh process, one at a time,
 and the row records measured tokens/s beside helpers.estimate_step_time's prediction and roofline, peak RSS,
 disk, and the seconds of every micro-batch (the last one of a step includes the optimizer step).
@@ -60,10 +60,16 @@ LEVERS: dict[str, tuple[str, int, int, dict[str, Any]]] = {
                           {"zero_optimization.offload_optimizer.pipeline_read": True,
                            "zero_optimization.offload_optimizer.pipeline_write": True}),
     "mb16_g8": ("micro-batch 16, 8 micro-batches per optimizer step", 16, 8, {}),
+    "mb16_g8_chunked": ("+ the course's overflow check (helpers.chunk_zero3_overflow_check: min/max per slice)",
+                        16, 8, {}),
+    "mb16_g8_chunked_pinned": ("+ pinned host buffers, which fit once the check holds no whole-buffer temporary",
+                               16, 8, {"zero_optimization.offload_optimizer.pin_memory": True}),
     # CPU runtimes (compute is ~1000x slower: smaller steps)
     "mb2_g4": ("micro-batch 2, 4 micro-batches per optimizer step", 2, 4, {}),
     "mb4_g2": ("micro-batch 4, 2 micro-batches per optimizer step", 4, 2, {}),
 }
+# levers whose process calls helpers.chunk_zero3_overflow_check() first (the course's one change of DeepSpeed)
+CHUNKED_CHECK = frozenset({"mb16_g8_chunked", "mb16_g8_chunked_pinned"})
 
 
 def patched(config: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
@@ -172,7 +178,8 @@ def predict_row(row: dict[str, Any], limits: RuntimeLimits, runtime: Any, shape:
     if row.get("limits"):  # the limits of the machine the row ran on (each device call is a fresh machine)
         limits = RuntimeLimits.from_dict(row["limits"])
     cfg = lever_config(row["lever"], runtime, shape, nvme)
-    est = estimate_step_time(cfg, shape, limits, seq_len=seq_len, name=row["lever"])
+    est = estimate_step_time(cfg, shape, limits, seq_len=seq_len, name=row["lever"],
+                             chunked_overflow_check=row["lever"] in CHUNKED_CHECK)
     fields = {k: v for k, v in est.as_dict().items() if k != "config"}
     measured = row.get("measured") or {}
     if measured:
@@ -243,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="gpt2-xl")
     p.add_argument("--levers", nargs="+", default=["mb8_g16", "mb8_g4", "baseline", "mb8_g16_pinned",
-                                                    "mb8_g16_aio", "mb8_g16_pipelined", "mb16_g8", "mb8"],
+                                                    "mb8_g16_aio", "mb8_g16_pipelined", "mb16_g8", "mb8",
+                                                    "mb16_g8_chunked", "mb16_g8_chunked_pinned"],
                    choices=list(LEVERS))
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--untimed-steps", type=int, default=1)
@@ -330,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         nvme = nvme_root / name
         cfg = lever_config(name, runtime, shape, str(nvme))
-        est = estimate_step_time(cfg, shape, limits, seq_len=args.seq_len, name=name)  # printed below
+        est = estimate_step_time(cfg, shape, limits, seq_len=args.seq_len, name=name,
+                                 chunked_overflow_check=name in CHUNKED_CHECK)  # printed below
         left = args.hard_stop_s - (time.perf_counter() - started) if args.hard_stop_s else None
         need = ROW_SETUP_S + 1.2 * args.steps * est.seconds  # the model says how long the row will take
         if left is not None and left < need:
@@ -341,7 +350,8 @@ def main(argv: list[str] | None = None) -> int:
         nvme.mkdir(parents=True)
         kwargs = dict(tokenizer_dir=args.work_dir / "tokenizer", steps=args.steps, seq_len=args.seq_len,
                       nvme_path=nvme, max_blocks=max(64, args.steps * mb * accum + 8),
-                      untimed_steps=args.untimed_steps, timeout_s=left, progress=False, time_micro_batches=True)
+                      untimed_steps=args.untimed_steps, timeout_s=left, progress=False, time_micro_batches=True,
+                      chunked_overflow_check=name in CHUNKED_CHECK)
         enc = enclosure(f"os-{name}")
         if enc is None:
             m = helpers.train_in_fresh_process(name, cfg, args.model, **kwargs)
@@ -360,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         measured = measured_breakdown(timings, args.untimed_steps) if timings else {}
         phases = m.extras.get("micro_batch_phases", [])
         row = {"lever": name, "what": what, "micro_batch": mb, "grad_accum": accum, "patch": patch,
+               "chunked_overflow_check": name in CHUNKED_CHECK,
                "tokens_per_s": m.tokens_per_s, "peak_rss_gb": m.peak_rss_gb, "disk_gb": m.disk_gb,
                "peak_vram_gib": m.peak_vram_gib, "losses": m.losses, "skipped_steps": m.extras.get("skipped_steps"),
                "skipped_at_steps": m.extras.get("skipped_at_steps", []), "micro_batch_s": timings,

@@ -88,8 +88,8 @@ def stage3_host_buffers(config: dict[str, Any], numels: list[int], *, gpu: bool 
     """The host buffers of a ZeRO-3 `config` with offload, for a model whose parameter tensors have `numels` elements
     (`parameter_numels`), on a GPU runtime (`gpu=False`: a CPU-only one, where the accelerator is the CPU and
     DeepSpeed's gradient work at the accumulation boundary - the float64 norm, the fp32 copy before the swap-out -
-    happens in host RAM too). `overflow_chunk`: the slice size when `helpers.chunk_zero3_overflow_check` is on (0:
-    DeepSpeed's own whole-buffer check). Empty without offload (everything then lives on the GPU)."""
+    happens in host RAM too). `overflow_chunk`: the slice size when `helpers.chunk_zero3_overflow_check` is on (its
+    min/max per slice holds nothing; 0: DeepSpeed's own whole-buffer check, 3 B per parameter). Empty without offload (everything then lives on the GPU)."""
     z = config.get("zero_optimization", {})
     if z.get("stage") != 3:
         return []
@@ -110,15 +110,16 @@ def stage3_host_buffers(config: dict[str, Any], numels: list[int], *, gpu: bool 
             rows.append(HostBuffer("gradient norm in float64, one tensor at a time",
                                    f"{s3}:1964 _constant_buffered_norm2", 8 * min(largest, NORM_BUFFER_ELEMENTS),
                                    f"8 B x largest tensor ({largest:,})", "step"))
-        if config.get("fp16", {}).get("enabled"):  # loss scaling: has_overflow checks the whole buffer on the host
-            n, what = (min(overflow_chunk, psi), "a slice") if overflow_chunk else (psi, "params")
+        if config.get("fp16", {}).get("enabled") and not overflow_chunk:
+            # loss scaling: has_overflow checks the whole buffer on the host (the chunked check's min/max per slice
+            # makes no temporary)
             rows.append(HostBuffer("inf/nan mask of the gradient buffer (torch.isinf, then torch.isnan)",
-                                   f"{s3} has_overflow", n, f"1 B (bool) x {n:,} {what}", "step",
+                                   f"{s3} has_overflow", psi, f"1 B (bool) x {psi:,} params", "step",
                                    one_at_a_time=True))
             # torch.isinf(x) is `x.abs() == inf` inside the operator: a 16-bit copy beside the mask, never returned
             rows.append(HostBuffer("|gradient| copy inside torch.isinf (not traced: made inside the operator)",
-                                   f"{s3}:3013 has_overflow", grad_accum * n,
-                                   f"{grad_accum} B x {n:,} {what}", "step", traced=False))
+                                   f"{s3}:3013 has_overflow", grad_accum * psi,
+                                   f"{grad_accum} B x {psi:,} params", "step", traced=False))
     if opt == "nvme":
         count = int(z["offload_optimizer"].get("buffer_count", 4))
         rows.append(HostBuffer("optimizer swap buffers (fp32)", "runtime/swap_tensor/utils.py:192 <listcomp>",

@@ -65,6 +65,7 @@ class RuntimeLimits:
     block_tflops: dict[str, float] = field(default_factory=dict)  # block_key(...) -> TFLOP/s of a GPT-2 block
     zero3_micro_batch_s: dict[str, float] = field(default_factory=dict)  # "48 layers" -> ZeRO-3's seconds/micro-batch
     overflow_check_per_s: float | None = None  # elements/s of DeepSpeed's fp16 overflow check on a host buffer
+    overflow_check_chunked_per_s: float | None = None  # the same with helpers.chunk_zero3_overflow_check's check
     weights_to_gpu_pinned_gbps: float | None = None  # fp32 host bytes/s copied into fp16 GPU weights
     weights_to_gpu_pageable_gbps: float | None = None
     cpu_adam_group_params: int = 0  # the sub-group size CPU Adam was timed at
@@ -100,6 +101,9 @@ class RuntimeLimits:
                  for k, v in self.zero3_micro_batch_s.items()]
         if self.overflow_check_per_s:
             rows.append(("fp16 overflow check (host)", f(self.overflow_check_per_s, "G elements/s", 1e9)))
+        if self.overflow_check_chunked_per_s:
+            rows.append(("fp16 overflow check, chunked (host)",
+                         f(self.overflow_check_chunked_per_s, "G elements/s", 1e9)))
         if self.weights_to_gpu_pinned_gbps or self.weights_to_gpu_pageable_gbps:
             rows += [("fp32 weights -> GPU fp16, pinned", f(self.weights_to_gpu_pinned_gbps, "GB/s")),
                      ("fp32 weights -> GPU fp16, pageable", f(self.weights_to_gpu_pageable_gbps, "GB/s"))]
@@ -277,18 +281,24 @@ def measure_block_compute(hidden: int, n_head: int, seq_len: int, micro_batch: i
     return block_flops(hidden, seq_len, micro_batch, layers) / seconds / 1e12
 
 
-def measure_overflow_check(n_elements: int = 256_000_000, repeats: int = 3) -> float:
+def measure_overflow_check(n_elements: int = 256_000_000, repeats: int = 3, chunked: bool = False) -> float:
     """Elements per second of DeepSpeed 0.19.8's fp16 overflow check on a host buffer, on this process's CPUs.
 
     ZeRO-3 with the optimizer offloaded keeps the 16-bit gradients in one host buffer, and `has_overflow`
     (runtime/zero/stage3.py) runs `torch.isinf(buffer).any()` and `torch.isnan(buffer).any()` over all of it at
-    every optimizer step (fp16 only; bf16 and fp32 skip it)."""
+    every optimizer step (fp16 only; bf16 and fp32 skip it). `chunked`: the check
+    `helpers.chunk_zero3_overflow_check` puts in its place (min/max per slice)."""
     import torch
+
+    from helpers.overflow_check import DEFAULT_CHUNK_ELEMENTS, _any_inf_or_nan
 
     buffer = torch.zeros(n_elements, dtype=torch.float16)
 
     def check() -> None:
-        bool(torch.isinf(buffer).any()) or bool(torch.isnan(buffer).any())
+        if chunked:
+            bool(_any_inf_or_nan(buffer, DEFAULT_CHUNK_ELEMENTS))
+        else:
+            bool(torch.isinf(buffer).any()) or bool(torch.isnan(buffer).any())
 
     seconds = _timed(check, repeats)
     buffer = None
@@ -501,6 +511,7 @@ def measure_limits(nvme_path: str | os.PathLike[str] | None = None, *, runtime: 
 
         def overflow_fn() -> None:
             limits.overflow_check_per_s = round(measure_overflow_check(), -6)
+            limits.overflow_check_chunked_per_s = round(measure_overflow_check(chunked=True), -6)
         run("overflow_check", overflow_fn)
 
         def weights_fn() -> None:

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
 from helpers.checks import ConfigError, check_model_size, check_number, check_offload_device
-from helpers.overflow_check import DEFAULT_CHUNK_ELEMENTS, chunked_overflow_check_active
+from helpers.overflow_check import chunked_overflow_check_active
 
 __all__ = ["COMPONENTS", "OVERFLOW_CHECK_BYTES_PER_PARAM", "RUNTIME_GROWTH_BYTES", "STAGE3_OFFLOAD_STAGING_BYTES_PER_PARAM", "Measurement", "ModelStateEstimate",
            "RunEstimate", "bytes_per_element", "count_params", "deepspeed_estimate", "estimate_activations",
@@ -34,7 +34,7 @@ COMPONENTS = ("params", "grads", "optimizer", "activations", "buffers", "step on
 # fp16 ZeRO-3 with the optimizer offloaded: at every step DeepSpeed 0.19.8's has_overflow runs torch.isinf over the
 # whole host gradient buffer, `x.abs() == inf` inside the operator: a 16-bit |x| copy and a bool mask of every
 # parameter at once (reports/host_memory.md, GPU: the RSS rose 4.67 GB at GPT-2 XL, 3 x 1.558 G params).
-# helpers.chunk_zero3_overflow_check() scans slices of DEFAULT_CHUNK_ELEMENTS instead.
+# helpers.chunk_zero3_overflow_check() takes the min/max of slices instead: no temporary.
 OVERFLOW_CHECK_BYTES_PER_PARAM = 3
 # What a GPU training process's RSS grows by once the model exists and has taken a step (CUDA kernels and library
 # state loaded on first use, autograd and DeepSpeed's Python objects): measured on the GPU machine, GPT-2 XL, fp16
@@ -158,7 +158,7 @@ def estimate_model_states(
     `sub_group_size` slice with NVMe, whose 4 swap buffers of that slice are held in RAM too; the fp32
     gradients then live on NVMe beside the optimizer states: 16 Ψ on disk). ZeRO-3 with offload in fp16 (a GPU
     runtime) adds the largest moment of the step in RAM ('step on host': DeepSpeed's overflow check, 3 Ψ, or with
-    `chunked_overflow_check` (helpers.chunk_zero3_overflow_check) one slice of it, or the first step's Adam moments
+    `chunked_overflow_check` (helpers.chunk_zero3_overflow_check) nothing, or the first step's Adam moments
     of one NVMe sub-group, 8 B each, whichever is larger) and what the runtime grows by ('runtime'); in bf16/fp32
     (CPU runtimes) `STAGE3_OFFLOAD_STAGING_BYTES_PER_PARAM` ('staging', measured, see there).
     """
@@ -240,8 +240,7 @@ def estimate_model_states(
     if stage == 3 and (offload_optimizer != "none" or offload_param != "none"):
         if precision == "fp16":  # a GPU runtime: DeepSpeed refuses fp16 on CPU
             if offload_optimizer != "none":
-                overflow = OVERFLOW_CHECK_BYTES_PER_PARAM * (min(DEFAULT_CHUNK_ELEMENTS, psi)
-                                                             if chunked_overflow_check else psi)
+                overflow = 0 if chunked_overflow_check else OVERFLOW_CHECK_BYTES_PER_PARAM * psi
                 # with NVMe: the first step's Adam moments of one sub-group (8 B), or at initialisation its fp32
                 # gradient buffer (4 B): at other moments than the overflow check, so the largest of the three counts
                 cpu["step on host"] = max(overflow, 8 * largest_sub_group if offload_optimizer == "nvme" else 0)

@@ -8,8 +8,10 @@ once. With `offload_optimizer` that buffer is in host RAM, 2 bytes per parameter
 `buffer.abs() == inf`: a 2-byte copy and a 1-byte mask of every parameter, 3 bytes per parameter for a moment
 (measured on the GPU machine, GPT-2 XL: the RSS rose 4.67 GB above its steady 7.11 GB in every step; 2.7B: 7.95 GB,
 the difference between fitting Colab's RAM and not). `chunk_zero3_overflow_check()` makes the same check over slices
-of `chunk_elements` (2^25 by default: 96 MB for a moment): same answer, same streams and all-reduces, no whole-model
-temporary. Speed: the same elementwise work, in ~80 slices at 2.7B.
+of `chunk_elements` (2^25 by default) with one min/max reduction per slice (`torch.aminmax`: a NaN makes both NaN,
++-inf is the max or min): same answer, same streams and all-reduces, no temporary at all. Speed: one read of the
+buffer instead of isinf's copy + mask and isnan's mask; on 2 CPUs ~18 G elements/s against DeepSpeed's ~0.4
+(`helpers.limits.measure_overflow_check`): GPT-2 XL's check from ~7 s per optimizer step to ~0.1 s (issue 24).
 
 It replaces that one method of that one class, for DeepSpeed `CHECKED_DEEPSPEED` only (other versions: a clear
 refusal, since the method may have changed); `restore_zero3_overflow_check()` puts DeepSpeed's own back.
@@ -41,13 +43,16 @@ def _stage3() -> Any:
 
 
 def _any_inf_or_nan(flat: Any, chunk_elements: int) -> Any:
-    """A 0-dim bool tensor on `flat`'s device: does any element of `flat` fail isfinite (inf or NaN)?"""
+    """A 0-dim bool tensor on `flat`'s device: does any element of `flat` fail isfinite (inf or NaN)?
+
+    Each slice's smallest and largest element (`torch.aminmax`, a reduction: no temporary of the slice's size):
+    a NaN anywhere makes both NaN, +inf is the largest, -inf the smallest, so the answer is isinf/isnan's."""
     import torch
 
     found = torch.zeros((), dtype=torch.bool, device=flat.device)
     for part in flat.view(-1).split(chunk_elements):
-        found.logical_or_(torch.isinf(part).any())
-        found.logical_or_(torch.isnan(part).any())
+        low, high = torch.aminmax(part)
+        found.logical_or_(~(torch.isfinite(low) & torch.isfinite(high)))
     return found
 
 
@@ -64,7 +69,7 @@ def chunk_zero3_overflow_check(chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> 
     def has_overflow(self: Any, partition_gradients: bool = True) -> bool:
         if not partition_gradients:
             return original(self, partition_gradients)
-        # DeepSpeed 0.19.8's body, with the two whole-buffer checks done slice by slice
+        # DeepSpeed 0.19.8's body, with the two whole-buffer checks done as min/max slice by slice
         with get_accelerator().stream(self.reduce_and_partition_stream):
             self.inf_or_nan_tracker.logical_or_(_any_inf_or_nan(self.grad_partitions_flat_buffer, chunk_elements))
             overflow_gpu = self.inf_or_nan_tracker.clone().to(get_accelerator().current_device_name()).to(

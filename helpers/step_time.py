@@ -133,10 +133,11 @@ def _rate(limits: RuntimeLimits, attr: str) -> float | None:
 
 def estimate_step_time(ds_config: dict[str, Any] | None, shape: Any, limits: RuntimeLimits, *, seq_len: int,
                        micro_batch: int | None = None, grad_accum: int | None = None, checkpointing: bool = True,
-                       name: str = "") -> StepTimeEstimate:
+                       chunked_overflow_check: bool = False, name: str = "") -> StepTimeEstimate:
     """Predicted time of one optimizer step of `ds_config` (None: plain PyTorch) for model `shape` (notebook 02).
 
-    `micro_batch` and `grad_accum` default to the config's. Components whose rate was not measured on this
+    `micro_batch` and `grad_accum` default to the config's. `chunked_overflow_check`: the run patches ZeRO-3's fp16
+    overflow check (helpers.chunk_zero3_overflow_check), timed at its own measured rate. Components whose rate was not measured on this
     runtime (no GPU, no NVMe folder given to `measure_limits`) are left out and listed in `missing`.
     """
     cfg = ds_config or {}
@@ -192,8 +193,11 @@ def estimate_step_time(ds_config: dict[str, Any] | None, shape: Any, limits: Run
     if opt_dev != "none":
         cpu_adam = _rate(limits, "cpu_adam_params_per_s")
         if stage == 3 and cfg.get("fp16", {}).get("enabled") and limits.overflow_check_per_s:
-            # has_overflow: isinf/isnan over the whole 16-bit host gradient buffer, once per optimizer step
-            add("fp16 overflow check (host)", "CPU", n / limits.overflow_check_per_s, "overflow check rate")
+            # has_overflow: isinf/isnan over the whole 16-bit host gradient buffer, once per optimizer step (or the
+            # course's min/max per slice)
+            rate = limits.overflow_check_chunked_per_s if chunked_overflow_check else limits.overflow_check_per_s
+            add("fp16 overflow check (host)", "CPU", None if not rate else n / rate,
+                "chunked overflow check rate" if chunked_overflow_check else "overflow check rate")
         if stage == 3:
             # partition_grads: each micro-batch, the 16-bit gradient partition to the CPU buffer and back; at the
             # rate of that very pattern when measured (limits.measure_grad_round_trip), else the two copies' rates

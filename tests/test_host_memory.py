@@ -110,7 +110,7 @@ def test_fp16_overflow_check_rows_whole_buffer_or_one_slice():
     whole = overflow_rows()
     assert sum(b.bytes for b in whole) == 3 * sum(numels) and [b.traced for b in whole] == [True, False]
     chunk = helpers.overflow_check.DEFAULT_CHUNK_ELEMENTS
-    assert sum(b.bytes for b in overflow_rows(overflow_chunk=chunk)) == 3 * chunk
+    assert not overflow_rows(overflow_chunk=chunk)  # the chunked check's min/max per slice holds no temporary
     bf16 = {**cfg, "fp16": {"enabled": False}, "bf16": {"enabled": True}}
     assert not [b for b in stage3_host_buffers(bf16, numels) if "has_overflow" in b.site]  # no loss scaling, no check
 
