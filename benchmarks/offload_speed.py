@@ -31,7 +31,7 @@ from typing import Any
 import helpers
 from helpers.hardware import COLAB_NVME_BUDGET_BYTES, COLAB_RAM_GB
 from helpers.limits import RuntimeLimits
-from helpers.step_time import estimate_step_time
+from helpers.step_time import DATASHEET_FP16_TFLOPS, estimate_step_time, project_to_gpu
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))  # colab_emulation, for --emulate
@@ -199,7 +199,15 @@ def with_summary(report: dict[str, Any]) -> dict[str, Any]:
     best = max((r for r in rows if r["fits"]), key=lambda r: r["tokens_per_s"], default=None)
     keys = ("lever", "tokens_per_s", "predicted_tokens_per_s", "roofline_tokens_per_s", "bottleneck", "peak_rss_gb",
             "disk_gb", "grad_accum", "micro_batch")
-    return {**report, "baseline": base and {k: base[k] for k in keys}, "best": best and {k: best[k] for k in keys}}
+    summary = {**report, "baseline": base and {k: base[k] for k in keys}, "best": best and {k: best[k] for k in keys}}
+    gpu = report["runtime"].split()[0]
+    if best and report.get("emulation") and gpu in DATASHEET_FP16_TFLOPS and (best.get("measured") or {}).get("step_s"):
+        proj = project_to_gpu(best["components_s"], best["measured"]["step_s"],
+                              best["micro_batch"] * best["grad_accum"] * report["settings"]["seq_len"], measured_on=gpu)
+        summary["t4_estimate"] = {"tokens_per_s": round(proj.tokens_per_s, 1), "step_s": round(proj.step_s, 2),
+                                  "gpu_busy_s": round(proj.gpu_busy_s, 2), "t4_gpu_s": round(proj.target_gpu_s, 2),
+                                  "measured_step_s": proj.measured_step_s, "text": proj.text()}
+    return summary
 
 
 def repredict(path: Path) -> dict[str, Any]:
@@ -239,6 +247,8 @@ def markdown(report: dict[str, Any]) -> str:
                   f"{best['tokens_per_s'] / max(b['tokens_per_s'], 1e-9):.1f}x the baseline's {b['tokens_per_s']:,.0f}; "
                   f"{best['tokens_per_s'] / best['roofline_tokens_per_s']:.0%} of its roofline "
                   f"({best['roofline_tokens_per_s']:,.0f} tokens/s, {best['bottleneck']} alone)."]
+    if report.get("t4_estimate"):
+        lines += ["", report["t4_estimate"]["text"] + "."]
     for r in report["rows"]:
         if r.get("breakdown"):
             lines += ["", f"### One optimizer step of {r['lever']}: predicted against measured", "", "```",

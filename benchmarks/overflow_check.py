@@ -10,7 +10,7 @@ Each size trains twice in a fresh process (helpers.train_in_fresh_process) with 
 the same losses (the check's answer decides every step). The report puts side by side the peak RSS (the chunked
 check saves ~3 bytes per parameter of host RAM at each step), tokens/s (its cost) and the skipped steps.
 `--scan-sizes` times the check alone instead (the part that runs on the host CPU, whose speed the GPU machine does not
-emulate): DeepSpeed's two whole-buffer calls and the chunked ones over an fp16 buffer of each size's parameter count,
+emulate): DeepSpeed's two whole-buffer calls and the chunked min/max over an fp16 buffer of each size's parameter count,
 on `--threads` cores (Colab: 2), with the RSS each adds (reports/overflow_check_scan.json and .md).
 On a CPU runtime DeepSpeed refuses fp16, and with bf16 it never checks for overflow: the rows then only show that the
 patch changes nothing else. Writes reports/overflow_check.json and .md (reports/overflow_check_cpu.* on CPU).
@@ -89,7 +89,8 @@ def scan_markdown(report: dict[str, Any]) -> str:
     lines = [f"# ZeRO-3's fp16 overflow check alone, on the host CPU ({report['runtime']}, {report['date']})", "",
              "One check over an fp16 gradient buffer of each size's parameter count (all finite, as in a step that "
              "does not overflow), DeepSpeed 0.19.8's way (`isinf(buffer).any()` then `isnan(buffer).any()`) and in "
-             f"slices of {report['chunk_elements']:,} elements; best of {report['repeats']}; transient = peak RSS "
+             f"slices of {report['chunk_elements']:,} elements, a min/max (`torch.aminmax`) each "
+             f"(`helpers.chunk_zero3_overflow_check`); best of {report['repeats']}; transient = peak RSS "
              "above the buffer, sampled every 5 ms. `python benchmarks/overflow_check.py --scan-sizes ...` "
              "regenerates it.", "",
              "| model | parameters | threads | DeepSpeed's s | chunked s | DeepSpeed's transient GB | chunked transient GB |",

@@ -45,9 +45,13 @@ from typing import Any
 
 from helpers.limits import RuntimeLimits, block_key, flops_per_token
 
-__all__ = ["PhaseClock", "StepTimeEstimate", "estimate_step_time", "training_flops_per_token"]
+__all__ = ["DATASHEET_FP16_TFLOPS", "GpuProjection", "PhaseClock", "StepTimeEstimate", "estimate_step_time",
+           "project_to_gpu", "training_flops_per_token"]
 
 GB = 1e9
+# fp16 tensor-core peaks without sparsity, from NVIDIA's datasheets (TFLOP/s): how project_to_gpu moves GPU-busy time
+# from the GPU a row was measured on to another one. A ratio of datasheet peaks, not a measurement of either GPU.
+DATASHEET_FP16_TFLOPS = {"T4": 65.0, "L4": 121.0, "A100": 312.0, "H100": 989.0, "H200": 989.0}
 
 
 def training_flops_per_token(shape: Any, seq_len: int, *, checkpointing: bool = True) -> float:
@@ -309,3 +313,49 @@ class PhaseClock:
             except AttributeError:
                 pass
         self._wrapped.clear()
+
+
+@dataclass
+class GpuProjection:
+    """A measured optimizer step moved to another GPU (`project_to_gpu`): seconds and tokens/s, and what it assumes."""
+
+    target: str
+    measured_on: str
+    measured_step_s: float
+    gpu_busy_s: float  # the step-time model's GPU compute on the measured GPU (its blocks' measured TFLOP/s)
+    target_gpu_s: float  # the same FLOPs on the target, scaled by the two datasheet peaks
+    step_s: float
+    tokens_per_step: int
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_per_step / self.step_s
+
+    def text(self) -> str:
+        return (f"{self.target} estimate: {self.tokens_per_s:,.0f} tokens/s ({self.step_s:.1f} s per optimizer step = "
+                f"{self.measured_step_s:.1f} s measured on the {self.measured_on} - {self.gpu_busy_s:.1f} s of its GPU "
+                f"compute + {self.target_gpu_s:.1f} s for the same FLOPs at the {self.target}'s share of the datasheet "
+                f"fp16 peaks, {DATASHEET_FP16_TFLOPS[self.target]:g} / {DATASHEET_FP16_TFLOPS[self.measured_on]:g} "
+                "TFLOP/s); disk, host CPU and copies as measured in the emulation (not a measurement on a "
+                f"{self.target}: its disk and PCIe link differ)")
+
+
+def project_to_gpu(components_s: dict[str, float], measured_step_s: float, tokens_per_step: int, *,
+                   measured_on: str = "H200", target: str = "T4") -> GpuProjection:
+    """A step measured on GPU `measured_on`, estimated for GPU `target` (notebook 02: the best NVMe row on a T4).
+
+    Takes the row's measured seconds per optimizer step, removes the step-time model's GPU compute (`components_s`
+    of its estimate: FLOPs at the blocks' TFLOP/s measured with the row) and adds the same FLOPs at that rate times
+    the ratio of the two datasheet fp16 peaks (`DATASHEET_FP16_TFLOPS`). Everything else - disk, ZeRO-3's hooks and
+    CPU Adam on the host, the copies - stays as measured: with the Colab emulation's 2 CPUs and RAM limit it is the
+    host side of a Colab VM, but the disk and the PCIe link are the measuring machine's."""
+    for gpu in (measured_on, target):
+        if gpu not in DATASHEET_FP16_TFLOPS:
+            raise ValueError(f"no datasheet fp16 peak for {gpu!r}; known: {', '.join(DATASHEET_FP16_TFLOPS)}")
+    if measured_step_s <= 0 or tokens_per_step <= 0:
+        raise ValueError(f"a measured step needs positive seconds and tokens, got {measured_step_s} s, "
+                         f"{tokens_per_step} tokens")
+    busy = float(components_s.get("GPU compute", 0.0))
+    target_busy = busy * DATASHEET_FP16_TFLOPS[measured_on] / DATASHEET_FP16_TFLOPS[target]
+    return GpuProjection(target, measured_on, measured_step_s, busy, target_busy,
+                         measured_step_s - busy + target_busy, tokens_per_step)

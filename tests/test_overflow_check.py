@@ -87,3 +87,21 @@ def test_the_benchmark_compares_both_checks_on_the_same_run(tmp_path):
     (c,) = report["comparison"]
     assert c["same_skipped_steps"] and c["max_loss_difference"] < 1e-4, report
     assert "| gpt2-tiny | yes |" in out.with_suffix(".md").read_text()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_the_min_max_per_slice_gives_isinf_isnans_answer(dtype):
+    """The chunked check's test (issue 24): each slice's torch.aminmax instead of isinf/isnan over the buffer. The
+    largest finite values, a lone inf/-inf/NaN at either end of any slice, NaN beside inf: the same answer."""
+    from helpers.overflow_check import _any_inf_or_nan
+
+    big = torch.finfo(dtype).max
+    cases = [[], [(0, big), (1, -big)]]
+    cases += [[(i, v)] for i in (0, 96, 97, 999) for v in (float("inf"), float("-inf"), float("nan"))]
+    cases += [[(5, float("nan")), (500, float("inf"))], [(5, float("-inf")), (500, float("nan"))]]
+    for case in cases:
+        flat = torch.linspace(-3, 3, 1000).to(dtype)
+        for i, v in case:
+            flat[i] = v
+        expected = bool(torch.isinf(flat).any() or torch.isnan(flat).any())
+        assert bool(_any_inf_or_nan(flat, 97)) == expected, (dtype, case)

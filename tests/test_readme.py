@@ -115,3 +115,20 @@ def test_readme_nvme_speeds_and_the_gpt2_xl_claim_are_the_reports():
     assert top["skipped_timed_steps"] == 0 and top["losses"][-1] < top["losses"][0] and len(top["losses"]) >= 5
     assert (f"measured in the emulation: {top['enclosure']['peak_ram_gb']:.1f} GB of RAM at peak, "
             f"{top['tokens_per_s']:.0f} tokens/s, lr {top['lr']:g})") in README
+
+
+def test_readme_offload_speed_numbers_are_the_committed_report():
+    """Issue 24: the README's lever-by-lever NVMe numbers are reports/offload_speed.json's rows."""
+    report = json.loads((ROOT / "reports" / "offload_speed.json").read_text())
+    text = " ".join(README.split())
+    rows = {r["lever"]: r for r in report["rows"]}
+    base, best = report["baseline"], report["best"]
+    batch_only = max((r for r in report["rows"] if r["fits"] and not r["patch"] and not r.get("chunked_overflow_check")),
+                     key=lambda r: r["tokens_per_s"])
+    assert f"{batch_only['micro_batch']} x {batch_only['grad_accum']} instead of 2 x 1" in text
+    assert f"{batch_only['tokens_per_s'] / base['tokens_per_s']:.0f}x the tokens/s" in text
+    assert f"{best['tokens_per_s'] / base['tokens_per_s']:.0f}x, {best['tokens_per_s']:,.0f} tokens/s, " \
+           f"{best['tokens_per_s'] / best['roofline_tokens_per_s']:.0%} of what the disk alone allows" in text
+    assert rows[best["lever"]]["patch"] and rows[best["lever"]]["chunked_overflow_check"]  # pinned + the course's check
+    assert f"trained at {best['tokens_per_s']:,.0f} tokens/s in the emulation" in text
+    assert f"the T4 estimate there, {report['t4_estimate']['tokens_per_s']:,.0f} tokens/s" in text

@@ -116,3 +116,36 @@ def test_the_accumulation_picture_draws_every_component_and_the_measured_points(
                                                              "roofline (the busiest resource alone)"]
     assert list(right.lines[0].get_ydata()) == [curve[g].tokens_per_s for g in (1, 4, 16)]
     assert len(right.collections) == 1  # the measured point
+
+
+def test_the_chunked_overflow_check_is_timed_at_its_own_measured_rate():
+    """Issue 24: the course's overflow check (min/max per slice) is a lever; the model times it at its own rate, and
+    names it as missing where only DeepSpeed's was measured."""
+    import dataclasses
+
+    cfg = _nvme_config(micro_batch_size=16, grad_accum_steps=8)
+    lim = dataclasses.replace(GPU_LIMITS, overflow_check_per_s=0.25e9, overflow_check_chunked_per_s=10e9)
+    own = estimate_step_time(cfg, XL, lim, seq_len=512)
+    chunked = estimate_step_time(cfg, XL, lim, seq_len=512, chunked_overflow_check=True)
+    assert own.components["fp16 overflow check (host)"] == pytest.approx(XL.n_params / 0.25e9)
+    assert chunked.components["fp16 overflow check (host)"] == pytest.approx(XL.n_params / 10e9)
+    assert chunked.seconds == pytest.approx(own.seconds - XL.n_params / 0.25e9 + XL.n_params / 10e9)
+    unmeasured = estimate_step_time(cfg, XL, dataclasses.replace(lim, overflow_check_chunked_per_s=None), seq_len=512,
+                                    chunked_overflow_check=True)
+    assert "fp16 overflow check (host)" not in unmeasured.components
+    assert "chunked overflow check rate" in unmeasured.missing
+
+
+def test_a_step_moved_to_a_t4_scales_only_the_gpu_compute_by_the_datasheet_peaks():
+    from helpers.step_time import DATASHEET_FP16_TFLOPS, project_to_gpu
+
+    proj = project_to_gpu({"GPU compute": 4.0, "optimizer states to disk": 20.0}, 50.0, 65_536)
+    ratio = DATASHEET_FP16_TFLOPS["H200"] / DATASHEET_FP16_TFLOPS["T4"]
+    assert proj.target_gpu_s == pytest.approx(4.0 * ratio) and proj.step_s == pytest.approx(46.0 + 4.0 * ratio)
+    assert proj.tokens_per_s == pytest.approx(65_536 / proj.step_s) and "not a measurement on a T4" in proj.text()
+    same = project_to_gpu({"GPU compute": 4.0}, 50.0, 65_536, measured_on="H100", target="H200")
+    assert same.step_s == pytest.approx(50.0)
+    with pytest.raises(ValueError, match="no datasheet fp16 peak for 'V100'"):
+        project_to_gpu({"GPU compute": 4.0}, 50.0, 65_536, target="V100")
+    with pytest.raises(ValueError, match="positive seconds"):
+        project_to_gpu({"GPU compute": 4.0}, 0.0, 65_536)
