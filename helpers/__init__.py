@@ -26,6 +26,7 @@ from helpers.hub import *  # noqa: F403
 from helpers.health import *  # noqa: F403
 from helpers.limits import *  # noqa: F403
 from helpers.step_time import *  # noqa: F403
+from helpers.long_context import *  # noqa: F403
 from helpers.planner import *  # noqa: F403
 from helpers.bootstrap import *  # noqa: F403
 # floor 2: training, measuring, plotting
@@ -42,7 +43,7 @@ from helpers.rank import *  # noqa: F403
 from helpers.scale_out import *  # noqa: F403
 
 MODULES = ("atomic", "checks", "hardware", "runtime", "records", "progress", "overflow_check", "memory", "host_buffers", "host_trace", "config", "data", "models", "hub", "health",
-           "limits", "step_time", "planner", "bootstrap", "train", "fresh_process", "plots", "planner_ui", "checkpoints", "moe", "integrations", "launch",
+           "limits", "step_time", "long_context", "planner", "bootstrap", "train", "fresh_process", "plots", "planner_ui", "checkpoints", "moe", "integrations", "launch",
            "rank", "scale_out")
 
 
