@@ -132,3 +132,7 @@ def test_readme_offload_speed_numbers_are_the_committed_report():
     assert rows[best["lever"]]["patch"] and rows[best["lever"]]["chunked_overflow_check"]  # pinned + the course's check
     assert f"trained at {best['tokens_per_s']:,.0f} tokens/s in the emulation" in text
     assert f"the T4 estimate there, {report['t4_estimate']['tokens_per_s']:,.0f} tokens/s" in text
+    own, chunked = rows["mb16_g8"], rows["mb16_g8_chunked"]
+    assert (f"peaked at {own['peak_rss_gb']:.2f} GB of the enforced {report['ram_budget_gb']:.2f} GB "
+            f"({report['ram_budget_gb'] - own['peak_rss_gb']:.2f} GB to spare), with the course's check at "
+            f"{chunked['peak_rss_gb']:.2f} GB") in text
