@@ -27,8 +27,8 @@ backward; DeepSpeed's `TiledMLP` keeps only the MLP's input; `TiledFusedLogitsLo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 __all__ = ["ActivationEstimate", "LongContextShape", "estimate_saved_activations", "long_context_shape",
@@ -89,11 +89,16 @@ class ActivationEstimate:
         return "\n".join(lines)
 
 
+def _rms_norm_bytes(h: int, e: int) -> int:
+    """Bytes per token one RMSNorm keeps: its e-byte input, the fp32 normalised values and the fp32 rsqrt."""
+    return e * h + 4 * h + 4
+
+
 def _layer_parts(shape: LongContextShape, e: int) -> dict[str, int]:
     """Bytes per token one decoder layer keeps for backward, by part (see the module docstring)."""
     h, i, a = shape.hidden, shape.intermediate, shape.n_heads
     kv_width = shape.n_kv_heads * shape.head_dim
-    return {"norms": 2 * (e * h + 4 * h + 4),
+    return {"norms": 2 * _rms_norm_bytes(h, e),
             "attention": e * h + 2 * e * h + 2 * e * kv_width + 4 * a,
             "mlp": e * h + 4 * e * i}
 
@@ -131,7 +136,7 @@ def estimate_saved_activations(shape: LongContextShape, seq_len: int, batch: int
         for name, b in parts.items():
             est.gpu[f"layers: {name}"] = shape.n_layers * b * tokens
         est.gpu["RoPE cos/sin"] = 2 * e * shape.head_dim * tokens
-    est.gpu["final norm"] = (e * h + 4 * h + 4) * tokens
+    est.gpu["final norm"] = _rms_norm_bytes(h, e) * tokens
     if tiled_logits:
         est.gpu["head: gradient of its input"] = e * h * tokens
     else:
@@ -156,8 +161,7 @@ def saved_activation_bytes(forward: Callable[[], Any], exclude: Any = ()) -> tup
     def pack(t: Any) -> Any:
         storage = t.untyped_storage()
         if storage.data_ptr() not in skip:
-            nbytes, refs = saved.setdefault(storage.data_ptr(), (storage.nbytes(), []))
-            refs.append(weakref.ref(t))
+            saved.setdefault(storage.data_ptr(), (storage.nbytes(), []))[1].append(weakref.ref(t))
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
