@@ -19,7 +19,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, NoReturn
 
 from helpers.atomic import write_atomically
 from helpers.scale_out import SCALE_OUT_SHAPES, corpus_blocks, gpt_config
@@ -27,7 +27,7 @@ from helpers.scale_out import SCALE_OUT_SHAPES, corpus_blocks, gpt_config
 if TYPE_CHECKING:
     from helpers.gpt import GPTConfig
 
-__all__ = ["choose_device", "init_rank", "write_rank_report", "finish_rank", "load_blocks", "add_rank_args", "RankSetup", "setup_rank",
+__all__ = ["choose_device", "init_rank", "write_rank_report", "finish_rank", "exit_rank", "load_blocks", "add_rank_args", "RankSetup", "setup_rank",
            "rank_batches", "rank_state_bytes", "GradientPeak", "peak_gpu_bytes"]
 
 
@@ -79,6 +79,25 @@ def finish_rank(out: Path, rank: int, report: dict[str, Any]) -> None:
     write_rank_report(out, rank, report)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def exit_rank(code: int) -> NoReturn:
+    """End a launched rank with `code` without Python's interpreter shutdown: flush stdout and stderr, then
+    `os._exit` (the programs' last line: ``rank.exit_rank(main())``).
+
+    After its report is written and the group destroyed, a rank has nothing left to do, but at shutdown torch's gloo
+    worker threads can still hold work objects whose release needs the interpreter being torn down: the process
+    then aborts ("terminate called without an active exception", SIGABRT) and the launcher reports the whole run
+    failed (seen once in CI, tests/test_moe.py, after barrier + destroy_process_group; pytorch/pytorch#179291
+    describes the mechanism). Leaving with os._exit skips that teardown; the operating system frees the rest."""
+    import sys
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed or redirected to a dead pipe
+            pass
+    os._exit(code)
 
 
 def load_blocks(path: str | Path | None, seq_len: int, vocab: int, work: Path, rank: int) -> Any:

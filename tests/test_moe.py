@@ -310,7 +310,9 @@ def test_expert_parallel_script_splits_the_experts_over_two_processes(tmp_path, 
            "--steps", "3", "--hidden", "32", "--blocks", str(tmp_path / "blocks"), "--vocab", str(vocab)]
     env = {k: v for k, v in os.environ.items() if k not in DIST_ENV_VARS}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    written = sorted(p.name for p in out.glob("rank*.json")) if out.exists() else []
+    assert proc.returncode == 0, (f"exit {proc.returncode}; reports written: {written}\n"
+                                  f"stdout: {proc.stdout[-1500:]}\nstderr: {proc.stderr[-3000:]}")
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
     layer = next(iter(ranks[0]["experts_held"]))
     assert [r["experts_held"][layer] for r in ranks] == [[0, 1], [2, 3]]

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 from pathlib import Path
+
+from helpers.rank import exit_rank, finish_rank
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -153,17 +154,14 @@ def main(argv: list[str] | None = None) -> int:
         "peak_gpu_allocated_gib": round(torch.cuda.max_memory_allocated() / 2**30, 4) if device == "cuda" else None,
         "runtime": runtime.label,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"rank{rank}.json").write_text(json.dumps(report, indent=2) + "\n")
     print(f"rank {rank}/{world} ({device}, {report['backend']}): experts {held['experts_held'][first_layer]} of "
           f"{cfg.num_experts} per MoE layer, {held['expert_params_local']:,} of {held['expert_params_total']:,} "
           f"expert parameters, {held['params_local']:,} parameters in all; loss {losses[0]:.3f} -> {losses[-1]:.3f}",
           flush=True)
     engine.destroy()
-    dist.barrier()
-    dist.destroy_process_group()
+    finish_rank(args.out, rank, report)  # rank<r>.json, then wait for every rank and leave the group
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_rank(main())

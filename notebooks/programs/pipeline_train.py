@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import sys
 
 from helpers import rank, scale_out
 
@@ -96,4 +95,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    rank.exit_rank(main())

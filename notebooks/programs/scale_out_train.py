@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import sys
 import time
 
 from helpers import rank  # light: DeepSpeed is imported once the device is chosen
@@ -96,4 +95,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    rank.exit_rank(main())

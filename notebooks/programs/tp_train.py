@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import sys
 import traceback
 
 from helpers import rank, scale_out
@@ -119,4 +118,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    rank.exit_rank(main())
