@@ -31,8 +31,29 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-__all__ = ["ActivationEstimate", "LongContextShape", "estimate_saved_activations", "long_context_shape",
-           "saved_activation_bytes", "tiled_causal_lm_loss", "tiled_mlp"]
+__all__ = ["ActivationEstimate", "ActivationPeak", "LongContextShape", "TECHNIQUES", "checkpoints_on_cpu",
+           "estimate_activation_peak", "estimate_saved_activations", "long_context_config", "long_context_shape",
+           "longest_fitting_seq_len", "saved_activation_bytes", "tiled_causal_lm_loss", "tiled_mlp"]
+
+# The rungs of notebook 06, each adding one technique to the one before: name -> estimate_activation_peak's flags.
+TECHNIQUES: dict[str, dict[str, bool]] = {
+    "plain": {},
+    "checkpointing": {"checkpointing": True},
+    "+ tiled logits": {"checkpointing": True, "tiled_logits": True},
+    "+ tiled MLP": {"checkpointing": True, "tiled_logits": True, "tiled_mlp": True},
+    "+ checkpoints on CPU": {"checkpointing": True, "tiled_logits": True, "tiled_mlp": True,
+                             "offload_checkpoints": True},
+}
+
+# Bytes per token of the backward's transients that the saved-tensor count does not see, from the GPU probe of
+# session 15 (246M Llama, fp16; docs/dev-notes.md): the untiled loss's backward holds the log-softmax's gradient and
+# the logits' gradient, fp32, beside the saved log-softmax (8 V per token over what is saved, 4 + 4); one logits tile
+# of TiledFusedLogitsLoss holds its fp16 and fp32 logits, log-softmax and gradients (12 V per tile token); a layer's
+# backward holds the gradients being formed: about 5 hidden-sized tensors per token (the gradient flowing back, q, k,
+# v and MLP-input gradients), 6 with TiledMLP (its input's gradient is accumulated tile by tile).
+LOSS_BACKWARD_BYTES_PER_VOCAB = 8
+LOGITS_TILE_BYTES_PER_VOCAB = 12
+LAYER_GRADIENT_HIDDENS = 5
 
 
 @dataclass(frozen=True)
@@ -49,6 +70,26 @@ class LongContextShape:
     @property
     def head_dim(self) -> int:
         return self.hidden // self.n_heads
+
+
+def long_context_config(vocab: int, *, hidden: int = 1024, intermediate: int = 2816, layers: int = 16,
+                        heads: int = 16, kv_heads: int = 4, max_positions: int = 1 << 20) -> Any:
+    """A Llama-shaped transformers config built here, offline (notebook 06): RoPE positions (no learned position
+    table, so no 1024-token limit as GPT-2's), grouped-query attention (`kv_heads` key/value heads), SwiGLU MLP,
+    RMSNorm, untied head. The defaults give ~195M parameters with the course's 8192-token vocabulary: 3.1 GB of model
+    states in fp16 with Adam, a fifth of a T4, so the rest is left to activations."""
+    from transformers import LlamaConfig
+
+    for name, value in (("vocab", vocab), ("hidden", hidden), ("intermediate", intermediate), ("layers", layers),
+                        ("heads", heads), ("kv_heads", kv_heads), ("max_positions", max_positions)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive whole number, got {value!r}")
+    if hidden % heads or heads % kv_heads:
+        raise ValueError(f"hidden ({hidden}) must be a multiple of heads ({heads}) and heads of kv_heads ({kv_heads}): "
+                         f"e.g. hidden={heads * max(1, hidden // heads)}, kv_heads={kv_heads if heads % kv_heads == 0 else 1}")
+    return LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+                       num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
+                       tie_word_embeddings=False, attn_implementation="sdpa", use_cache=False)
 
 
 def long_context_shape(config: Any) -> LongContextShape:
@@ -87,6 +128,10 @@ class ActivationEstimate:
         lines.append(f"  GPU total {self.gpu_total / 2**30:32,.3f} GiB" + (
             f"; CPU {self.cpu_total / 2**30:,.3f} GiB" if self.cpu else ""))
         return "\n".join(lines)
+
+
+def _shards(seq_len: int, tile: int) -> int:
+    return max(1, -(-seq_len // tile))
 
 
 def _rms_norm_bytes(h: int, e: int) -> int:
@@ -146,6 +191,74 @@ def estimate_saved_activations(shape: LongContextShape, seq_len: int, batch: int
     return est
 
 
+@dataclass
+class ActivationPeak:
+    """The activation part of a training step's peak GPU memory: what is kept for backward (`saved`) plus the larger
+    of backward's transients; CPU RAM the offloaded checkpoints take (page-locked)."""
+
+    saved: ActivationEstimate
+    transients: dict[str, int] = field(default_factory=dict)
+    cpu_pinned_bytes: int = 0
+
+    @property
+    def gpu_peak(self) -> int:
+        return self.saved.gpu_total + max(self.transients.values(), default=0)
+
+    @property
+    def peak_transient(self) -> str:
+        return max(self.transients, key=self.transients.__getitem__) if self.transients else ""
+
+
+def estimate_activation_peak(shape: LongContextShape, seq_len: int, batch: int = 1, *, precision_bytes: int = 2,
+                             checkpointing: bool = False, tiled_mlp: bool = False, tiled_logits: bool = False,
+                             offload_checkpoints: bool = False, logits_tile_tokens: int = 1024) -> ActivationPeak:
+    """Peak activation bytes on the GPU during one forward + backward (notebook 06): `estimate_saved_activations`
+    plus the largest transient of backward: the loss's gradient over the vocabulary (or one logits tile), or one
+    layer's backward (with checkpointing: that layer recomputed, its saved parts back for the time of its backward).
+    With `offload_checkpoints` (DeepSpeed's CheckpointHiddenStatesOffload) the GPU keeps the last layer's input, a layer's
+    input comes back for its backward, and the other inputs sit in page-locked RAM (`cpu_pinned_bytes`, each buffer
+    rounded up to a power of two by torch's host allocator)."""
+    from helpers.memory import pinned_bytes
+
+    saved = estimate_saved_activations(shape, seq_len, batch, precision_bytes=precision_bytes,
+                                       checkpointing=checkpointing, tiled_mlp=tiled_mlp, tiled_logits=tiled_logits,
+                                       offload_checkpoints=offload_checkpoints)
+    e, h, v, tokens = precision_bytes, shape.hidden, shape.vocab, seq_len * batch
+    peak = ActivationPeak(saved)
+    if tiled_logits:
+        tile = -(-tokens // _shards(tokens, logits_tile_tokens))
+        peak.transients["one logits tile"] = LOGITS_TILE_BYTES_PER_VOCAB * v * tile
+    else:
+        peak.transients["loss backward (fp32 gradients)"] = LOSS_BACKWARD_BYTES_PER_VOCAB * v * tokens
+    layer = (LAYER_GRADIENT_HIDDENS + (1 if tiled_mlp else 0)) * e * h * tokens
+    if checkpointing:
+        parts = _layer_parts(shape, e)
+        if tiled_mlp:
+            parts["mlp"] = e * h
+        layer += (sum(parts.values()) + 2 * e * shape.head_dim) * tokens  # + RoPE's cos/sin for the recompute
+    if offload_checkpoints:
+        checkpoint = e * h * tokens
+        saved.gpu["last layer input (kept on GPU)"] = checkpoint
+        saved.cpu["layer inputs (checkpoints)"] = (shape.n_layers - 1) * checkpoint
+        peak.cpu_pinned_bytes = (shape.n_layers - 1) * pinned_bytes(checkpoint)
+        layer += checkpoint  # the layer's input, back from RAM
+    peak.transients["one layer's backward"] = layer
+    return peak
+
+
+def longest_fitting_seq_len(fits: Callable[[int], bool], upper: int = 1 << 22, multiple: int = 256) -> int:
+    """The longest multiple of `multiple` tokens (up to `upper`) for which `fits(seq_len)` holds, by bisection: the
+    estimated memory grows with the sequence (notebook 06, benchmarks/long_context.py). 0 if not even `multiple`."""
+    lo, hi = 0, upper // multiple
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid * multiple):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * multiple
+
+
 def saved_activation_bytes(forward: Callable[[], Any], exclude: Any = ()) -> tuple[int, Any]:
     """(bytes, forward's result): the distinct storages autograd holds for backward when `forward()` returns, the
     tensors of `exclude` (e.g. `model.parameters()`) left out - the measured side of `estimate_saved_activations`.
@@ -170,8 +283,6 @@ def saved_activation_bytes(forward: Callable[[], Any], exclude: Any = ()) -> tup
     return alive, out
 
 
-def _shards(seq_len: int, tile: int) -> int:
-    return max(1, -(-seq_len // tile))
 
 
 @contextmanager
@@ -199,6 +310,21 @@ def tiled_mlp(tile_tokens: int | None = None) -> Iterator[None]:
         yield
     finally:
         modeling_llama.LlamaMLP.forward = original
+
+
+@contextmanager
+def checkpoints_on_cpu() -> Iterator[Any]:
+    """Inside the block, the layer inputs that activation checkpointing keeps go to page-locked CPU RAM on a side
+    stream and come back for their layer's backward (DeepSpeed's `CheckpointHiddenStatesOffload`, notebook 06): run
+    forward AND backward inside it. Needs the model's non-reentrant checkpointing
+    (``model.gradient_checkpointing_enable({"use_reentrant": False})``). On a CPU runtime nothing moves (there is no
+    GPU memory to save); the block runs as without it. Yields DeepSpeed's context, whose `.stats` count what moved."""
+    from deepspeed.runtime.activation_checkpointing.offload_activations import (
+        get_checkpoint_hidden_states_offloading_ctx_manager)
+
+    offload = get_checkpoint_hidden_states_offloading_ctx_manager()
+    with offload:  # its __enter__ returns None: yield the object itself
+        yield offload
 
 
 def tiled_causal_lm_loss(model: Any, input_ids: Any, tile_tokens: int = 1024) -> Any:

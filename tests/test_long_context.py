@@ -1,5 +1,7 @@
 """The activation estimate of notebook 06 (helpers.long_context) against what autograd really keeps for backward,
 for each technique, on a small Llama built from its config (CPU, bf16 and fp32), and the tiled paths' numbers."""
+import os
+
 import pytest
 import torch
 
@@ -77,3 +79,84 @@ def test_checkpointing_and_its_offload_move_the_same_bytes_and_the_vocabulary_do
         estimate_saved_activations(shape, 8192, offload_checkpoints=True)
     with pytest.raises(ValueError, match="seq_len must be a positive whole number"):
         estimate_saved_activations(shape, 0)
+
+
+def test_the_peak_adds_the_larger_backward_transient_and_each_rung_needs_less():
+    shape = long_context_shape(helpers.long_context_config(8192))
+    peaks = {name: helpers.estimate_activation_peak(shape, 32768, **flags) for name, flags in helpers.TECHNIQUES.items()}
+    for name, pk in peaks.items():
+        assert pk.gpu_peak == pk.saved.gpu_total + max(pk.transients.values()), name
+    gpu = [pk.gpu_peak for pk in peaks.values()]
+    assert gpu == sorted(gpu, reverse=True) and gpu[0] > 8 * gpu[-1]  # every rung lowers the peak
+    assert peaks["plain"].peak_transient.startswith("loss backward")  # the vocabulary's fp32 gradients
+    tiled = helpers.estimate_activation_peak(shape, 32768, checkpointing=True, tiled_logits=True, logits_tile_tokens=512)
+    assert tiled.transients["one logits tile"] == 12 * 8192 * 512  # one tile, whatever the length
+    off = peaks["+ checkpoints on CPU"]
+    layer_input = 2 * 1024 * 32768
+    assert off.saved.cpu["layer inputs (checkpoints)"] == 15 * layer_input  # the last one stays on the GPU
+    assert off.cpu_pinned_bytes == 15 * 2**26  # 64 MiB each, already a power of two
+    odd = helpers.estimate_activation_peak(shape, 30000, **helpers.TECHNIQUES["+ checkpoints on CPU"])
+    assert odd.cpu_pinned_bytes == 15 * 2**26 > odd.saved.cpu_total  # rounded up by torch's host allocator
+
+
+def test_the_longest_fitting_length_is_the_last_multiple_that_fits():
+    assert helpers.longest_fitting_seq_len(lambda s: 1000 + 3 * s <= 100_000, multiple=256) == 32_768
+    assert helpers.longest_fitting_seq_len(lambda s: s <= 10**9, upper=1 << 20) == 1 << 20
+    assert helpers.longest_fitting_seq_len(lambda s: False) == 0
+
+
+def test_the_model_config_is_built_offline_and_bad_shapes_say_the_fix():
+    cfg = helpers.long_context_config(8192)
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.vocab_size) == (1024, 16, 4, 8192)
+    n = 2 * 8192 * 1024 + 16 * (2 * 1024 * 1024 + 2 * 1024 * 256 + 3 * 1024 * 2816 + 2 * 1024) + 1024
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    assert sum(p.numel() for p in model.parameters()) == n  # ~195M
+    with pytest.raises(ValueError, match="multiple of heads") as err:
+        helpers.long_context_config(8192, hidden=1000, heads=16, kv_heads=3)
+    fix = str(err.value).split("e.g. ")[1]
+    hidden, kv = (int(x.split("=")[1]) for x in fix.split(", "))
+    helpers.long_context_config(8192, hidden=hidden, heads=16, kv_heads=kv)  # the suggested fix passes
+    with pytest.raises(ValueError, match="vocab must be a positive whole number"):
+        helpers.long_context_config(0)
+
+
+def test_checkpoints_on_cpu_train_the_same_numbers():
+    model = _model(torch.float32, checkpointing=True)
+    ids = torch.randint(0, CONFIG["vocab_size"], (1, 256))
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    with helpers.checkpoints_on_cpu() as offload:
+        again = model(input_ids=ids, labels=ids).loss
+        again.backward()
+    assert again.item() == loss.item() and offload.stats.saved_tensors_seen > 0
+    for n, p in model.named_parameters():
+        assert torch.equal(p.grad, grads[n]), n
+
+
+def test_benchmark_smoke(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    from helpers.runtime import DIST_ENV_VARS
+
+    out = tmp_path / "lc.json"
+    proc = subprocess.run([sys.executable, "benchmarks/long_context.py", "--hidden", "64", "--intermediate", "176",
+                           "--layers", "2", "--heads", "4", "--kv-heads", "2", "--lengths", "256",
+                           "--max-seq-len", "512", "--rungs", "plain", "+ checkpoints on CPU", "--out", str(out),
+                           "--work-dir", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=900,
+                          env={k: v for k, v in os.environ.items() if k not in DIST_ENV_VARS})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert [r["rung"] for r in report["rows"]] == ["plain", "+ checkpoints on CPU"]
+    for row in report["rows"]:
+        (attempt,) = row["attempts"]
+        assert attempt["ok"] and attempt["losses"][-1] < attempt["losses"][0] and row["longest"] == 256
+        assert attempt["estimate"]["gpu_peak"] > 0 and attempt["peak_rss"] > 0
+    assert "| plain | 256 |" in out.with_suffix(".md").read_text()

@@ -1,0 +1,420 @@
+"""Benchmark: the longest sequence that trains, technique by technique, for one Llama-shaped model (issue 26,
+notebook 06).
+
+    python benchmarks/long_context.py --emulate          # GPU: Colab enclosure (15 GiB, fp16, 12.1 GB RAM, 2 CPUs)
+    python benchmarks/long_context.py --hidden 64 --intermediate 176 --layers 2 --heads 4 --kv-heads 2 \\
+        --lengths 256 512 --out build/long_context_cpu.json    # CPU smoke: fixed lengths, no search
+
+Model: `helpers.long_context_config` (~195M parameters by default: h 1024, MLP 2816, 16 layers, 16 heads, 4 KV heads,
+RoPE) with the course's tokenizer (8192 tokens), trained by a DeepSpeed ZeRO-2 engine (fp16 on a GPU, torch's AdamW,
+constant learning rate) on one sequence of the shipped corpus (batch 1). The rungs (`helpers.TECHNIQUES`) each add one
+technique: plain; activation checkpointing (transformers' non-reentrant); DeepSpeed's TiledFusedLogitsLoss; its
+TiledMLP; DeepSpeed's CheckpointHiddenStatesOffload (layer inputs in page-locked RAM); then the optimizer on the CPU
+(ZeRO-Offload) when `--optimizer-offload`. Each rung runs in a fresh process (inside its own enclosure with
+--emulate): the estimate (`helpers.estimate_activation_peak` + the model states) predicts its longest length; the
+child trains at the longest step of the length grid predicted to fit (a step is 1/8 of the power of two below,
+at least 1024 tokens), then one step up or down until it has one length that trains and the next that does not.
+"Trains" = forward + backward + optimizer step with no out-of-memory error, at least two steps not skipped by the
+fp16 loss scaler, and a lower loss on the second (the same sequence, so it must fall). Each length also records the
+peak GPU memory (allocated, as torch counts it), peak RSS and tokens/s of the last step, beside the estimate. A rung
+killed at the RAM limit keeps the lengths it finished. `--lengths` measures fixed lengths instead of searching.
+Writes reports/long_context.json and .md.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import helpers
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT / "scripts"))  # colab_emulation, for --emulate
+import _bench  # noqa: E402
+
+OPTIMIZER_ON_CPU = "+ optimizer on CPU"
+SPEED_SEQ_LEN = 4096  # every rung also measured here: tokens/s at one common length
+LR = 1e-3
+
+
+def rungs(optimizer_offload: bool) -> dict[str, dict[str, bool]]:
+    out = dict(helpers.TECHNIQUES)
+    if optimizer_offload:
+        out[OPTIMIZER_ON_CPU] = dict(out["+ checkpoints on CPU"])
+    return out
+
+
+def ds_config(rung: str, runtime: Any) -> dict[str, Any]:
+    """ZeRO-2, batch 1, constant lr; fp16 from loss scale 2^8 on a GPU (bf16 on CPU); optimizer on CPU for the last
+    rung."""
+    cfg = helpers.build_ds_config(2, runtime=runtime, micro_batch_size=1, lr=LR, scheduler=None, warmup_steps=0,
+                                  initial_scale_power=8, offload_optimizer="cpu" if rung == OPTIMIZER_ON_CPU else "none")
+    return cfg
+
+
+def estimate(rung: str, flags: dict[str, bool], shape: Any, n_params: int, seq_len: int, cfg: dict[str, Any],
+             precision_bytes: int, baseline_rss: int, logits_tile: int) -> dict[str, Any]:
+    """Predicted peak GPU bytes (model states + max(activation peak, optimizer-step temporaries)) and RAM."""
+    act = helpers.estimate_activation_peak(shape, seq_len, precision_bytes=precision_bytes,
+                                           logits_tile_tokens=logits_tile, **flags)
+    precision = "fp16" if cfg.get("fp16", {}).get("enabled") else "bf16" if cfg.get("bf16", {}).get("enabled") else "fp32"
+    peak, states = helpers.estimate_peak(cfg, n_params, precision=precision, activation_bytes=act.gpu_peak)
+    return {"gpu_peak": int(peak), "activation_peak": int(act.gpu_peak), "saved": int(act.saved.gpu_total),
+            "transient": act.peak_transient, "states_gpu": int(states.gpu_total),
+            "ram": int(baseline_rss + act.cpu_pinned_bytes + states.cpu_total), "cpu_pinned": int(act.cpu_pinned_bytes),
+            "states_cpu": int(states.cpu_total)}
+
+
+def grid_step(seq_len: int) -> int:
+    """The search's resolution near `seq_len`: 1/8 of the power of two at or below it, at least 1024 tokens."""
+    return max(1024, (1 << (max(seq_len, 1).bit_length() - 1)) // 8)
+
+
+# ---------------------------------------------------------------------------------------------------------- child
+
+
+def _build(spec: dict[str, Any], runtime: Any) -> tuple[Any, Any]:
+    import deepspeed
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(spec["seed"])
+    config = helpers.long_context_config(spec["vocab"], hidden=spec["hidden"], intermediate=spec["intermediate"],
+                                         layers=spec["layers"], heads=spec["heads"], kv_heads=spec["kv_heads"])
+    with torch.device("cuda" if runtime.has_gpu else "cpu"):
+        model = AutoModelForCausalLM.from_config(config)
+    if spec["flags"].get("checkpointing"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    from helpers.moe import quiet_deepspeed
+
+    with quiet_deepspeed():
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=spec["ds_config"])
+    return engine, config
+
+
+def _step(engine: Any, ids: Any, flags: dict[str, bool], tile: int) -> float:
+    import contextlib
+
+    import torch
+
+    mlp = helpers.tiled_mlp() if flags.get("tiled_mlp") else contextlib.nullcontext()
+    offload = helpers.checkpoints_on_cpu() if flags.get("offload_checkpoints") else contextlib.nullcontext()
+    with mlp, offload:
+        if flags.get("tiled_logits"):
+            loss = helpers.tiled_causal_lm_loss(engine.module, ids, tile)
+        else:
+            loss = engine(input_ids=ids, labels=ids).loss  # the logits go once the loss is taken
+        engine.backward(loss)
+    engine.step()
+    value = float(loss.detach().float().item())
+    del loss
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return value
+
+
+def _attempt(engine: Any, stream: Any, seq_len: int, flags: dict[str, bool], tile: int, max_steps: int) -> dict[str, Any]:
+    import torch
+
+    ids = stream[:seq_len].unsqueeze(0).to(engine.device)
+    losses, skipped, times = [], [], []
+    with helpers.measure_peak() as m:
+        for i in range(max_steps):
+            before = engine.skipped_steps
+            t0 = time.perf_counter()
+            losses.append(round(_step(engine, ids, flags, tile), 4))
+            times.append(time.perf_counter() - t0)
+            if engine.skipped_steps > before:
+                skipped.append(i)
+            if len(losses) - len(skipped) >= 2:
+                break
+    del ids
+    done = [loss for i, loss in enumerate(losses) if i not in skipped]
+    trains = len(done) >= 2 and all(map(_finite, losses)) and done[-1] < done[0]
+    return {"seq_len": seq_len, "ok": trains, "error": None if trains else "loss did not fall", "losses": losses,
+            "skipped_at_steps": skipped, "step_s": [round(t, 3) for t in times],
+            "tokens_per_s": round(seq_len / times[-1], 1), "peak_gpu_allocated": m.peak_gpu_allocated,
+            "peak_gpu_reserved": m.peak_gpu_reserved, "baseline_gpu_allocated": m.baseline_gpu_allocated,
+            "peak_rss": m.peak_rss, "baseline_rss": m.baseline_rss,
+            "gpu_total": int(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.is_available() else 0}
+
+
+def _finite(x: float) -> bool:
+    return x == x and abs(x) != float("inf")
+
+
+def child(spec_path: Path) -> int:
+    """One rung, in a process of its own: search (or measure the fixed lengths), one JSON line per length."""
+    spec = json.loads(spec_path.read_text())
+    runtime = helpers.detect_runtime()
+    helpers.setup_single_process()
+    import torch
+
+    out = Path(spec["result"])
+    stream = torch.load(spec["stream"])
+    flags, tile = spec["flags"], spec["logits_tile"]
+    engine, config = _build(spec, runtime)
+    helpers.warm_up_cuda()
+    baseline_rss = helpers.rss_bytes()  # the process with its libraries, CUDA and the engine: what the rung adds is estimated
+    shape = helpers.long_context_shape(config)
+    n_params = sum(p.numel() for p in engine.module.parameters())
+    e = 4 if not (spec["ds_config"].get("fp16", {}).get("enabled") or spec["ds_config"].get("bf16", {}).get("enabled")) else 2
+
+    def est(seq_len: int) -> dict[str, Any]:
+        return estimate(spec["rung"], flags, shape, n_params, seq_len, spec["ds_config"], e, baseline_rss, tile)
+
+    budget = spec["vram_budget"]
+    ram_budget = spec["ram_budget"]
+    predicted = helpers.longest_fitting_seq_len(
+        lambda s: est(s)["gpu_peak"] <= budget and (not ram_budget or est(s)["ram"] <= ram_budget),
+        upper=spec["max_seq_len"], multiple=256)
+
+    def write(row: dict[str, Any]) -> None:
+        with out.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    write({"kind": "start", "n_params": n_params, "predicted_longest": predicted, "baseline_rss": baseline_rss,
+           "shape": shape.__dict__, "precision_bytes": e})
+    print(f"[{spec['rung']}] {n_params / 1e6:.0f}M params; estimate: longest {predicted:,} tokens", flush=True)
+
+    def run(seq_len: int) -> dict[str, Any]:
+        nonlocal engine
+        t0 = time.perf_counter()
+        try:
+            row = _attempt(engine, stream, seq_len, flags, tile, spec["max_steps"])
+        except torch.OutOfMemoryError as err:
+            row = {"seq_len": seq_len, "ok": False, "error": "out of GPU memory: " + str(err).split("\n")[0][:160]}
+        except RuntimeError as err:  # e.g. pinned host memory could not be allocated
+            row = {"seq_len": seq_len, "ok": False, "error": f"{type(err).__name__}: {str(err)[:200]}"}
+        if not row["ok"] and row["error"] != "loss did not fall":
+            sys.last_traceback = None
+            helpers.destroy_engine(engine)
+            engine = None
+            gc.collect()
+            torch.cuda.empty_cache() if torch.cuda.is_available() else None
+            engine, _ = _build(spec, runtime)
+        row.update(kind="attempt", seconds=round(time.perf_counter() - t0, 1), estimate=est(seq_len))
+        write(row)
+        got = (f"{row['tokens_per_s']:,.0f} tok/s, peak GPU {row['peak_gpu_allocated'] / 2**30:.2f} GiB "
+               f"(estimate {row['estimate']['gpu_peak'] / 2**30:.2f}), RSS {row['peak_rss'] / 1e9:.2f} GB"
+               if "peak_gpu_allocated" in row else "")
+        print(f"[{spec['rung']}] {seq_len:>8,} tokens: {'trains' if row['ok'] else row['error'][:90]} {got}",
+              flush=True)
+        return row
+
+    if spec["lengths"]:
+        for seq_len in spec["lengths"]:
+            run(seq_len)
+        return 0
+    if SPEED_SEQ_LEN <= predicted:
+        run(SPEED_SEQ_LEN)
+    seq_len = max(1024, predicted // grid_step(predicted) * grid_step(predicted))
+    first = run(seq_len)
+    direction = 1 if first["ok"] else -1
+    while True:
+        nxt = seq_len + direction * grid_step(seq_len if direction > 0 else seq_len - 1)
+        if nxt < 256 or nxt > spec["max_seq_len"]:
+            break
+        row = run(nxt)
+        seq_len = nxt
+        if row["ok"] != first["ok"]:
+            break
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------------- parent
+
+
+def token_stream(work_dir: Path, n_tokens: int) -> tuple[Path, int]:
+    """The shipped corpus through the course's tokenizer as one stream of ids (repeated to `n_tokens` if short)."""
+    import torch
+
+    ds = helpers.load_text_dataset("local")
+    tok = helpers.train_tokenizer(ds["train"]["text"], work_dir / "tokenizer")
+    path = work_dir / f"stream_{n_tokens}.pt"
+    if not path.exists():
+        ids: list[int] = []
+        for text in ds["train"]["text"]:
+            ids.extend(tok(text)["input_ids"])
+            ids.append(tok.eos_token_id if tok.eos_token_id is not None else 0)
+            if len(ids) >= n_tokens:
+                break
+        stream = torch.tensor(ids, dtype=torch.long)
+        if len(stream) < n_tokens:
+            stream = stream.repeat(-(-n_tokens // len(stream)))
+        torch.save(stream[:n_tokens].clone(), path)
+    return path, len(tok)
+
+
+def summarize(rung: str, lines: list[dict[str, Any]], killed: str | None) -> dict[str, Any]:
+    start = next((x for x in lines if x.get("kind") == "start"), {})
+    attempts = [x for x in lines if x.get("kind") == "attempt"]
+    ok = [a for a in attempts if a["ok"]]
+    longest = max(ok, key=lambda a: a["seq_len"]) if ok else None
+    failing = sorted((a for a in attempts if not a["ok"] and (longest is None or a["seq_len"] > longest["seq_len"])),
+                     key=lambda a: a["seq_len"])
+    row: dict[str, Any] = {"rung": rung, "predicted_longest": start.get("predicted_longest"),
+                           "n_params": start.get("n_params"), "attempts": attempts, "killed": killed,
+                           "longest": longest["seq_len"] if longest else 0,
+                           "first_failing": failing[0]["seq_len"] if failing else None,
+                           "first_failing_error": failing[0]["error"] if failing else killed}
+    if longest:
+        est = longest["estimate"]
+        row.update(peak_gpu_gib=round(longest["peak_gpu_allocated"] / 2**30, 3),
+                   estimate_gpu_gib=round(est["gpu_peak"] / 2**30, 3),
+                   gpu_ratio=round(longest["peak_gpu_allocated"] / est["gpu_peak"], 3) if est["gpu_peak"] else None,
+                   peak_rss_gb=round(longest["peak_rss"] / 1e9, 2), estimate_ram_gb=round(est["ram"] / 1e9, 2),
+                   ram_ratio=round(longest["peak_rss"] / est["ram"], 3) if est["ram"] else None,
+                   tokens_per_s=longest["tokens_per_s"])
+    return row
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [f"# Long sequences on one GPU: the longest that trains, by technique ({report['runtime']})", "",
+             f"{report['date']}. Model: {report['model']}. {report['how']}", "",
+             "| rung | longest trained | predicted | first failing | peak GPU GiB (estimate, ratio) | "
+             "peak RSS GB (estimate) | tokens/s at longest |", "|---|---|---|---|---|---|---|"]
+    for r in report["rows"]:
+        gpu = f"{r['peak_gpu_gib']:.2f} ({r['estimate_gpu_gib']:.2f}, {r['gpu_ratio']:.2f})" if r.get("peak_gpu_gib") else "-"
+        ram = f"{r['peak_rss_gb']:.2f} ({r['estimate_ram_gb']:.2f})" if r.get("peak_rss_gb") else "-"
+        fail = f"{r['first_failing']:,}: {r['first_failing_error'][:60]}" if r.get("first_failing") else (
+            r.get("killed") or "-")
+        lines.append(f"| {r['rung']} | {r['longest']:,} | {r['predicted_longest'] or 0:,} | {fail} | {gpu} | {ram} | "
+                     f"{r.get('tokens_per_s') or 0:,.0f} |")
+    s = report.get("summary", {})
+    if s:
+        lines += ["", f"Best: {s['best_rung']} at {s['best_longest']:,} tokens = {s['ratio_to_plain']:.1f}x plain's "
+                      f"{s['plain_longest']:,}. Largest estimate error at the longest: {s['worst_gpu_error_pct']:.1f} % "
+                      "(GPU peak)."]
+    lines += ["", "Every length tried:", "", "| rung | tokens | trains | peak GPU GiB | estimate GiB | RSS GB | "
+              "estimate RAM GB | tokens/s | losses |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in report["rows"]:
+        for a in r["attempts"]:
+            lines.append(f"| {r['rung']} | {a['seq_len']:,} | {'yes' if a['ok'] else a['error'][:50]} | "
+                         f"{a.get('peak_gpu_allocated', 0) / 2**30:.2f} | {a['estimate']['gpu_peak'] / 2**30:.2f} | "
+                         f"{a.get('peak_rss', 0) / 1e9:.2f} | {a['estimate']['ram'] / 1e9:.2f} | "
+                         f"{a.get('tokens_per_s', 0):,.0f} | {a.get('losses', '')} |")
+    return "\n".join(lines) + "\n"
+
+
+def with_summary(report: dict[str, Any]) -> dict[str, Any]:
+    rows = {r["rung"]: r for r in report["rows"]}
+    if "plain" in rows and rows["plain"]["longest"]:
+        best = max(report["rows"], key=lambda r: r["longest"])
+        errors = [abs(r["gpu_ratio"] - 1) * 100 for r in report["rows"] if r.get("gpu_ratio")]
+        report["summary"] = {"plain_longest": rows["plain"]["longest"], "best_rung": best["rung"],
+                             "best_longest": best["longest"], "ratio_to_plain": best["longest"] / rows["plain"]["longest"],
+                             "worst_gpu_error_pct": max(errors) if errors else 0.0}
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--rungs", nargs="*", default=None, help="rung names (default: all)")
+    p.add_argument("--optimizer-offload", action="store_true", help="add the rung with the optimizer on the CPU")
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--intermediate", type=int, default=2816)
+    p.add_argument("--layers", type=int, default=16)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--kv-heads", type=int, default=4)
+    p.add_argument("--logits-tile", type=int, default=1024)
+    p.add_argument("--max-seq-len", type=int, default=262144)
+    p.add_argument("--max-steps", type=int, default=4)
+    p.add_argument("--lengths", type=int, nargs="*", default=[], help="measure these lengths, no search")
+    p.add_argument("--emulate", action="store_true")
+    p.add_argument("--deadline-s", type=float, default=0.0, help="start no rung after this many seconds")
+    p.add_argument("--rung-timeout-s", type=float, default=900.0)
+    p.add_argument("--out", type=Path, default=ROOT / "reports" / "long_context.json")
+    p.add_argument("--work-dir", type=Path, default=ROOT / "build" / "bench" / "long_context")
+    args = p.parse_args(argv)
+    if args.child:
+        return child(args.child)
+
+    started = time.perf_counter()
+    runtime = helpers.detect_runtime(t4_budget=True if args.emulate else None)  # the emulation: fp16, 15 GiB
+    enclosure = limits = None
+    if args.emulate:
+        import dataclasses
+
+        from colab_emulation import ColabLimits, Enclosure, probe
+
+        limits = ColabLimits()
+        runtime = dataclasses.replace(runtime, emulation=probe()[0], ram_total_bytes=limits.ram_bytes,
+                                      ram_budget_bytes=limits.ram_bytes, cpu_cores=limits.cpus, is_colab=True)
+
+        def enclosure(name: str) -> Any:
+            return Enclosure(name, ColabLimits(), cpus=sorted(os.sched_getaffinity(0))[:limits.cpus])
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    stream, vocab = token_stream(args.work_dir, max(args.max_seq_len, *args.lengths, 1))
+    vram_budget = runtime.vram_budget_bytes or 0
+    ram_budget = runtime.ram_budget_bytes if (args.emulate or runtime.is_colab) else 0
+    chosen = rungs(args.optimizer_offload)
+    names = args.rungs or list(chosen)
+    unknown = [n for n in names if n not in chosen]
+    if unknown:
+        raise SystemExit(f"unknown rung(s) {unknown}: choose from {list(chosen)}")
+    model = (f"Llama-shaped, hidden {args.hidden}, MLP {args.intermediate}, {args.layers} layers, {args.heads} heads "
+             f"({args.kv_heads} KV), vocabulary {vocab} (the course's tokenizer)")
+    report: dict[str, Any] = {
+        "runtime": runtime.label, "date": dt.date.today().isoformat(), "model": model,
+        "settings": {"hidden": args.hidden, "intermediate": args.intermediate, "layers": args.layers,
+                     "heads": args.heads, "kv_heads": args.kv_heads, "vocab": vocab, "logits_tile": args.logits_tile,
+                     "max_seq_len": args.max_seq_len, "max_steps": args.max_steps, "lr": LR, "batch": 1,
+                     "zero_stage": 2},
+        "vram_budget_gib": round(vram_budget / 2**30, 2), "ram_budget_gb": round(ram_budget / 1e9, 2),
+        "emulation": limits.as_report(runtime.emulation) if limits else None,
+        "how": ("Each rung in a fresh process" + (" inside the Colab enclosure" if args.emulate else "") +
+                "; peak GPU = torch's max_memory_allocated over the steps at that length; RSS sampled every 0.05 s."),
+        "rows": []}
+    for name in names:
+        if args.deadline_s and time.perf_counter() - started > args.deadline_s:
+            print(f"{name}: not started (deadline)", flush=True)
+            continue
+        result = args.work_dir / f"{name.replace(' ', '_').replace('+', 'plus')}.jsonl"
+        result.unlink(missing_ok=True)
+        spec = {"rung": name, "flags": chosen[name], "ds_config": ds_config(name, runtime), "vocab": vocab,
+                "hidden": args.hidden, "intermediate": args.intermediate, "layers": args.layers, "heads": args.heads,
+                "kv_heads": args.kv_heads, "seed": 0, "stream": str(stream), "result": str(result),
+                "logits_tile": args.logits_tile, "max_seq_len": args.max_seq_len, "max_steps": args.max_steps,
+                "lengths": args.lengths, "vram_budget": vram_budget or (1 << 62), "ram_budget": ram_budget}
+        spec_path = args.work_dir / "spec.json"
+        spec_path.write_text(json.dumps(spec))
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(spec_path)]
+        env = dict(os.environ, PYTHONWARNINGS="ignore", TOKENIZERS_PARALLELISM="false")
+        killed = None
+        enc = enclosure(f"lc-{len(report['rows'])}") if enclosure else None
+        try:
+            if enc is None:
+                rc = subprocess.run(cmd, env=env, cwd=ROOT, timeout=args.rung_timeout_s).returncode
+            else:
+                with enc:
+                    rc = subprocess.run(enc.join_argv() + cmd, env=dict(env, **enc.environment()), cwd=ROOT,
+                                        timeout=args.rung_timeout_s).returncode
+        except subprocess.TimeoutExpired:
+            rc, killed = -1, f"stopped after {args.rung_timeout_s:.0f} s"
+        if rc and not killed:
+            kills = (enc.stats.as_report().get("oom_kills") if enc else 0) or 0
+            killed = f"killed at the RAM limit ({kills} OOM kill(s))" if kills else f"exit code {rc}"
+        lines = [json.loads(x) for x in result.read_text().splitlines()] if result.exists() else []
+        row = summarize(name, lines, killed)
+        if enc is not None:
+            row["enclosure"] = enc.stats.as_report()
+        report["rows"].append(row)
+        _bench.write_report(with_summary(report), args.out, markdown)
+    _bench.write_report(with_summary(report), args.out, markdown)
+    print(args.out.with_suffix(".md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
