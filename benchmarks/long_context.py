@@ -45,10 +45,11 @@ SPEED_SEQ_LEN = 4096  # every rung also measured here: tokens/s at one common le
 LR = 1e-3
 
 
-def rungs(optimizer_offload: bool) -> dict[str, dict[str, bool]]:
-    out = dict(helpers.TECHNIQUES)
+def rungs(optimizer_offload: bool) -> dict[str, str]:
+    """Rung name -> the technique of helpers.TECHNIQUES it trains with (the last rung adds the optimizer on CPU)."""
+    out = {name: name for name in helpers.TECHNIQUES}
     if optimizer_offload:
-        out[OPTIMIZER_ON_CPU] = dict(out["+ checkpoints on CPU"])
+        out[OPTIMIZER_ON_CPU] = "+ checkpoints on CPU"
     return out
 
 
@@ -60,19 +61,6 @@ def ds_config(rung: str, runtime: Any) -> dict[str, Any]:
     return cfg
 
 
-def estimate(rung: str, flags: dict[str, bool], shape: Any, n_params: int, seq_len: int, cfg: dict[str, Any],
-             precision_bytes: int, baseline_rss: int, logits_tile: int) -> dict[str, Any]:
-    """Predicted peak GPU bytes (model states + max(activation peak, optimizer-step temporaries)) and RAM."""
-    act = helpers.estimate_activation_peak(shape, seq_len, precision_bytes=precision_bytes,
-                                           logits_tile_tokens=logits_tile, **flags)
-    precision = "fp16" if cfg.get("fp16", {}).get("enabled") else "bf16" if cfg.get("bf16", {}).get("enabled") else "fp32"
-    peak, states = helpers.estimate_peak(cfg, n_params, precision=precision, activation_bytes=act.gpu_peak)
-    return {"gpu_peak": int(peak), "activation_peak": int(act.gpu_peak), "saved": int(act.saved.gpu_total),
-            "transient": act.peak_transient, "states_gpu": int(states.gpu_total),
-            "ram": int(baseline_rss + act.cpu_pinned_bytes + states.cpu_total), "cpu_pinned": int(act.cpu_pinned_bytes),
-            "states_cpu": int(states.cpu_total)}
-
-
 def grid_step(seq_len: int) -> int:
     """The search's resolution near `seq_len`: 1/8 of the power of two at or below it, at least 1024 tokens."""
     return max(1024, (1 << (max(seq_len, 1).bit_length() - 1)) // 8)
@@ -81,134 +69,60 @@ def grid_step(seq_len: int) -> int:
 # ---------------------------------------------------------------------------------------------------------- child
 
 
-def _build(spec: dict[str, Any], runtime: Any) -> tuple[Any, Any]:
-    import deepspeed
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(spec["seed"])
-    config = helpers.long_context_config(spec["vocab"], hidden=spec["hidden"], intermediate=spec["intermediate"],
-                                         layers=spec["layers"], heads=spec["heads"], kv_heads=spec["kv_heads"])
-    with torch.device("cuda" if runtime.has_gpu else "cpu"):
-        model = AutoModelForCausalLM.from_config(config)
-    if spec["flags"].get("checkpointing"):
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.train()
-    from helpers.moe import quiet_deepspeed
-
-    with quiet_deepspeed():
-        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=spec["ds_config"])
-    return engine, config
-
-
-def _step(engine: Any, ids: Any, flags: dict[str, bool], tile: int) -> float:
-    import contextlib
-
-    import torch
-
-    mlp = helpers.tiled_mlp() if flags.get("tiled_mlp") else contextlib.nullcontext()
-    offload = helpers.checkpoints_on_cpu() if flags.get("offload_checkpoints") else contextlib.nullcontext()
-    with mlp, offload:
-        if flags.get("tiled_logits"):
-            loss = helpers.tiled_causal_lm_loss(engine.module, ids, tile)
-        else:
-            loss = engine(input_ids=ids, labels=ids).loss  # the logits go once the loss is taken
-        engine.backward(loss)
-    engine.step()
-    value = float(loss.detach().float().item())
-    del loss
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return value
-
-
-def _attempt(engine: Any, stream: Any, seq_len: int, flags: dict[str, bool], tile: int, max_steps: int) -> dict[str, Any]:
-    import torch
-
-    ids = stream[:seq_len].unsqueeze(0).to(engine.device)
-    losses, skipped, times = [], [], []
-    with helpers.measure_peak() as m:
-        for i in range(max_steps):
-            before = engine.skipped_steps
-            t0 = time.perf_counter()
-            losses.append(round(_step(engine, ids, flags, tile), 4))
-            times.append(time.perf_counter() - t0)
-            if engine.skipped_steps > before:
-                skipped.append(i)
-            if len(losses) - len(skipped) >= 2:
-                break
-    del ids
-    done = [loss for i, loss in enumerate(losses) if i not in skipped]
-    trains = len(done) >= 2 and all(map(_finite, losses)) and done[-1] < done[0]
-    return {"seq_len": seq_len, "ok": trains, "error": None if trains else "loss did not fall", "losses": losses,
-            "skipped_at_steps": skipped, "step_s": [round(t, 3) for t in times],
-            "tokens_per_s": round(seq_len / times[-1], 1), "peak_gpu_allocated": m.peak_gpu_allocated,
-            "peak_gpu_reserved": m.peak_gpu_reserved, "baseline_gpu_allocated": m.baseline_gpu_allocated,
-            "peak_rss": m.peak_rss, "baseline_rss": m.baseline_rss,
-            "gpu_total": int(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.is_available() else 0}
-
-
-def _finite(x: float) -> bool:
-    return x == x and abs(x) != float("inf")
-
-
 def child(spec_path: Path) -> int:
     """One rung, in a process of its own: search (or measure the fixed lengths), one JSON line per length."""
     spec = json.loads(spec_path.read_text())
-    runtime = helpers.detect_runtime()
+    helpers.detect_runtime()  # in the enclosure (T4 budget mode): caps this process's GPU memory at 15 GiB
     helpers.setup_single_process()
     import torch
 
     out = Path(spec["result"])
-    stream = torch.load(spec["stream"])
-    flags, tile = spec["flags"], spec["logits_tile"]
-    engine, config = _build(spec, runtime)
-    helpers.warm_up_cuda()
-    baseline_rss = helpers.rss_bytes()  # the process with its libraries, CUDA and the engine: what the rung adds is estimated
+    tokens = torch.load(spec["stream"])
+    rung, technique, tile = spec["rung"], spec["technique"], spec["logits_tile"]
+    config = helpers.long_context_config(spec["vocab"], hidden=spec["hidden"], intermediate=spec["intermediate"],
+                                         layers=spec["layers"], heads=spec["heads"], kv_heads=spec["kv_heads"])
     shape = helpers.long_context_shape(config)
+    engine = helpers.build_long_context_engine(config, spec["ds_config"], technique)
+    helpers.warm_up_cuda()
     n_params = sum(p.numel() for p in engine.module.parameters())
-    e = 4 if not (spec["ds_config"].get("fp16", {}).get("enabled") or spec["ds_config"].get("bf16", {}).get("enabled")) else 2
+    baseline_rss = helpers.rss_bytes()  # the process with its libraries, CUDA and the engine: the rest is estimated
 
     def est(seq_len: int) -> dict[str, Any]:
-        return estimate(spec["rung"], flags, shape, n_params, seq_len, spec["ds_config"], e, baseline_rss, tile)
+        e = helpers.estimate_long_context_run(shape, n_params, spec["ds_config"], seq_len, technique,
+                                              logits_tile_tokens=tile)
+        return {"gpu_peak": e.gpu_peak, "activation_peak": e.activation_peak, "states_gpu": e.states_gpu,
+                "saved": e.activations.saved.gpu_total, "transient": e.activations.peak_transient,
+                "ram": baseline_rss + e.ram_added, "cpu_pinned": e.cpu_pinned, "states_cpu": e.states_cpu}
 
-    budget = spec["vram_budget"]
-    ram_budget = spec["ram_budget"]
-    predicted = helpers.longest_fitting_seq_len(
-        lambda s: est(s)["gpu_peak"] <= budget and (not ram_budget or est(s)["ram"] <= ram_budget),
-        upper=spec["max_seq_len"], multiple=256)
+    ram_left = max(spec["ram_budget"] - baseline_rss, 1) if spec["ram_budget"] else 0
+    predicted = helpers.predict_longest_seq_len(shape, n_params, spec["ds_config"], technique,
+                                                vram_bytes=spec["vram_budget"], ram_bytes=ram_left,
+                                                logits_tile_tokens=tile, upper=spec["max_seq_len"])
 
     def write(row: dict[str, Any]) -> None:
         with out.open("a") as f:
             f.write(json.dumps(row) + "\n")
 
     write({"kind": "start", "n_params": n_params, "predicted_longest": predicted, "baseline_rss": baseline_rss,
-           "shape": shape.__dict__, "precision_bytes": e})
-    print(f"[{spec['rung']}] {n_params / 1e6:.0f}M params; estimate: longest {predicted:,} tokens", flush=True)
+           "shape": shape.__dict__})
+    print(f"[{rung}] {n_params / 1e6:.0f}M params; estimate: longest {predicted:,} tokens", flush=True)
 
     def run(seq_len: int) -> dict[str, Any]:
         nonlocal engine
         t0 = time.perf_counter()
-        try:
-            row = _attempt(engine, stream, seq_len, flags, tile, spec["max_steps"])
-        except torch.OutOfMemoryError as err:
-            row = {"seq_len": seq_len, "ok": False, "error": "out of GPU memory: " + str(err).split("\n")[0][:160]}
-        except RuntimeError as err:  # e.g. pinned host memory could not be allocated
-            row = {"seq_len": seq_len, "ok": False, "error": f"{type(err).__name__}: {str(err)[:200]}"}
-        if not row["ok"] and row["error"] != "loss did not fall":
-            sys.last_traceback = None
+        r = helpers.train_at_length(engine, tokens, seq_len, technique, logits_tile_tokens=tile,
+                                    max_steps=spec["max_steps"])
+        if not r.engine_usable:  # an out-of-memory error left a half-done backward in it
             helpers.destroy_engine(engine)
             engine = None
             gc.collect()
-            torch.cuda.empty_cache() if torch.cuda.is_available() else None
-            engine, _ = _build(spec, runtime)
-        row.update(kind="attempt", seconds=round(time.perf_counter() - t0, 1), estimate=est(seq_len))
+            engine = helpers.build_long_context_engine(config, spec["ds_config"], technique)
+        row = {**r.as_dict(), "kind": "attempt", "seconds": round(time.perf_counter() - t0, 1),
+               "estimate": est(seq_len)}
         write(row)
-        got = (f"{row['tokens_per_s']:,.0f} tok/s, peak GPU {row['peak_gpu_allocated'] / 2**30:.2f} GiB "
-               f"(estimate {row['estimate']['gpu_peak'] / 2**30:.2f}), RSS {row['peak_rss'] / 1e9:.2f} GB"
-               if "peak_gpu_allocated" in row else "")
-        print(f"[{spec['rung']}] {seq_len:>8,} tokens: {'trains' if row['ok'] else row['error'][:90]} {got}",
-              flush=True)
+        got = (f"{r.tokens_per_s:,.0f} tok/s, peak GPU {r.peak_gpu_allocated / 2**30:.2f} GiB (estimate "
+               f"{row['estimate']['gpu_peak'] / 2**30:.2f}), RSS {r.peak_rss / 1e9:.2f} GB" if r.ok else "")
+        print(f"[{rung}] {seq_len:>8,} tokens: {'trains' if r.ok else r.error[:90]} {got}", flush=True)
         return row
 
     if spec["lengths"]:
@@ -222,13 +136,14 @@ def child(spec_path: Path) -> int:
     direction = 1 if first["ok"] else -1
     while True:
         nxt = seq_len + direction * grid_step(seq_len if direction > 0 else seq_len - 1)
-        if nxt < 256 or nxt > spec["max_seq_len"]:
+        if nxt < 1024 or nxt > spec["max_seq_len"]:
             break
         row = run(nxt)
         seq_len = nxt
         if row["ok"] != first["ok"]:
             break
     return 0
+
 
 
 # --------------------------------------------------------------------------------------------------------- parent
@@ -382,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         result = args.work_dir / f"{name.replace(' ', '_').replace('+', 'plus')}.jsonl"
         result.unlink(missing_ok=True)
-        spec = {"rung": name, "flags": chosen[name], "ds_config": ds_config(name, runtime), "vocab": vocab,
+        spec = {"rung": name, "technique": chosen[name], "ds_config": ds_config(name, runtime), "vocab": vocab,
                 "hidden": args.hidden, "intermediate": args.intermediate, "layers": args.layers, "heads": args.heads,
                 "kv_heads": args.kv_heads, "seed": 0, "stream": str(stream), "result": str(result),
                 "logits_tile": args.logits_tile, "max_seq_len": args.max_seq_len, "max_steps": args.max_steps,

@@ -27,13 +27,16 @@ backward; DeepSpeed's `TiledMLP` keeps only the MLP's input; `TiledFusedLogitsLo
 
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-__all__ = ["ActivationEstimate", "ActivationPeak", "LongContextShape", "TECHNIQUES", "checkpoints_on_cpu",
-           "estimate_activation_peak", "estimate_saved_activations", "long_context_config", "long_context_shape",
-           "longest_fitting_seq_len", "saved_activation_bytes", "tiled_causal_lm_loss", "tiled_mlp"]
+__all__ = ["ActivationEstimate", "ActivationPeak", "LengthResult", "LongContextEstimate", "LongContextShape",
+           "TECHNIQUES", "build_long_context_engine", "checkpoints_on_cpu", "estimate_activation_peak",
+           "estimate_long_context_run", "estimate_saved_activations", "long_context_config", "long_context_shape",
+           "longest_fitting_seq_len", "measured_peak_bytes", "predict_longest_seq_len", "saved_activation_bytes",
+           "technique_flags", "tiled_causal_lm_loss", "tiled_mlp", "train_at_length"]
 
 # The rungs of notebook 06, each adding one technique to the one before: name -> estimate_activation_peak's flags.
 TECHNIQUES: dict[str, dict[str, bool]] = {
@@ -345,3 +348,204 @@ def tiled_causal_lm_loss(model: Any, input_ids: Any, tile_tokens: int = 1024) ->
 
     shards = _shards(x.shape[0] * x.shape[1], tile_tokens)
     return TiledFusedLogitsLoss.apply(loss, model, x, y, None, shards, [model.lm_head.weight], "mean")
+
+
+def technique_flags(technique: str) -> dict[str, bool]:
+    """The estimate's flags of a rung of `TECHNIQUES` (notebook 06); a clear error names the rungs."""
+    if technique not in TECHNIQUES:
+        raise ValueError(f"technique must be one of {list(TECHNIQUES)}, got {technique!r}")
+    return dict(TECHNIQUES[technique])
+
+
+@dataclass(frozen=True)
+class LongContextEstimate:
+    """One training step of batch 1 x `seq_len` (notebook 06): peak GPU bytes = model states + max(activation peak,
+    the optimizer step's temporaries); RAM it adds: page-locked checkpoints + model states kept on the CPU."""
+
+    seq_len: int
+    gpu_peak: int
+    activation_peak: int
+    states_gpu: int
+    cpu_pinned: int
+    states_cpu: int
+    activations: ActivationPeak
+
+    @property
+    def ram_added(self) -> int:
+        return self.cpu_pinned + self.states_cpu
+
+
+def estimate_long_context_run(shape: LongContextShape, n_params: int, ds_config: dict[str, Any], seq_len: int,
+                              technique: str, *, logits_tile_tokens: int = 1024) -> LongContextEstimate:
+    """The estimate of one step at `seq_len` with `technique` under `ds_config` (its precision and ZeRO stage decide
+    the model states, `helpers.estimate_peak`)."""
+    from helpers.memory import estimate_peak
+
+    fp16, bf16 = (ds_config.get(k, {}).get("enabled") for k in ("fp16", "bf16"))
+    precision = "fp16" if fp16 else "bf16" if bf16 else "fp32"
+    act = estimate_activation_peak(shape, seq_len, precision_bytes=2 if (fp16 or bf16) else 4,
+                                   logits_tile_tokens=logits_tile_tokens, **technique_flags(technique))
+    peak, states = estimate_peak(ds_config, n_params, precision=precision, activation_bytes=act.gpu_peak)
+    return LongContextEstimate(seq_len, int(peak), int(act.gpu_peak), int(states.gpu_total), int(act.cpu_pinned_bytes),
+                               int(states.cpu_total), act)
+
+
+def predict_longest_seq_len(shape: LongContextShape, n_params: int, ds_config: dict[str, Any], technique: str, *,
+                            vram_bytes: int, ram_bytes: int = 0, logits_tile_tokens: int = 1024,
+                            upper: int = 1 << 22) -> int:
+    """The longest sequence (a multiple of 256 tokens) whose estimated peak fits `vram_bytes` of GPU memory and whose
+    added RAM fits `ram_bytes` (0: RAM not checked), notebook 06 and benchmarks/long_context.py."""
+    def fits(seq_len: int) -> bool:
+        est = estimate_long_context_run(shape, n_params, ds_config, seq_len, technique,
+                                        logits_tile_tokens=logits_tile_tokens)
+        return est.gpu_peak <= vram_bytes and (not ram_bytes or est.ram_added <= ram_bytes)
+
+    return longest_fitting_seq_len(fits, upper=upper)
+
+
+def measured_peak_bytes(step: Callable[[], Any]) -> int:
+    """Peak bytes allocated above what was allocated before `step()` (a forward + backward): the measured side of
+    `estimate_activation_peak` (notebook 06). On a GPU torch's max_memory_allocated; on CPU torch's profiler memory
+    timeline (every host allocation and free; slower, for small models)."""
+    import json
+    import os
+    import tempfile
+
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        start = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        step()
+        torch.cuda.synchronize()
+        return int(torch.cuda.max_memory_allocated() - start)
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+        step()
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_memory_timeline(path, device="cpu")
+        _, sizes = json.loads(open(path).read())
+    finally:
+        os.unlink(path)
+    totals = [sum(row) for row in sizes]
+    return int(max(totals) - totals[0]) if totals else 0
+
+
+def build_long_context_engine(config: Any, ds_config: dict[str, Any], technique: str, *, seed: int = 0) -> Any:
+    """A DeepSpeed engine over a model built from `config` (no download), on the GPU where there is one, with
+    transformers' non-reentrant activation checkpointing when `technique` uses it (notebook 06)."""
+    import deepspeed
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from helpers.moe import quiet_deepspeed
+
+    flags = technique_flags(technique)
+    torch.manual_seed(seed)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = AutoModelForCausalLM.from_config(config)
+    if flags.get("checkpointing"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    with quiet_deepspeed():
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
+    return engine
+
+
+@dataclass
+class LengthResult:
+    """What `train_at_length` measured at one length (notebook 06, benchmarks/long_context.py)."""
+
+    seq_len: int
+    technique: str
+    ok: bool
+    error: str | None = None
+    losses: list[float] = field(default_factory=list)
+    skipped_at_steps: list[int] = field(default_factory=list)
+    step_s: list[float] = field(default_factory=list)
+    peak_gpu_allocated: int = 0
+    baseline_gpu_allocated: int = 0
+    peak_rss: int = 0
+    baseline_rss: int = 0
+    engine_usable: bool = True  # False after an out-of-memory error: build a new engine
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.seq_len / self.step_s[-1] if self.step_s else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return {**asdict(self), "tokens_per_s": round(self.tokens_per_s, 1)}
+
+
+def _long_context_step(engine: Any, ids: Any, flags: dict[str, bool], logits_tile_tokens: int) -> float:
+    import contextlib
+
+    mlp = tiled_mlp() if flags.get("tiled_mlp") else contextlib.nullcontext()
+    offload = checkpoints_on_cpu() if flags.get("offload_checkpoints") else contextlib.nullcontext()
+    with mlp, offload:  # forward and backward inside: the offloaded checkpoints come back in backward
+        if flags.get("tiled_logits"):
+            loss = tiled_causal_lm_loss(engine.module, ids, logits_tile_tokens)
+        else:
+            loss = engine(input_ids=ids, labels=ids).loss  # the logits are dropped once the loss is taken
+        engine.backward(loss)
+    engine.step()
+    return float(loss.detach().float().item())
+
+
+def train_at_length(engine: Any, tokens: Any, seq_len: int, technique: str, *, logits_tile_tokens: int = 1024,
+                    max_steps: int = 4) -> LengthResult:
+    """Train `engine` on the first `seq_len` ids of `tokens` (batch 1) until two optimizer steps were not skipped by
+    the fp16 loss scaler (at most `max_steps`), measuring peak GPU memory and RSS (notebook 06). It trains if the loss
+    of the second falls below the first (the same sequence both times). An out-of-memory error is caught and
+    reported (`ok` False, `engine_usable` False: its half-done backward is left in the engine, build a new one)."""
+    import math
+    import sys
+
+    import torch
+
+    from helpers.memory import measure_peak
+
+    flags = technique_flags(technique)
+    if not isinstance(seq_len, int) or seq_len < 2:
+        raise ValueError(f"seq_len must be a whole number of tokens >= 2, got {seq_len!r}")
+    if len(tokens) < seq_len:
+        raise ValueError(f"{len(tokens):,} tokens given, {seq_len:,} asked: pass a longer token stream "
+                         f"or seq_len <= {len(tokens)}")
+    result = LengthResult(seq_len, technique, ok=False)
+    ids = tokens[:seq_len].unsqueeze(0).to(engine.device)
+    try:
+        with measure_peak() as m:
+            for i in range(max_steps):
+                before = engine.skipped_steps
+                t0 = time.perf_counter()
+                result.losses.append(round(_long_context_step(engine, ids, flags, logits_tile_tokens), 4))
+                result.step_s.append(round(time.perf_counter() - t0, 3))
+                if engine.skipped_steps > before:
+                    result.skipped_at_steps.append(i)
+                if len(result.losses) - len(result.skipped_at_steps) >= 2:
+                    break
+    except torch.OutOfMemoryError as err:
+        result.error = "out of GPU memory: " + str(err).split(". ")[0][:160]
+        result.engine_usable = False
+    finally:
+        del ids
+    if result.error:
+        sys.last_traceback = None  # a traceback would keep the failed step's tensors alive
+        import gc
+
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return result
+    result.peak_gpu_allocated, result.baseline_gpu_allocated = m.peak_gpu_allocated, m.baseline_gpu_allocated
+    result.peak_rss, result.baseline_rss = m.peak_rss, m.baseline_rss
+    done = [x for i, x in enumerate(result.losses) if i not in result.skipped_at_steps]
+    result.ok = len(done) >= 2 and all(math.isfinite(x) for x in result.losses) and done[-1] < done[0]
+    result.error = None if result.ok else "the loss did not fall"
+    return result
