@@ -150,23 +150,15 @@ def child(spec_path: Path) -> int:
 
 
 def token_stream(work_dir: Path, n_tokens: int) -> tuple[Path, int]:
-    """The shipped corpus through the course's tokenizer as one stream of ids (repeated to `n_tokens` if short)."""
+    """The shipped corpus through the course's tokenizer as one stream of `n_tokens` ids (helpers.token_stream),
+    saved for the rungs' processes; returns (its path, the vocabulary size)."""
     import torch
 
     ds = helpers.load_text_dataset("local")
     tok = helpers.train_tokenizer(ds["train"]["text"], work_dir / "tokenizer")
     path = work_dir / f"stream_{n_tokens}.pt"
     if not path.exists():
-        ids: list[int] = []
-        for text in ds["train"]["text"]:
-            ids.extend(tok(text)["input_ids"])
-            ids.append(tok.eos_token_id if tok.eos_token_id is not None else 0)
-            if len(ids) >= n_tokens:
-                break
-        stream = torch.tensor(ids, dtype=torch.long)
-        if len(stream) < n_tokens:
-            stream = stream.repeat(-(-n_tokens // len(stream)))
-        torch.save(stream[:n_tokens].clone(), path)
+        torch.save(helpers.token_stream(ds["train"], tok, n_tokens), path)
     return path, len(tok)
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from helpers.atomic import needs_writing, write_atomically
 
-__all__ = ["EOS", "LOCAL_CORPUS", "TOKENIZER_FILES", "block_loader", "corpus_files", "load_text_dataset",
+__all__ = ["EOS", "LOCAL_CORPUS", "TOKENIZER_FILES", "block_loader", "corpus_files", "load_text_dataset", "token_stream",
            "load_tokenizer", "pack_blocks", "tokenizer_folder_problem", "train_tokenizer"]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -154,3 +154,26 @@ def block_loader(blocks: Any, batch_size: int, seed: int = 0, shuffle: bool = Tr
     if len(blocks) < batch_size:
         raise ValueError(f"only {len(blocks)} blocks for a batch of {batch_size}: lower the batch or block size")
     return forever()
+
+
+def token_stream(dataset: Any, tokenizer: Any, n_tokens: int) -> Any:
+    """The texts of `dataset` tokenized and joined with EOS into one LongTensor of `n_tokens` ids, the corpus repeated
+    when it is shorter (one long training sequence, notebook 06)."""
+    import torch
+
+    if not isinstance(n_tokens, int) or n_tokens < 1:
+        raise ValueError(f"n_tokens must be a positive whole number, got {n_tokens!r}")
+    eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
+    ids: list[int] = []
+    for start in range(0, len(dataset), 1000):
+        for row in tokenizer(dataset[start:start + 1000]["text"], add_special_tokens=False)["input_ids"]:
+            ids.extend(row)
+            ids.append(eos)
+        if len(ids) >= n_tokens:
+            break
+    if not ids:
+        raise ValueError("the dataset has no text to tokenize")
+    stream = torch.tensor(ids, dtype=torch.long)
+    if len(stream) < n_tokens:
+        stream = stream.repeat(-(-n_tokens // len(stream)))
+    return stream[:n_tokens].clone()

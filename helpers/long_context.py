@@ -374,6 +374,19 @@ class LongContextEstimate:
     def ram_added(self) -> int:
         return self.cpu_pinned + self.states_cpu
 
+    def gpu_parts(self) -> dict[str, int]:
+        """The peak by part, for a stacked bar (helpers.plot_long_context_memory): model states, the layers' and the
+        head's bytes kept for backward, the largest transient (or the optimizer step's temporaries, when larger)."""
+        kept = self.activations.saved.gpu
+        layers = sum(b for k, b in kept.items() if k.startswith(("layer", "RoPE", "last layer")))
+        parts = {"model states": self.states_gpu, "kept for backward: layers": layers,
+                 "kept for backward: head, loss, labels": sum(kept.values()) - layers}
+        rest = self.gpu_peak - self.states_gpu - sum(kept.values())
+        transient = self.activations.peak_transient if rest <= max(self.activations.transients.values(), default=0) \
+            else "optimizer step temporaries"
+        parts[f"transient: {transient}"] = rest
+        return parts
+
 
 def estimate_long_context_run(shape: LongContextShape, n_params: int, ds_config: dict[str, Any], seq_len: int,
                               technique: str, *, logits_tile_tokens: int = 1024) -> LongContextEstimate:
@@ -386,8 +399,9 @@ def estimate_long_context_run(shape: LongContextShape, n_params: int, ds_config:
     act = estimate_activation_peak(shape, seq_len, precision_bytes=2 if (fp16 or bf16) else 4,
                                    logits_tile_tokens=logits_tile_tokens, **technique_flags(technique))
     peak, states = estimate_peak(ds_config, n_params, precision=precision, activation_bytes=act.gpu_peak)
+    states_cpu = states.cpu_total - states.cpu.get("model copy", 0)  # built on the GPU (build_long_context_engine)
     return LongContextEstimate(seq_len, int(peak), int(act.gpu_peak), int(states.gpu_total), int(act.cpu_pinned_bytes),
-                               int(states.cpu_total), act)
+                               int(states_cpu), act)
 
 
 def predict_longest_seq_len(shape: LongContextShape, n_params: int, ds_config: dict[str, Any], technique: str, *,
@@ -401,6 +415,25 @@ def predict_longest_seq_len(shape: LongContextShape, n_params: int, ds_config: d
         return est.gpu_peak <= vram_bytes and (not ram_bytes or est.ram_added <= ram_bytes)
 
     return longest_fitting_seq_len(fits, upper=upper)
+
+
+@contextmanager
+def _stderr_silenced() -> Iterator[None]:
+    """File descriptor 2 to /dev/null inside the block: torch's profiler (kineto) writes a line to it at each start
+    and stop, below Python, where a notebook shows it as output."""
+    import os
+    import sys
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def measured_peak_bytes(step: Callable[[], Any]) -> int:
@@ -422,7 +455,8 @@ def measured_peak_bytes(step: Callable[[], Any]) -> int:
         return int(torch.cuda.max_memory_allocated() - start)
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+    with _stderr_silenced(), profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
+                                     with_stack=True) as prof:
         step()
     fd, path = tempfile.mkstemp(suffix=".json")
     os.close(fd)
@@ -440,9 +474,8 @@ def build_long_context_engine(config: Any, ds_config: dict[str, Any], technique:
     transformers' non-reentrant activation checkpointing when `technique` uses it (notebook 06)."""
     import deepspeed
     import torch
+    from deepspeed.utils import logger
     from transformers import AutoModelForCausalLM
-
-    from helpers.moe import quiet_deepspeed
 
     flags = technique_flags(technique)
     torch.manual_seed(seed)
@@ -451,8 +484,12 @@ def build_long_context_engine(config: Any, ds_config: dict[str, Any], technique:
     if flags.get("checkpointing"):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
-    with quiet_deepspeed():
+    level = logger.level
+    logger.setLevel(30)  # DeepSpeed's INFO lines about its config: warnings only
+    try:
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
+    finally:
+        logger.setLevel(level)
     return engine
 
 

@@ -516,7 +516,8 @@ class RunEstimate:
 
 def estimate_run(config: dict[str, Any] | None, shape: Any, *, seq_len: int, precision: str,
                  checkpointing: bool, micro_batch: int | None = None, n_gpus: int = 1) -> RunEstimate:
-    """Activations and peak GPU bytes of training `shape` (a `helpers.model_shape`) with `config` (notebooks 01-04).
+    """Activations and peak GPU bytes of training `shape` (a `helpers.model_shape`) with `config` (notebooks 01-04),
+    activations by the GPT formula (the Llama-shaped models of notebook 06: `helpers.estimate_long_context_run`).
 
     The micro-batch is the config's `train_micro_batch_size_per_gpu` (the config is the single source of truth);
     `micro_batch` is only for `config` None, plain PyTorch.

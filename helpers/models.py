@@ -51,6 +51,9 @@ class ModelShape:
     vocab: int
     # the longest sequence the model takes (learned positions: n_positions / max_position_embeddings); 0: not known
     n_positions: int = 0
+    # a Llama-shaped model's layer dimensions (helpers.LongContextShape): its activations are then counted part by part
+    # as in notebook 06 (helpers.activation_bytes); None: the GPT formula
+    llama: Any = None
 
 
 # names learners type for a ladder rung (Hugging Face calls GPT-2 124M "gpt2", its paper "small")
@@ -171,11 +174,16 @@ def model_shape(model: str | int | float | Any) -> ModelShape:
                 return int(getattr(config, k))
         return 0
 
+    llama = None
+    if getattr(config, "model_type", "") == "llama":
+        from helpers.long_context import long_context_shape
+
+        llama = long_context_shape(config)
     return ModelShape(name=name, n_params=total, largest_layer_params=largest,
                       hidden=first("hidden_size", "n_embd", "d_model"),
                       n_layers=first("num_hidden_layers", "n_layer", "num_layers"),
                       n_heads=first("num_attention_heads", "n_head"), vocab=first("vocab_size"),
-                      n_positions=first("n_positions", "max_position_embeddings", "n_ctx"))
+                      n_positions=first("n_positions", "max_position_embeddings", "n_ctx"), llama=llama)
 
 
 def _offline_hub_config(name: str) -> Any:

@@ -588,8 +588,7 @@ def plan(model: "str | ModelShape" = "gpt2", stage: int = 2, *, offload_optimize
         except ConfigError as exc:
             return Plan(shape, None, None, 0, error=str(exc), **settings)
     act_precision = "fp32" if runtime.precision == "fp32" else "fp16"
-    act = estimate_activations(micro_batch_size, seq_len, shape.hidden, shape.n_layers, shape.vocab,
-                               n_heads=shape.n_heads, precision=act_precision, checkpointing=checkpointing)
+    act = _activation_bytes(shape, micro_batch_size, seq_len, precision=act_precision, checkpointing=checkpointing)
     report = preflight(config, shape.n_params, runtime, largest_layer_params=shape.largest_layer_params,
                        activation_bytes=act, nvme_path=nvme_path, zero_init=bool(zero_init), ram_in_use=ram_in_use,
                        raise_on_failure=False)
@@ -597,6 +596,20 @@ def plan(model: "str | ModelShape" = "gpt2", stage: int = 2, *, offload_optimize
     _suggest_config_at_smaller_batch(report, shape, runtime, micro_batch_size, seq_len, act_precision, checkpointing,
                                      nvme_path, bool(zero_init))
     return Plan(shape, config, report, act, **settings)
+
+
+def _activation_bytes(shape: "ModelShape", batch: int, seq_len: int, *, precision: str, checkpointing: bool) -> int:
+    """The activations the planner counts: for a Llama-shaped model notebook 06's part-by-part estimate
+    (`helpers.estimate_activation_peak`: kept for backward + backward's largest transient, measured within a few %),
+    for the others the GPT formula (`helpers.estimate_activations`)."""
+    if shape.llama is not None:
+        from helpers.long_context import estimate_activation_peak
+        from helpers.memory import bytes_per_element
+
+        return estimate_activation_peak(shape.llama, seq_len, batch, precision_bytes=bytes_per_element(precision),
+                                        checkpointing=checkpointing).gpu_peak
+    return estimate_activations(batch, seq_len, shape.hidden, shape.n_layers, shape.vocab, n_heads=shape.n_heads,
+                                precision=precision, checkpointing=checkpointing)
 
 
 def _suggest_batch(report: PreflightReport, shape: "ModelShape", runtime: "Runtime", micro_batch_size: int,
@@ -610,8 +623,7 @@ def _suggest_batch(report: PreflightReport, shape: "ModelShape", runtime: "Runti
     in_use = report.ram_rows.get(ROW_IN_USE, 0)
 
     def check(batch: int, seq: int) -> PreflightReport:
-        act = estimate_activations(batch, seq, shape.hidden, shape.n_layers, shape.vocab, n_heads=shape.n_heads,
-                                   precision=precision, checkpointing=checkpointing)
+        act = _activation_bytes(shape, batch, seq, precision=precision, checkpointing=checkpointing)
         return _report(report.estimate, runtime, act, nvme_path, in_use, report.step_transient_bytes)
 
     for fix, batch, seq in _smaller_batches(micro_batch_size, seq_len):
@@ -650,8 +662,7 @@ def _suggest_config_at_smaller_batch(report: PreflightReport, shape: "ModelShape
             for fix, batch, seq in tries:
                 if ("seq_len" in fix) != shorter:
                     continue
-                act = estimate_activations(batch, seq, shape.hidden, shape.n_layers, shape.vocab,
-                                           n_heads=shape.n_heads, precision=precision, checkpointing=checkpointing)
+                act = _activation_bytes(shape, batch, seq, precision=precision, checkpointing=checkpointing)
                 cand_init = zero_init or args["stage"] == 3
                 cand = _check(cand_cfg, shape.n_params, runtime, shape.largest_layer_params, act, nvme_path,
                               cand_init, in_use)

@@ -1,5 +1,6 @@
 """Every figure of the course: memory measured vs estimated, its breakdown and timeline, speed vs memory, losses,
-MoE's parameters, expert load, capacity and balance, ZeRO's per-rank scaling (notebooks 00-05).
+MoE's parameters, expert load, capacity and balance, ZeRO's per-rank scaling, activations against sequence length
+(notebooks 00-06).
 
 Records in (`helpers.RunResult`s where a figure plots runs). In a notebook every figure is displayed where it is made,
 inside an `if` or a loop too, and the function returns None (so a cell ending with it does not show it twice);
@@ -20,7 +21,8 @@ if TYPE_CHECKING:
 
 __all__ = ["figure_html", "plot_peak_vram", "plot_step_time", "plot_memory_breakdown", "plot_memory_timeline",
            "plot_losses", "plot_plan", "plot_plans", "plot_speed_vs_memory", "plot_expert_load", "plot_capacity_sweep", "plot_balance",
-           "plot_params", "plot_zero_scaling"]
+           "plot_params", "plot_zero_scaling", "plot_activation_growth", "plot_longest_sequence",
+           "plot_long_context_memory"]
 
 GiB = 1024**3
 GB = 1000**3
@@ -469,4 +471,83 @@ def plot_zero_scaling(rows: Sequence[dict[str, Any]], title: str = "Model states
     handles, names = axes[-1].get_legend_handles_labels()
     fig.legend(handles, names, loc="outside lower center", ncol=3, fontsize=7, frameon=False)
     fig.suptitle(title)
+    return _show(fig, show)
+
+
+# ---------------------------------------------------------------- long sequences (notebook 06)
+
+def plot_activation_growth(lengths: Sequence[int], series: dict[str, tuple[Sequence[float], Sequence[float]]],
+                           title: str = "Activation memory against sequence length",
+                           show: bool | None = None) -> "Figure | None":
+    """Measured points and estimated lines against sequence length, log-log (notebook 06). `series`: name ->
+    (measured bytes per length, estimated bytes per length); a measured value of 0 is left out (not measured)."""
+    fig = _figure()
+    ax = fig.add_subplot()
+    for i, (name, (measured, estimated)) in enumerate(series.items()):
+        ax.plot(lengths, [b / GiB for b in estimated], color=f"C{i}", label=f"{name}: estimate")
+        pts = [(n, b / GiB) for n, b in zip(lengths, measured) if b]
+        if pts:
+            ax.scatter(*zip(*pts), color=f"C{i}", s=40, zorder=3, label=f"{name}: measured")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(list(lengths), [f"{n:,}" for n in lengths])
+    ax.set_xlabel("tokens in the sequence (batch 1)")
+    ax.set_ylabel("GiB")
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    return _show(fig, show)
+
+
+def plot_longest_sequence(rows: Sequence[dict[str, Any]], title: str = "Longest sequence that trains",
+                          show: bool | None = None) -> "Figure | None":
+    """Left: the longest length each technique trained (bars) beside the estimate's prediction (outlined); right:
+    tokens/s against sequence length, one line per technique (notebook 06). Each row: 'rung', 'longest', 'predicted'
+    and 'speed' ({seq_len: tokens/s})."""
+    fig = _figure(11, 4)
+    ax, ax2 = fig.subplots(1, 2)
+    names = [r["rung"] for r in rows]
+    x = range(len(rows))
+    w = 0.38
+    ax.bar([i - w / 2 for i in x], [r["longest"] for r in rows], w, color="#4C72B0", label="trained (measured)")
+    ax.bar([i + w / 2 for i in x], [r["predicted"] for r in rows], w, color="white", edgecolor="#555555",
+           label="predicted to fit")
+    ax.set_yscale("log", base=2)
+    ax.set_xticks(list(x), names, rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel("tokens")
+    ax.set_title("longest sequence per technique")
+    ax.legend(fontsize=7)
+    for i, r in enumerate(rows):
+        speed = r.get("speed") or {}
+        if speed:
+            lens = sorted(speed)
+            ax2.plot(lens, [speed[n] for n in lens], marker="o", color=f"C{i}", label=r["rung"])
+    ax2.set_xscale("log", base=2)
+    ax2.set_xlabel("tokens in the sequence")
+    ax2.set_ylabel("tokens/s")
+    ax2.set_title("speed against sequence length")
+    ax2.legend(fontsize=7)
+    fig.suptitle(title)
+    return _show(fig, show)
+
+
+def plot_long_context_memory(parts: dict[str, dict[str, int]], budget_bytes: int | None = None,
+                             title: str = "Where GPU memory goes at each technique's longest sequence",
+                             show: bool | None = None) -> "Figure | None":
+    """Stacked bars, one per technique: its estimated peak by part (model states, what is kept for backward, the
+    largest transient), with the budget line (notebook 06). `parts`: technique -> {part: bytes}."""
+    fig = _figure(8, 4)
+    ax = fig.add_subplot()
+    names = list(parts)
+    order = list(dict.fromkeys(k for p in parts.values() for k in p))
+    bottom = [0.0] * len(names)
+    for i, part in enumerate(order):
+        values = [parts[n].get(part, 0) / GiB for n in names]
+        ax.bar(range(len(names)), values, bottom=bottom, color=f"C{i}", label=part)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    if budget_bytes:
+        ax.axhline(budget_bytes / GiB, color=BUDGET_COLOR, linestyle="--", label=f"budget {budget_bytes / GiB:.1f} GiB")
+    ax.set_xticks(range(len(names)), names, rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel("GiB (estimate)")
+    ax.set_title(title)
+    ax.legend(fontsize=7)
     return _show(fig, show)

@@ -179,19 +179,19 @@ def test_the_peak_estimate_holds_on_cpu_for_every_technique(vocab, hidden):
         if flags.get("checkpointing"):
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()
-        ids = torch.randint(0, vocab, (1, 2048))
+        ids = torch.randint(0, vocab, (1, 1024))
 
         def step():
             with (helpers.tiled_mlp() if flags.get("tiled_mlp") else contextlib.nullcontext()), \
                  (helpers.checkpoints_on_cpu() if flags.get("offload_checkpoints") else contextlib.nullcontext()):
-                loss = (helpers.tiled_causal_lm_loss(model, ids, 1024) if flags.get("tiled_logits")
+                loss = (helpers.tiled_causal_lm_loss(model, ids, 512) if flags.get("tiled_logits")
                         else model(input_ids=ids, labels=ids).loss)
                 loss.backward()
 
         step()  # the parameters' gradients exist from here on (model states, not activations)
         measured = helpers.measured_peak_bytes(step)
         on_gpu = {k: v for k, v in flags.items() if k != "offload_checkpoints"}  # on CPU nothing moves
-        est = helpers.estimate_activation_peak(shape, 2048, **on_gpu)
+        est = helpers.estimate_activation_peak(shape, 1024, logits_tile_tokens=512, **on_gpu)
         assert measured == pytest.approx(est.gpu_peak, rel=0.15), (technique, measured, est.gpu_peak, est.transients)
 
 
@@ -210,3 +210,43 @@ def test_train_at_length_trains_and_says_what_it_measured():
     with pytest.raises(ValueError, match="technique must be one of"):
         helpers.train_at_length(engine, tokens, 512, "flash")
     helpers.destroy_engine(engine)
+
+
+def test_the_planner_counts_a_llama_models_activations_as_notebook_06_does():
+    """One estimate: helpers.plan on a Llama config uses estimate_activation_peak; GPT-2 keeps the GPT formula."""
+    cfg = helpers.long_context_config(8192)
+    shape = helpers.model_shape(cfg)
+    assert shape.llama == long_context_shape(cfg) and shape.n_positions == cfg.max_position_embeddings
+    runtime = helpers.colab_t4_profile()
+    for checkpointing in (False, True):
+        p = helpers.plan(cfg, 2, micro_batch_size=1, seq_len=16384, checkpointing=checkpointing, runtime=runtime)
+        est = helpers.estimate_activation_peak(shape.llama, 16384, precision_bytes=2, checkpointing=checkpointing)
+        assert p.activation_bytes == est.gpu_peak
+    assert not helpers.plan(cfg, 2, micro_batch_size=1, seq_len=16384, checkpointing=False, runtime=runtime).report.fits
+    assert helpers.plan(cfg, 2, micro_batch_size=1, seq_len=16384, checkpointing=True, runtime=runtime).report.fits
+    gpt2 = helpers.model_shape("gpt2")
+    p = helpers.plan("gpt2", 2, micro_batch_size=4, seq_len=512, checkpointing=False, runtime=runtime)
+    assert gpt2.llama is None and p.activation_bytes == helpers.estimate_activations(
+        4, 512, gpt2.hidden, gpt2.n_layers, gpt2.vocab, n_heads=gpt2.n_heads)
+
+
+def test_token_stream_is_the_corpus_in_one_sequence_repeated_when_short():
+    class Tok:
+        eos_token_id = 0
+
+        def __call__(self, texts, add_special_tokens=False):
+            return {"input_ids": [[len(t)] * 2 for t in texts]}
+
+    rows = {"text": ["ab", "cde"]}
+
+    class Data:
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, s):
+            return {"text": rows["text"][s]}
+
+    assert helpers.token_stream(Data(), Tok(), 5).tolist() == [2, 2, 0, 3, 3]
+    assert helpers.token_stream(Data(), Tok(), 8).tolist() == [2, 2, 0, 3, 3, 0, 2, 2]
+    with pytest.raises(ValueError, match="n_tokens must be a positive whole number"):
+        helpers.token_stream(Data(), Tok(), 0)
