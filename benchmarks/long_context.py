@@ -9,7 +9,7 @@ Model: `helpers.long_context_config` (~195M parameters by default: h 1024, MLP 2
 RoPE) with the course's tokenizer (8192 tokens), trained by a DeepSpeed ZeRO-2 engine (fp16 on a GPU, torch's AdamW,
 constant learning rate) on one sequence of the shipped corpus (batch 1). The rungs (`helpers.TECHNIQUES`) each add one
 technique: plain; activation checkpointing (transformers' non-reentrant); DeepSpeed's TiledFusedLogitsLoss; its
-TiledMLP; DeepSpeed's CheckpointHiddenStatesOffload (layer inputs in page-locked RAM); then the optimizer on the CPU
+TiledMLP; DeepSpeed's cpu_checkpointing (layer inputs in page-locked RAM); then the optimizer on the CPU
 (ZeRO-Offload) when `--optimizer-offload`. Each rung runs in a fresh process (inside its own enclosure with
 --emulate): the estimate (`helpers.estimate_activation_peak` + the model states) predicts its longest length; the
 child trains at the longest step of the length grid predicted to fit (a step is 1/8 of the power of two below,

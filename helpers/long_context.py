@@ -218,8 +218,8 @@ def estimate_activation_peak(shape: LongContextShape, seq_len: int, batch: int =
     """Peak activation bytes on the GPU during one forward + backward (notebook 06): `estimate_saved_activations`
     plus the largest transient of backward: the loss's gradient over the vocabulary (or one logits tile), or one
     layer's backward (with checkpointing: that layer recomputed, its saved parts back for the time of its backward).
-    With `offload_checkpoints` (DeepSpeed's CheckpointHiddenStatesOffload) the GPU keeps the last layer's input, a layer's
-    input comes back for its backward, and the other inputs sit in page-locked RAM (`cpu_pinned_bytes`, each buffer
+    With `offload_checkpoints` (DeepSpeed's cpu_checkpointing, `checkpoints_on_cpu`) the GPU keeps the last layer's
+    input, a layer's input comes back for its backward, and the other inputs sit in page-locked RAM (`cpu_pinned_bytes`, each buffer
     rounded up to a power of two by torch's host allocator)."""
     from helpers.memory import pinned_bytes
 
@@ -316,18 +316,50 @@ def tiled_mlp(tile_tokens: int | None = None) -> Iterator[None]:
 
 
 @contextmanager
-def checkpoints_on_cpu() -> Iterator[Any]:
-    """Inside the block, the layer inputs that activation checkpointing keeps go to page-locked CPU RAM on a side
-    stream and come back for their layer's backward (DeepSpeed's `CheckpointHiddenStatesOffload`, notebook 06): run
-    forward AND backward inside it. Needs the model's non-reentrant checkpointing
-    (``model.gradient_checkpointing_enable({"use_reentrant": False})``). On a CPU runtime nothing moves (there is no
-    GPU memory to save); the block runs as without it. Yields DeepSpeed's context, whose `.stats` count what moved."""
-    from deepspeed.runtime.activation_checkpointing.offload_activations import (
-        get_checkpoint_hidden_states_offloading_ctx_manager)
+def checkpoints_on_cpu(model: Any) -> Iterator[None]:
+    """Inside the block, the checkpointed layers of `model` run through DeepSpeed's own activation checkpointing with
+    `cpu_checkpointing` on (notebook 06): each layer's input goes to page-locked CPU RAM on a side stream as the
+    forward passes it (the last one stays on the GPU) and comes back once for its layer's backward. Run forward AND
+    backward inside the block. `model` must have checkpointing enabled (``model.gradient_checkpointing_enable()``).
+    On a CPU runtime nothing changes (there is no GPU memory to save). On leaving, the layers get their own checkpoint
+    function back and DeepSpeed's checkpointing its defaults, also after an error.
 
-    offload = get_checkpoint_hidden_states_offloading_ctx_manager()
-    with offload:  # its __enter__ returns None: yield the object itself
-        yield offload
+    This is DeepSpeed's `checkpointing.checkpoint` (`activation_checkpointing.cpu_checkpointing`), not the
+    `CheckpointHiddenStatesOffload` hooks of the same file: those keep every restored input on the GPU until the block
+    ends (their `_restored` cache), so by the end of backward all the checkpoints are back on the GPU."""
+    import deepspeed
+    from deepspeed.runtime.activation_checkpointing import checkpointing as ds_checkpointing
+    from deepspeed.utils import logger
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing]
+    if not layers:
+        raise ValueError("checkpoints_on_cpu moves the checkpoints of activation checkpointing, which is off for "
+                         "this model. Fix: model.gradient_checkpointing_enable(gradient_checkpointing_kwargs="
+                         "{'use_reentrant': False}) first")
+    import torch
+
+    if not torch.cuda.is_available():  # nothing to move: and DeepSpeed's blocking-copy path (CPU accelerator) empties
+        yield                          # the checkpoint it "copies" to the same device (its .to() is a no-op alias)
+        return
+    if not deepspeed.comm.is_initialized():  # configure() asks for the rank: a world of one, as the engine makes
+        from helpers.runtime import setup_single_process
+
+        setup_single_process()
+        deepspeed.init_distributed(verbose=False)
+    own = [(m, m._gradient_checkpointing_func) for m in layers]
+    level = logger.level
+    logger.setLevel(30)  # configure() logs its settings at INFO each time
+    try:
+        ds_checkpointing.configure(None, checkpoint_in_cpu=True)
+        for m in layers:
+            m._gradient_checkpointing_func = ds_checkpointing.checkpoint
+        yield
+    finally:
+        for m, func in own:
+            m._gradient_checkpointing_func = func
+        ds_checkpointing.configure(None, checkpoint_in_cpu=False)
+        logger.setLevel(level)
 
 
 def tiled_causal_lm_loss(model: Any, input_ids: Any, tile_tokens: int = 1024) -> Any:
@@ -524,7 +556,7 @@ def _long_context_step(engine: Any, ids: Any, flags: dict[str, bool], logits_til
     import contextlib
 
     mlp = tiled_mlp() if flags.get("tiled_mlp") else contextlib.nullcontext()
-    offload = checkpoints_on_cpu() if flags.get("offload_checkpoints") else contextlib.nullcontext()
+    offload = checkpoints_on_cpu(engine.module) if flags.get("offload_checkpoints") else contextlib.nullcontext()
     with mlp, offload:  # forward and backward inside: the offloaded checkpoints come back in backward
         if flags.get("tiled_logits"):
             loss = tiled_causal_lm_loss(engine.module, ids, logits_tile_tokens)

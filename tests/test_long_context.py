@@ -123,19 +123,26 @@ def test_the_model_config_is_built_offline_and_bad_shapes_say_the_fix():
         helpers.long_context_config(0)
 
 
-def test_checkpoints_on_cpu_train_the_same_numbers():
+def test_checkpoints_on_cpu_asks_for_checkpointing_and_changes_nothing_on_a_cpu_runtime():
+    """On a GPU the layers run DeepSpeed's checkpoint with cpu_checkpointing inside the block (checked on the GPU
+    machine: notebook 06, benchmarks/long_context.py); on CPU the block changes nothing, so the numbers are the same."""
     model = _model(torch.float32, checkpointing=True)
     ids = torch.randint(0, CONFIG["vocab_size"], (1, 256))
     loss = model(input_ids=ids, labels=ids).loss
     loss.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
-    with helpers.checkpoints_on_cpu() as offload:
+    own = model.model.layers[0]._gradient_checkpointing_func
+    with helpers.checkpoints_on_cpu(model):
+        assert model.model.layers[0]._gradient_checkpointing_func is own
         again = model(input_ids=ids, labels=ids).loss
         again.backward()
-    assert again.item() == loss.item() and offload.stats.saved_tensors_seen > 0
+    assert again.item() == loss.item()
     for n, p in model.named_parameters():
         assert torch.equal(p.grad, grads[n]), n
+    with pytest.raises(ValueError, match="Fix: model.gradient_checkpointing_enable"):
+        with helpers.checkpoints_on_cpu(_model(torch.float32)):
+            pass
 
 
 def test_benchmark_smoke(tmp_path):
@@ -183,7 +190,7 @@ def test_the_peak_estimate_holds_on_cpu_for_every_technique(vocab, hidden):
 
         def step():
             with (helpers.tiled_mlp() if flags.get("tiled_mlp") else contextlib.nullcontext()), \
-                 (helpers.checkpoints_on_cpu() if flags.get("offload_checkpoints") else contextlib.nullcontext()):
+                 (helpers.checkpoints_on_cpu(model) if flags.get("offload_checkpoints") else contextlib.nullcontext()):
                 loss = (helpers.tiled_causal_lm_loss(model, ids, 512) if flags.get("tiled_logits")
                         else model(input_ids=ids, labels=ids).loss)
                 loss.backward()
