@@ -57,6 +57,10 @@ TECHNIQUES: dict[str, dict[str, bool]] = {
 LOSS_BACKWARD_BYTES_PER_VOCAB = 8
 LOGITS_TILE_BYTES_PER_VOCAB = 12
 LAYER_GRADIENT_HIDDENS = 5
+# DeepSpeed's offload engine for cpu_checkpointing (checkpointing.py: keep_last_count=1; offload_activations.py:
+# max_fwd_stash_count=2): the newest layer input stays on the GPU and the two before it keep their GPU copies as
+# the source of the (asynchronous) copy, which backward then uses instead of copying back
+OFFLOAD_INPUTS_KEPT_ON_GPU = 3
 
 
 @dataclass(frozen=True)
@@ -218,9 +222,11 @@ def estimate_activation_peak(shape: LongContextShape, seq_len: int, batch: int =
     """Peak activation bytes on the GPU during one forward + backward (notebook 06): `estimate_saved_activations`
     plus the largest transient of backward: the loss's gradient over the vocabulary (or one logits tile), or one
     layer's backward (with checkpointing: that layer recomputed, its saved parts back for the time of its backward).
-    With `offload_checkpoints` (DeepSpeed's cpu_checkpointing, `checkpoints_on_cpu`) the GPU keeps the last layer's
-    input, a layer's input comes back for its backward, and the other inputs sit in page-locked RAM (`cpu_pinned_bytes`, each buffer
-    rounded up to a power of two by torch's host allocator)."""
+    With `offload_checkpoints` (DeepSpeed's cpu_checkpointing, `checkpoints_on_cpu`) the GPU keeps the last three layer
+    inputs (OFFLOAD_INPUTS_KEPT_ON_GPU: the newest is not offloaded, the two before it stay as the source of their
+    copies and are reused by backward), the others come back one at a time for their layer's backward, and every input
+    but the newest has a page-locked RAM buffer (`cpu_pinned_bytes`, each rounded up to a power of two by torch's
+    host allocator)."""
     from helpers.memory import pinned_bytes
 
     saved = estimate_saved_activations(shape, seq_len, batch, precision_bytes=precision_bytes,
@@ -240,11 +246,11 @@ def estimate_activation_peak(shape: LongContextShape, seq_len: int, batch: int =
             parts["mlp"] = e * h
         layer += (sum(parts.values()) + 2 * e * shape.head_dim) * tokens  # + RoPE's cos/sin for the recompute
     if offload_checkpoints:
-        checkpoint = e * h * tokens
-        saved.gpu["last layer input (kept on GPU)"] = checkpoint
+        checkpoint, kept = e * h * tokens, min(OFFLOAD_INPUTS_KEPT_ON_GPU, shape.n_layers)
+        saved.gpu[f"last {kept} layer inputs (kept on GPU)"] = kept * checkpoint
         saved.cpu["layer inputs (checkpoints)"] = (shape.n_layers - 1) * checkpoint
         peak.cpu_pinned_bytes = (shape.n_layers - 1) * pinned_bytes(checkpoint)
-        layer += checkpoint  # the layer's input, back from RAM
+        # a layer below them gets its input back from RAM (one checkpoint) when the kept ones are freed: no new peak
     peak.transients["one layer's backward"] = layer
     return peak
 

@@ -93,7 +93,8 @@ def test_the_peak_adds_the_larger_backward_transient_and_each_rung_needs_less():
     assert tiled.transients["one logits tile"] == 12 * 8192 * 512  # one tile, whatever the length
     off = peaks["+ checkpoints on CPU"]
     layer_input = 2 * 1024 * 32768
-    assert off.saved.cpu["layer inputs (checkpoints)"] == 15 * layer_input  # the last one stays on the GPU
+    assert off.saved.cpu["layer inputs (checkpoints)"] == 15 * layer_input  # the newest is never offloaded
+    assert off.saved.gpu["last 3 layer inputs (kept on GPU)"] == 3 * layer_input  # DeepSpeed keeps 1 + 2 in flight
     assert off.cpu_pinned_bytes == 15 * 2**26  # 64 MiB each, already a power of two
     odd = helpers.estimate_activation_peak(shape, 30000, **helpers.TECHNIQUES["+ checkpoints on CPU"])
     assert odd.cpu_pinned_bytes == 15 * 2**26 > odd.saved.cpu_total  # rounded up by torch's host allocator
