@@ -368,24 +368,34 @@ def checkpoints_on_cpu(model: Any) -> Iterator[None]:
         logger.setLevel(level)
 
 
-def tiled_causal_lm_loss(model: Any, input_ids: Any, tile_tokens: int = 1024) -> Any:
+def tiled_causal_lm_loss(model: Any, input_ids: Any, tile_tokens: int = 1024, loss_scale: float = 1.0) -> Any:
     """The next-token loss of a transformers causal LM without its whole logits (notebook 06): the decoder's hidden
     states, then DeepSpeed's `TiledFusedLogitsLoss` over slices of `tile_tokens` positions (lm_head, fp32
-    cross-entropy, the slice's backward at once; mean over the slices, as the model's own loss for equal slices)."""
+    cross-entropy, the slice's backward at once; mean over the slices, as the model's own loss for equal slices).
+
+    `loss_scale`: what backward will multiply the loss by (fp16 loss scaling: DeepSpeed's
+    `engine.optimizer.loss_scale`; 1 in bf16/fp32). TiledFusedLogitsLoss runs each slice's backward inside forward,
+    before that scaling reaches it, and scales only the hidden states' gradient afterwards: unscaled, the head's weight
+    gradient would come out divided by the loss scale (1/256 of the right one at scale 256, tests/test_long_context.py).
+    So the slices' losses are computed times `loss_scale` and the result divided by it: the same loss, every gradient
+    scaled alike."""
     import torch
     from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledFusedLogitsLoss
 
     if not isinstance(tile_tokens, int) or tile_tokens < 1:
         raise ValueError(f"tile_tokens must be a positive whole number of tokens, got {tile_tokens!r}")
+    if not loss_scale > 0:
+        raise ValueError(f"loss_scale must be positive (fp16: engine.optimizer.loss_scale; else 1.0), got {loss_scale!r}")
     hidden = model.model(input_ids=input_ids).last_hidden_state
     x, y = hidden[:, :-1], input_ids[:, 1:]
 
     def loss(lm: Any, x_slice: Any, y_slice: Any) -> Any:
         logits = lm.lm_head(x_slice).float()
-        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y_slice.reshape(-1))
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y_slice.reshape(-1)) * loss_scale
 
     shards = _shards(x.shape[0] * x.shape[1], tile_tokens)
-    return TiledFusedLogitsLoss.apply(loss, model, x, y, None, shards, [model.lm_head.weight], "mean")
+    out = TiledFusedLogitsLoss.apply(loss, model, x, y, None, shards, [model.lm_head.weight], "mean")
+    return out / loss_scale if loss_scale != 1 else out
 
 
 def technique_flags(technique: str) -> dict[str, bool]:
@@ -564,8 +574,9 @@ def _long_context_step(engine: Any, ids: Any, flags: dict[str, bool], logits_til
     mlp = tiled_mlp() if flags.get("tiled_mlp") else contextlib.nullcontext()
     offload = checkpoints_on_cpu(engine.module) if flags.get("offload_checkpoints") else contextlib.nullcontext()
     with mlp, offload:  # forward and backward inside: the offloaded checkpoints come back in backward
-        if flags.get("tiled_logits"):
-            loss = tiled_causal_lm_loss(engine.module, ids, logits_tile_tokens)
+        if flags.get("tiled_logits"):  # the fp16 loss scale backward will apply (1 in bf16/fp32)
+            scale = float(getattr(engine.optimizer, "loss_scale", 1.0) or 1.0)
+            loss = tiled_causal_lm_loss(engine.module, ids, logits_tile_tokens, loss_scale=scale)
         else:
             loss = engine(input_ids=ids, labels=ids).loss  # the logits are dropped once the loss is taken
         engine.backward(loss)

@@ -258,3 +258,24 @@ def test_token_stream_is_the_corpus_in_one_sequence_repeated_when_short():
     assert helpers.token_stream(Data(), Tok(), 8).tolist() == [2, 2, 0, 3, 3, 0, 2, 2]
     with pytest.raises(ValueError, match="n_tokens must be a positive whole number"):
         helpers.token_stream(Data(), Tok(), 0)
+
+
+def test_the_tiled_loss_scales_the_heads_gradient_as_fp16_loss_scaling_does():
+    """DeepSpeed's TiledFusedLogitsLoss takes the head's weight gradient inside forward: under a scaled backward (fp16
+    loss scaling multiplies the loss by S) it came out S times too small. With loss_scale=S every gradient matches."""
+    model = _model(torch.float32)
+    ids = torch.randint(0, CONFIG["vocab_size"], (1, 257))
+    scale = 256.0
+    (model(input_ids=ids, labels=ids).loss * scale).backward()
+    ref = {n: p.grad.clone() for n, p in model.named_parameters()}
+    for loss_scale, head_ratio in ((1.0, 1 / scale), (scale, 1.0)):
+        model.zero_grad()
+        loss = helpers.tiled_causal_lm_loss(model, ids, 64, loss_scale=loss_scale)
+        (loss * scale).backward()
+        assert (model.lm_head.weight.grad.norm() / ref["lm_head.weight"].norm()).item() == pytest.approx(head_ratio,
+                                                                                                      rel=1e-4)
+        assert torch.allclose(model.model.embed_tokens.weight.grad, ref["model.embed_tokens.weight"], rtol=1e-4,
+                              atol=1e-6)
+    assert loss.item() == pytest.approx(model(input_ids=ids, labels=ids).loss.item(), rel=1e-5)
+    with pytest.raises(ValueError, match="loss_scale must be positive"):
+        helpers.tiled_causal_lm_loss(model, ids, 64, loss_scale=0)
