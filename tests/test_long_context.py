@@ -279,3 +279,31 @@ def test_the_tiled_loss_scales_the_heads_gradient_as_fp16_loss_scaling_does():
     assert loss.item() == pytest.approx(model(input_ids=ids, labels=ids).loss.item(), rel=1e-5)
     with pytest.raises(ValueError, match="loss_scale must be positive"):
         helpers.tiled_causal_lm_loss(model, ids, 64, loss_scale=0)
+
+
+def test_zero2_reduces_the_same_gradients_with_the_tiled_paths():
+    """TiledFusedLogitsLoss takes the head's gradient inside forward (ZeRO-2's gradient hooks fire then): the engine's
+    reduced gradients must still be checkpointing's own."""
+    import contextlib
+
+    from deepspeed.utils import safe_get_full_grad
+
+    from helpers.runtime import setup_single_process
+
+    setup_single_process()
+    cfg = helpers.long_context_config(512, hidden=64, intermediate=176, layers=2, heads=4, kv_heads=2)
+    ds = helpers.build_ds_config(2, runtime=helpers.detect_runtime(), micro_batch_size=1, lr=1e-3, scheduler=None)
+    ids = torch.randint(0, 512, (1, 513))
+    grads = {}
+    for technique in ("checkpointing", "+ tiled logits", "+ tiled MLP"):
+        engine = helpers.build_long_context_engine(cfg, ds, technique, seed=0)
+        flags = helpers.technique_flags(technique)
+        with helpers.tiled_mlp() if flags.get("tiled_mlp") else contextlib.nullcontext():
+            loss = (helpers.tiled_causal_lm_loss(engine.module, ids, 128) if flags.get("tiled_logits")
+                    else engine(input_ids=ids, labels=ids).loss)
+            engine.backward(loss)
+        grads[technique] = {n: safe_get_full_grad(p).clone() for n, p in engine.module.named_parameters()}
+        helpers.destroy_engine(engine)
+    for technique in ("+ tiled logits", "+ tiled MLP"):
+        for name, g in grads[technique].items():
+            assert torch.allclose(g, grads["checkpointing"][name], rtol=1e-3, atol=1e-6), (technique, name)
