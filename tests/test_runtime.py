@@ -72,16 +72,26 @@ def test_teardown_brings_gpu_memory_back_to_baseline(monkeypatch):
 
 
 def test_mmap_large_allocations_gives_freed_ram_back():
-    import psutil
+    """In a fresh process: what ran before in pytest's own process (profilers, engines, other tests' heaps) must not
+    decide the answer (CI once kept 226 MB after the free in the shared process; alone it gives all of it back)."""
+    import subprocess
+    import sys
 
-    from helpers.runtime import mmap_large_allocations
-
-    assert mmap_large_allocations(1 << 20)
-    rss = psutil.Process().memory_info().rss
-    blocks = [torch.ones(2 * 2**20) for _ in range(32)]  # 32 x 8 MiB, each above the 1 MiB threshold
-    assert psutil.Process().memory_info().rss - rss > 200 * 2**20
-    del blocks
-    assert psutil.Process().memory_info().rss - rss < 32 * 2**20  # unmapped on free, not kept by the heap
+    code = """
+import psutil, torch
+from helpers.runtime import mmap_large_allocations
+assert mmap_large_allocations(1 << 20)
+rss = psutil.Process().memory_info().rss
+blocks = [torch.ones(2 * 2**20) for _ in range(32)]  # 32 x 8 MiB, each above the 1 MiB threshold
+grown = psutil.Process().memory_info().rss - rss
+del blocks
+kept = psutil.Process().memory_info().rss - rss
+print(grown, kept)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    grown, kept = map(int, out.stdout.split()[-2:])
+    assert grown > 200 * 2**20 and kept < 32 * 2**20, (grown, kept)  # unmapped on free, not kept by the heap
 
 
 def test_release_host_memory_gives_freed_heap_back():
