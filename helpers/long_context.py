@@ -335,8 +335,9 @@ def checkpoints_on_cpu(model: Any) -> Iterator[None]:
     ends (their `_restored` cache), so by the end of backward all the checkpoints are back on the GPU."""
     import deepspeed
     from deepspeed.runtime.activation_checkpointing import checkpointing as ds_checkpointing
-    from deepspeed.utils import logger
     from transformers.modeling_layers import GradientCheckpointingLayer
+
+    from helpers.runtime import quiet_deepspeed
 
     layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing]
     if not layers:
@@ -354,18 +355,17 @@ def checkpoints_on_cpu(model: Any) -> Iterator[None]:
         setup_single_process()
         deepspeed.init_distributed(verbose=False)
     own = [(m, m._gradient_checkpointing_func) for m in layers]
-    level = logger.level
-    logger.setLevel(30)  # configure() logs its settings at INFO each time
     try:
-        ds_checkpointing.configure(None, checkpoint_in_cpu=True)
+        with quiet_deepspeed():  # configure() logs its settings at INFO each time
+            ds_checkpointing.configure(None, checkpoint_in_cpu=True)
         for m in layers:
             m._gradient_checkpointing_func = ds_checkpointing.checkpoint
         yield
     finally:
         for m, func in own:
             m._gradient_checkpointing_func = func
-        ds_checkpointing.configure(None, checkpoint_in_cpu=False)
-        logger.setLevel(level)
+        with quiet_deepspeed():
+            ds_checkpointing.configure(None, checkpoint_in_cpu=False)
 
 
 def tiled_causal_lm_loss(model: Any, input_ids: Any, tile_tokens: int = 1024, loss_scale: float = 1.0) -> Any:
@@ -526,8 +526,9 @@ def build_long_context_engine(config: Any, ds_config: dict[str, Any], technique:
     transformers' non-reentrant activation checkpointing when `technique` uses it (notebook 06)."""
     import deepspeed
     import torch
-    from deepspeed.utils import logger
     from transformers import AutoModelForCausalLM
+
+    from helpers.runtime import quiet_deepspeed
 
     flags = technique_flags(technique)
     torch.manual_seed(seed)
@@ -536,12 +537,8 @@ def build_long_context_engine(config: Any, ds_config: dict[str, Any], technique:
     if flags.get("checkpointing"):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
-    level = logger.level
-    logger.setLevel(30)  # DeepSpeed's INFO lines about its config: warnings only
-    try:
+    with quiet_deepspeed():  # DeepSpeed's INFO lines about its config: warnings only
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
-    finally:
-        logger.setLevel(level)
     return engine
 
 

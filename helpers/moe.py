@@ -12,7 +12,6 @@ already full: a *dropped* route, the token then skips the MLP and keeps only its
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["ZERO3_REFUSAL", "ParamCounts", "count_moe_params", "moe_param_groups", "describe_param_groups",
            "measure_flops_per_token", "expert_capacity", "analytic_flops_per_token", "RoutingRecorder",
            "RoutingSummary", "set_capacity_factor", "MoEHooks", "moe_table", "evaluate_moe", "capacity_sweep",
-           "moe_ds_config", "zero3_refusal", "expert_parallel_summary", "quiet_deepspeed", "speed_verdicts", "Evenness",
+           "moe_ds_config", "zero3_refusal", "expert_parallel_summary", "speed_verdicts", "Evenness",
            "evenness", "most_even", "run_from_report_row", "committed_report_note"]
 
 ZERO3_REFUSAL = "Native DeepSpeed MoE is not supported with ZeRO Stage 3"
@@ -594,14 +593,3 @@ def expert_parallel_summary(model: Any) -> dict[str, Any]:
             "shared_params": counts.shared, "params_total": counts.total, "expert_params_total": counts.experts}
 
 
-@contextlib.contextmanager
-def quiet_deepspeed(level: int = 30) -> Any:
-    """Lower DeepSpeed's logger to WARNING inside the block (MoE logs a line per layer)."""
-    from deepspeed.utils import logger
-
-    old = logger.level
-    logger.setLevel(level)
-    try:
-        yield
-    finally:
-        logger.setLevel(old)

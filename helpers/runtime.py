@@ -6,16 +6,17 @@ falls back to MPI discovery and fails (``ModuleNotFoundError: mpi4py``).
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import socket
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 __all__ = ["COMPILED_OPS", "DIST_ENV_VARS", "OP_BUILDERS", "announce_op_builds", "build_ops", "clean_slate", "destroy_engine", "free_port", "gpu_allocated_bytes", "live_engines",
            "mmap_large_allocations", "nvme_swap_paths", "release_host_memory", "release_nvme_swappers", "release_zero3_globals",
            "remove_deepspeed_hooks", "remove_nvme_leftovers", "remove_stale_build_lock", "remove_swap_files", "swap_leftovers",
-           "require", "reset_peak_stats", "setup_single_process", "teardown", "warm_up_cuda", "warm_up_deepspeed",
+           "quiet_deepspeed", "require", "reset_peak_stats", "setup_single_process", "teardown", "warm_up_cuda", "warm_up_deepspeed",
            "hf_deepspeed_state", "reset_hf_deepspeed_state"]
 
 DIST_ENV_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
@@ -26,6 +27,20 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def quiet_deepspeed(level: int = 30) -> Iterator[None]:
+    """Lower DeepSpeed's logger to WARNING inside the block (MoE logs a line per layer, `initialize` and
+    checkpointing.configure their settings: notebooks 03, 06)."""
+    from deepspeed.utils import logger
+
+    old = logger.level
+    logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.setLevel(old)
 
 
 def setup_single_process(port: int | None = None) -> dict[str, str]:

@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     from helpers import gpt, moe
     from helpers.data import block_loader, load_text_dataset, pack_blocks, train_tokenizer
     from helpers.hardware import apply_t4_budget, choose_precision, detect_runtime, t4_budget_requested
+    from helpers.runtime import quiet_deepspeed
 
     if device == "cuda":
         torch.cuda.set_device(local_rank)
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     seq_len = int(blocks[0]["input_ids"].shape[-1])
     cfg = gpt.GPTConfig(vocab_size=vocab, seq_len=seq_len, hidden=args.hidden, layers=args.layers,
                         heads=args.heads, ffn=args.ffn or 4 * args.hidden, num_experts=args.experts, k=args.k, ep_size=world)
-    with moe.quiet_deepspeed():
+    with quiet_deepspeed():
         model = gpt.build_gpt(cfg, seed=args.seed)
         # the same model unsplit (ep_size 1, every expert in one process): global expert e must match
         whole = gpt.build_gpt(cfg.replace(ep_size=1), seed=args.seed)
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     recorder = moe.RoutingRecorder(model)
     ds_config = moe.moe_ds_config(runtime, micro_batch=args.micro_batch, lr=args.lr, steps=args.steps,
                                    world_size=world)
-    with moe.quiet_deepspeed():
+    with quiet_deepspeed():
         engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=moe.moe_param_groups(model),
                                                config=ds_config)
     batches = block_loader(blocks, args.micro_batch, seed=args.seed + 1000 * rank)  # each rank its own data

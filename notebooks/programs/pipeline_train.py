@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from helpers.config import build_ds_config
     from helpers.gpt import build_gpt
-    from helpers.moe import quiet_deepspeed
+    from helpers.runtime import quiet_deepspeed
 
     stages, m = run.world, args.micro_batches
     reference = build_gpt(run.cfg, seed=args.seed)

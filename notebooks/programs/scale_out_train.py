@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=UserWarning)
     run = rank.setup_rank(args)
-    from helpers.moe import quiet_deepspeed
+    from helpers.runtime import quiet_deepspeed
 
     rows = []
     for stage in args.stages:
