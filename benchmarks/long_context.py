@@ -23,12 +23,14 @@ Writes reports/long_context.json and .md.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import datetime as dt
 import gc
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -240,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--emulate", action="store_true")
     p.add_argument("--deadline-s", type=float, default=0.0, help="start no rung after this many seconds")
     p.add_argument("--rung-timeout-s", type=float, default=900.0)
+    p.add_argument("--parallel", type=int, default=1,
+                   help="rungs side by side on the one GPU, each in its own process (and enclosure) on cores of its own")
     p.add_argument("--out", type=Path, default=ROOT / "reports" / "long_context.json")
     p.add_argument("--work-dir", type=Path, default=ROOT / "build" / "bench" / "long_context")
     args = p.parse_args(argv)
@@ -249,26 +253,34 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     runtime = helpers.detect_runtime(t4_budget=True if args.emulate else None)  # the emulation: fp16, 15 GiB
     enclosure = limits = None
+    cores = sorted(os.sched_getaffinity(0))
+    cores_per_rung = 1
     if args.emulate:
         import dataclasses
 
         from colab_emulation import ColabLimits, Enclosure, probe
 
         limits = ColabLimits()
+        cores_per_rung = limits.cpus
         runtime = dataclasses.replace(runtime, emulation=probe()[0], ram_total_bytes=limits.ram_bytes,
                                       ram_budget_bytes=limits.ram_bytes, cpu_cores=limits.cpus, is_colab=True)
 
-        def enclosure(name: str) -> Any:
-            return Enclosure(name, ColabLimits(), cpus=sorted(os.sched_getaffinity(0))[:limits.cpus])
-    args.work_dir.mkdir(parents=True, exist_ok=True)
-    stream, vocab = token_stream(args.work_dir, max(args.max_seq_len, *args.lengths, 1))
-    vram_budget = runtime.vram_budget_bytes or 0
-    ram_budget = runtime.ram_budget_bytes if (args.emulate or runtime.is_colab) else 0
+        def enclosure(name: str, cpus: list[int]) -> Any:
+            return Enclosure(name, ColabLimits(), cpus=cpus)
+    if args.parallel < 1 or args.parallel * cores_per_rung > len(cores):
+        fits = max(1, len(cores) // cores_per_rung)
+        raise SystemExit(f"--parallel {args.parallel}: each rung needs {cores_per_rung} core(s) of its own and this "
+                         f"process may use {len(cores)}. Fix: --parallel {fits}")
     chosen = rungs(args.optimizer_offload)
     names = args.rungs or list(chosen)
     unknown = [n for n in names if n not in chosen]
     if unknown:
         raise SystemExit(f"unknown rung(s) {unknown}: choose from {list(chosen)}")
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    stream, vocab = token_stream(args.work_dir, max(args.max_seq_len, *args.lengths, 1))
+    vram_budget = runtime.vram_budget_bytes or 0
+    ram_budget = runtime.ram_budget_bytes if (args.emulate or runtime.is_colab) else 0
+    side_by_side = min(args.parallel, len(names))
     model = (f"Llama-shaped, hidden {args.hidden}, MLP {args.intermediate}, {args.layers} layers, {args.heads} heads "
              f"({args.kv_heads} KV), vocabulary {vocab} (the course's tokenizer)")
     report: dict[str, Any] = {
@@ -276,29 +288,35 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"hidden": args.hidden, "intermediate": args.intermediate, "layers": args.layers,
                      "heads": args.heads, "kv_heads": args.kv_heads, "vocab": vocab, "logits_tile": args.logits_tile,
                      "max_seq_len": args.max_seq_len, "max_steps": args.max_steps, "lr": LR, "batch": 1,
-                     "zero_stage": 2},
+                     "zero_stage": 2, "parallel": side_by_side},
         "vram_budget_gib": round(vram_budget / 2**30, 2), "ram_budget_gb": round(ram_budget / 1e9, 2),
         "emulation": limits.as_report(runtime.emulation) if limits else None,
         "how": ("Each rung in a fresh process" + (" inside the Colab enclosure" if args.emulate else "") +
+                (f", {side_by_side} rungs side by side on the one GPU, each on cores of its own (memory is per "
+                 "process; tokens/s were measured beside the others)" if side_by_side > 1 else "") +
                 "; peak GPU = torch's max_memory_allocated over the steps at that length; RSS sampled every 0.05 s."),
         "rows": []}
-    for name in names:
+    rows: dict[str, dict[str, Any]] = {}
+    lock = threading.Lock()
+
+    def run_rung(index: int, name: str, cpus: list[int]) -> None:
         if args.deadline_s and time.perf_counter() - started > args.deadline_s:
             print(f"{name}: not started (deadline)", flush=True)
-            continue
-        result = args.work_dir / f"{name.replace(' ', '_').replace('+', 'plus')}.jsonl"
+            return
+        slug = name.replace(" ", "_").replace("+", "plus")
+        result = args.work_dir / f"{slug}.jsonl"
         result.unlink(missing_ok=True)
         spec = {"rung": name, "technique": chosen[name], "ds_config": ds_config(name, runtime), "vocab": vocab,
                 "hidden": args.hidden, "intermediate": args.intermediate, "layers": args.layers, "heads": args.heads,
                 "kv_heads": args.kv_heads, "seed": 0, "stream": str(stream), "result": str(result),
                 "logits_tile": args.logits_tile, "max_seq_len": args.max_seq_len, "max_steps": args.max_steps,
                 "lengths": args.lengths, "vram_budget": vram_budget or (1 << 62), "ram_budget": ram_budget}
-        spec_path = args.work_dir / "spec.json"
+        spec_path = args.work_dir / f"spec_{slug}.json"
         spec_path.write_text(json.dumps(spec))
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(spec_path)]
         env = dict(os.environ, PYTHONWARNINGS="ignore", TOKENIZERS_PARALLELISM="false")
         killed = None
-        enc = enclosure(f"lc-{len(report['rows'])}") if enclosure else None
+        enc = enclosure(f"lc-{index}", cpus) if enclosure else None
         try:
             if enc is None:
                 rc = subprocess.run(cmd, env=env, cwd=ROOT, timeout=args.rung_timeout_s).returncode
@@ -315,8 +333,26 @@ def main(argv: list[str] | None = None) -> int:
         row = summarize(name, lines, killed)
         if enc is not None:
             row["enclosure"] = enc.stats.as_report()
-        report["rows"].append(row)
-        _bench.write_report(with_summary(report), args.out, markdown)
+        with lock:  # rows in the rungs' order, whichever finished first; the report rewritten after each
+            rows[name] = row
+            report["rows"] = [rows[n] for n in names if n in rows]
+            _bench.write_report(with_summary(report), args.out, markdown)
+
+    slots = [cores[k * cores_per_rung:(k + 1) * cores_per_rung] for k in range(side_by_side)]
+    free = list(range(side_by_side))  # a rung takes a free slot of cores and gives it back when it ends
+
+    def in_a_slot(index: int, name: str) -> None:
+        with lock:
+            slot = free.pop(0)
+        try:
+            run_rung(index, name, slots[slot])
+        finally:
+            with lock:
+                free.append(slot)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=side_by_side) as pool:
+        for future in [pool.submit(in_a_slot, i, n) for i, n in enumerate(names)]:
+            future.result()
     _bench.write_report(with_summary(report), args.out, markdown)
     print(args.out.with_suffix(".md").read_text())
     return 0

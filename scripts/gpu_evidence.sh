@@ -10,6 +10,9 @@
 #   HOST_MEMORY_ARGS="--sizes gpt2-xl gpt2-2.7b --seq-len 512" bash scripts/gpu_evidence.sh ...  # also the host byte
 #       account (benchmarks/host_memory.py, issue 25) on the cores left, not enclosed: it measures the need. Mind the
 #       64 GB disk: a 2.7B NVMe optimizer writes ~42 GB beside notebook 02's NVMe folder
+#   LONG_CONTEXT_ARGS="--parallel 5 --deadline-s 300" bash scripts/gpu_evidence.sh /tmp/ev notebooks/drafts/06_*.ipynb
+#       also benchmarks/long_context.py --emulate (issue 26) on the cores left: each rung in its own Colab enclosure
+#       (with BUILD_OPS=0 LOCAL_HUB=0 LADDER_ARGS=none: neither loads an op, reads the Hub or needs the ladder)
 #
 # The notebooks take Colab's branches, the Hub ones included: scripts/local_hub.py first builds a Hugging Face cache
 # with GPT-2 (124M, course-initialised) and the WikiText stand-in, and the runs read it with HF_HUB_OFFLINE=1 (nothing is
@@ -32,12 +35,14 @@ mkdir -p "$out/nb" "$out/parts" "$out/logs"
 export DS_COURSE_T4_BUDGET=1 PYTHONUNBUFFERED=1
 start=$(date +%s)
 
-for op in CPUAdamBuilder AsyncIOBuilder FusedAdamBuilder; do
-  python3 -c "import json, time; from deepspeed.ops.op_builder import $op as B; t = time.perf_counter(); B().load(); \
+if [ "${BUILD_OPS:-1}" = 1 ]; then  # BUILD_OPS=0: runs that load no op (notebook 06, the long-context benchmark)
+  for op in CPUAdamBuilder AsyncIOBuilder FusedAdamBuilder; do
+    python3 -c "import json, time; from deepspeed.ops.op_builder import $op as B; t = time.perf_counter(); B().load(); \
 print(json.dumps({'$op': round(time.perf_counter() - t, 1)}))" >"$out/logs/op-$op.log" 2>&1 &
-done
-wait
-echo "ops built after $(( $(date +%s) - start )) s" >>"$out/logs/progress.log"
+  done
+  wait
+  echo "ops built after $(( $(date +%s) - start )) s" >>"$out/logs/progress.log"
+fi
 if [ "${LOCAL_HUB:-1}" = 1 ]; then
   python3 scripts/local_hub.py /tmp/ds-course-hf-home --model-size gpt2 --env-file "$out/logs/hub.env" \
     >"$out/logs/local_hub.log" 2>&1 && source "$out/logs/hub.env"
@@ -64,6 +69,12 @@ if [ -n "${HOST_MEMORY_ARGS:-}" ] && [ "${HOST_MEMORY_ARGS}" != "none" ]; then
   # shellcheck disable=SC2086
   taskset -c "$((2 * k))-15" python3 benchmarks/host_memory.py --quiet --out "$out/host_memory.json" \
     --nvme-path /tmp/host-memory-nvme ${HOST_MEMORY_ARGS} >"$out/logs/host_memory.log" 2>&1 &
+  pids+=($!)
+fi
+if [ -n "${LONG_CONTEXT_ARGS:-}" ] && [ "${LONG_CONTEXT_ARGS}" != "none" ]; then
+  # shellcheck disable=SC2086
+  taskset -c "$((2 * k))-15" python3 benchmarks/long_context.py --emulate --out "$out/long_context.json" \
+    --work-dir /tmp/long-context ${LONG_CONTEXT_ARGS} >"$out/logs/long_context.log" 2>&1 &
   pids+=($!)
 fi
 for p in "${pids[@]}"; do wait "$p"; done

@@ -157,7 +157,7 @@ def test_benchmark_smoke(tmp_path):
     out = tmp_path / "lc.json"
     proc = subprocess.run([sys.executable, "benchmarks/long_context.py", "--hidden", "64", "--intermediate", "176",
                            "--layers", "2", "--heads", "4", "--kv-heads", "2", "--lengths", "256",
-                           "--max-seq-len", "512", "--rungs", "plain", "+ checkpoints on CPU", "--out", str(out),
+                           "--max-seq-len", "512", "--rungs", "plain", "+ checkpoints on CPU", "--parallel", "2", "--out", str(out),
                            "--work-dir", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=900,
                           env={k: v for k, v in os.environ.items() if k not in DIST_ENV_VARS})
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -168,6 +168,22 @@ def test_benchmark_smoke(tmp_path):
         assert attempt["ok"] and attempt["losses"][-1] < attempt["losses"][0] and row["longest"] == 256
         assert attempt["estimate"]["gpu_peak"] > 0 and attempt["peak_rss"] > 0
     assert "| plain | 256 |" in out.with_suffix(".md").read_text()
+    assert report["settings"]["parallel"] == 2 and "side by side" in report["how"]  # rows in rung order all the same
+
+
+def test_benchmark_refuses_more_rungs_side_by_side_than_cores_with_a_fix_that_fits(tmp_path):
+    import re
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    proc = subprocess.run([sys.executable, "benchmarks/long_context.py", "--parallel", "999", "--work-dir",
+                           str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "Fix: --parallel" in proc.stderr, proc.stderr[-2000:]
+    fits = int(re.search(r"Fix: --parallel (\d+)", proc.stderr).group(1))
+    assert 1 <= fits <= len(os.sched_getaffinity(0))  # one core per rung without --emulate
+    assert not any(tmp_path.iterdir())  # refused before the tokenizer and the token stream were built
 
 
 @pytest.mark.parametrize("vocab, hidden", [(4000, 128), (256, 256)])  # the loss dominates; a layer does
