@@ -12,7 +12,7 @@
 #       64 GB disk: a 2.7B NVMe optimizer writes ~42 GB beside notebook 02's NVMe folder
 #   LONG_CONTEXT_ARGS="--parallel 5 --deadline-s 300" bash scripts/gpu_evidence.sh /tmp/ev notebooks/drafts/06_*.ipynb
 #       also benchmarks/long_context.py --emulate (issue 26) on the cores left: each rung in its own Colab enclosure
-#       (with BUILD_OPS=0 LOCAL_HUB=0 LADDER_ARGS=none: neither loads an op, reads the Hub or needs the ladder)
+#       (BUILD_OPS=CPUAdamBuilder LOCAL_HUB=0 LADDER_ARGS=none: only --optimizer-offload loads an op; no Hub, no ladder)
 #
 # The notebooks take Colab's branches, the Hub ones included: scripts/local_hub.py first builds a Hugging Face cache
 # with GPT-2 (124M, course-initialised) and the WikiText stand-in, and the runs read it with HF_HUB_OFFLINE=1 (nothing is
@@ -35,14 +35,13 @@ mkdir -p "$out/nb" "$out/parts" "$out/logs"
 export DS_COURSE_T4_BUDGET=1 PYTHONUNBUFFERED=1
 start=$(date +%s)
 
-if [ "${BUILD_OPS:-1}" = 1 ]; then  # BUILD_OPS=0: runs that load no op (notebook 06, the long-context benchmark)
-  for op in CPUAdamBuilder AsyncIOBuilder FusedAdamBuilder; do
-    python3 -c "import json, time; from deepspeed.ops.op_builder import $op as B; t = time.perf_counter(); B().load(); \
+ops=${BUILD_OPS-CPUAdamBuilder AsyncIOBuilder FusedAdamBuilder}  # BUILD_OPS="": none (notebook 06 loads no op)
+for op in $ops; do
+  python3 -c "import json, time; from deepspeed.ops.op_builder import $op as B; t = time.perf_counter(); B().load(); \
 print(json.dumps({'$op': round(time.perf_counter() - t, 1)}))" >"$out/logs/op-$op.log" 2>&1 &
-  done
-  wait
-  echo "ops built after $(( $(date +%s) - start )) s" >>"$out/logs/progress.log"
-fi
+done
+wait
+[ -z "$ops" ] || echo "ops built after $(( $(date +%s) - start )) s" >>"$out/logs/progress.log"
 if [ "${LOCAL_HUB:-1}" = 1 ]; then
   python3 scripts/local_hub.py /tmp/ds-course-hf-home --model-size gpt2 --env-file "$out/logs/hub.env" \
     >"$out/logs/local_hub.log" 2>&1 && source "$out/logs/hub.env"
