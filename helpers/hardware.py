@@ -5,7 +5,8 @@ or CPU quota (Kaggle, Docker, `scripts/colab_emulation.py`) counts, not only wha
 
 Two ways to stand in for a free Colab T4 on a bigger GPU:
 - *T4 budget mode* (``DS_COURSE_T4_BUDGET=1`` or ``detect_runtime(t4_budget=True)``): VRAM capped at 15 GiB,
-  fp16 forced (a T4 has no native bf16), CPU RAM judged against Colab's budget but not enforced.
+  fp16 forced (a T4 has no native bf16), attention on the SDPA kernel a T4 has (no flash, no cuDNN), CPU RAM judged
+  against Colab's budget but not enforced.
 - *the Colab profile* (``DS_COURSE_COLAB=1``, set by ``scripts/colab_emulation.py``): T4 budget mode, and the
   notebooks take their Colab branches (Colab sizes, big runs in child processes, nothing over budget). The runner
   also enforces the RAM and the CPUs with a cgroup, which this module reads back. Without a GPU the profile keeps
@@ -44,6 +45,7 @@ T4_BUDGET_ENV = "DS_COURSE_T4_BUDGET"
 COLAB_PROFILE_ENV = "DS_COURSE_COLAB"
 EMULATION_ENV = "DS_COURSE_EMULATION"  # set by scripts/colab_emulation.py: how the limits are enforced
 BF16_MIN_CAPABILITY = (8, 0)  # Ampere and newer have native bf16
+T4_MISSING_ATTENTION_KERNELS_FROM = (8, 0)  # SDPA's flash and cuDNN kernels: what a T4 (7.5) lacks
 
 T = TypeVar("T")
 
@@ -275,14 +277,23 @@ def choose_precision(compute_capability: tuple[int, int] | None, t4_budget: bool
 
 
 def apply_t4_budget(device_index: int = 0) -> int:
-    """Cap this process's CUDA caching allocator at 15 GiB; returns the cap in bytes (0 on CPU)."""
+    """Cap this process's CUDA caching allocator at 15 GiB and give attention the kernels a T4 has; returns the cap
+    in bytes (0 on CPU).
+
+    A T4 (compute capability 7.5) has neither PyTorch's FlashAttention nor its cuDNN attention (both need 8.0+):
+    `scaled_dot_product_attention` runs the memory-efficient kernel there, whose backward needs other temporaries.
+    On a newer GPU standing in for a T4 those two are switched off for this process, so attention's memory and time
+    are the T4's kernel's (notebook 06 measures long sequences, where attention's temporaries matter)."""
     import torch
 
     if not torch.cuda.is_available():
         return 0
-    total = torch.cuda.get_device_properties(device_index).total_memory
-    cap = int(min(T4_VRAM_GIB * GiB, total))
-    torch.cuda.set_per_process_memory_fraction(cap / total, device_index)
+    props = torch.cuda.get_device_properties(device_index)
+    cap = int(min(T4_VRAM_GIB * GiB, props.total_memory))
+    torch.cuda.set_per_process_memory_fraction(cap / props.total_memory, device_index)
+    if (props.major, props.minor) >= T4_MISSING_ATTENTION_KERNELS_FROM:
+        torch.backends.cuda.enable_flash_sdp(False)
+        torch.backends.cuda.enable_cudnn_sdp(False)
     return cap
 
 
@@ -334,7 +345,9 @@ def detect_runtime(t4_budget: bool | None = None, disk_path: str = ".") -> Runti
         total = int(props.total_memory)
         vram_budget = apply_t4_budget(0) if budget else total
         if budget:
-            notes.append(f"T4 budget mode: VRAM capped at {T4_VRAM_GIB:g} GiB, fp16 forced, RAM budget "
+            notes.append(f"T4 budget mode: VRAM capped at {T4_VRAM_GIB:g} GiB, fp16 forced"
+                         + (", attention on the T4's SDPA kernel (memory-efficient; no flash, no cuDNN)"
+                            if cc >= T4_MISSING_ATTENTION_KERNELS_FROM else "") + ", RAM budget "
                          f"{colab_ram_budget(ram_total, colab, budget) / GB:.1f} GB"
                          + ("" if ram_source != "physical" else " (judged against, not enforced)"))
         if cc < BF16_MIN_CAPABILITY:

@@ -198,3 +198,32 @@ def test_the_colab_profile_without_a_gpu_has_colab_s_budgets_and_says_so(monkeyp
     assert not here.is_colab and here.disk_free_bytes == int(76.8e9) and here.ram_budget_bytes == here.ram_total_bytes
     assert plan("gpt2-tiny", 3, offload_optimizer="nvme", runtime=here, nvme_path=str(tmp_path),
                 ram_in_use=0).report.disk_budget == int(76.8e9)
+
+
+@pytest.mark.parametrize("capability, kernels_left_on", [((9, 0), False), ((7, 5), True)])
+def test_t4_budget_gives_attention_the_kernels_a_t4_has(monkeypatch, capability, kernels_left_on):
+    """On a GPU standing in for a T4, SDPA must not use FlashAttention or cuDNN attention (a T4 has neither: its
+    memory-efficient kernel keeps other temporaries); on a real T4 (7.5) there is nothing to switch off."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from helpers.hardware import T4_VRAM_GIB, apply_t4_budget
+
+    fractions = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: SimpleNamespace(major=capability[0], minor=capability[1], total_memory=140 * 2**30))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, i: fractions.append(f))
+    before = torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_flash_sdp(True)
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    try:
+        cap = apply_t4_budget(0)
+        assert cap == int(T4_VRAM_GIB * 2**30) and fractions == [cap / (140 * 2**30)]
+        assert torch.backends.cuda.flash_sdp_enabled() is kernels_left_on
+        assert torch.backends.cuda.cudnn_sdp_enabled() is kernels_left_on
+        assert torch.backends.cuda.mem_efficient_sdp_enabled()  # the T4's own kernel stays
+    finally:
+        torch.backends.cuda.enable_flash_sdp(before[0])
+        torch.backends.cuda.enable_cudnn_sdp(before[1])
