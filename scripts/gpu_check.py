@@ -73,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpus", default="", help="the two cores for the emulated runtime, e.g. 2,3")
     parser.add_argument("--concurrent", type=int, default=0,
                         help="how many notebooks ran at the same time on this GPU (recorded in each entry)")
+    parser.add_argument("--beside", default="",
+                        help="other GPU work running at the same time (benchmarks), recorded in each entry")
     parser.add_argument("--runner", choices=("nbmake", "nbclient"), default="nbmake",
                         help="who runs each notebook inside the emulation: `pytest --nbmake` (default) or nbclient")
     parser.add_argument("--merge", nargs="+", type=Path, help="merge these partial reports into --report and stop")
@@ -111,12 +113,15 @@ def main(argv: list[str] | None = None) -> int:
             if enc.get("gpu_busy_seconds") is not None:
                 entry["gpu_busy_seconds"] = enc["gpu_busy_seconds"]
                 entry["gpu_busy_source"] = enc.get("gpu_busy_source", "")
-                if not entry["gpu_busy_source"].startswith("whole GPU") or args.concurrent <= 1:
+                alone = args.concurrent <= 1 and not args.beside
+                if not entry["gpu_busy_source"].startswith("whole GPU") or alone:
                     entry["t4_estimate"] = t4_estimate(result["seconds"], enc["gpu_busy_seconds"])
             if enc.get("notes"):
                 entry["notes"] = enc["notes"]
-        if args.concurrent:
-            entry["ran_beside"] = f"{args.concurrent - 1} other notebook(s) on the same GPU and disk"
+        beside = ([f"{args.concurrent - 1} other notebook(s)"] if args.concurrent > 1 else []) + (
+            [args.beside] if args.beside else [])
+        if args.concurrent or args.beside:
+            entry["ran_beside"] = (" and ".join(beside) or "no other notebook") + " on the same GPU and disk"
         if result["error"]:
             entry["error"] = result["error"][-1500:]
         report.setdefault("notebooks", {})[path.name] = entry

@@ -48,12 +48,16 @@ if [ "${LOCAL_HUB:-1}" = 1 ]; then
   echo "local Hub cache built after $(( $(date +%s) - start )) s (HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-unset})" >>"$out/logs/progress.log"
 fi
 
+beside=""  # the benchmarks started below, named in each notebook's entry (they share the GPU)
+[ "${LADDER_ARGS:-}" = "none" ] || beside="benchmarks/ladder.py"
+if [ -n "${HOST_MEMORY_ARGS:-}" ] && [ "${HOST_MEMORY_ARGS}" != "none" ]; then beside="${beside:+$beside, }benchmarks/host_memory.py"; fi
+if [ -n "${LONG_CONTEXT_ARGS:-}" ] && [ "${LONG_CONTEXT_ARGS}" != "none" ]; then beside="${beside:+$beside, }benchmarks/long_context.py"; fi
 pids=()
 k=0
 for nb in "${notebooks[@]}"; do
   name=$(basename "$nb" .ipynb)
   python3 scripts/gpu_check.py "$nb" --cpus "$((2 * k)),$((2 * k + 1))" --concurrent "${#notebooks[@]}" \
-    --report "$out/parts/$name.json" --out-dir "$out/nb" >"$out/logs/$name.log" 2>&1 &
+    --beside "$beside" --report "$out/parts/$name.json" --out-dir "$out/nb" >"$out/logs/$name.log" 2>&1 &
   pids+=($!)
   k=$((k + 1))
 done
