@@ -5,8 +5,8 @@ notebook 06).
     python benchmarks/long_context.py --hidden 64 --intermediate 176 --layers 2 --heads 4 --kv-heads 2 \\
         --lengths 256 512 --out build/long_context_cpu.json    # CPU smoke: fixed lengths, no search
 
-Model: `helpers.long_context_config` (~195M parameters by default: h 1024, MLP 2816, 16 layers, 16 heads, 4 KV heads,
-RoPE) with the course's tokenizer (8192 tokens), trained by a DeepSpeed ZeRO-2 engine (fp16 on a GPU, torch's AdamW,
+Model: `helpers.long_context_config` (~222M parameters by default: h 1024, MLP 2816, 16 layers, 16 heads each with its
+own key/value head (grouped-query attention has no fused kernel on a T4: `helpers.attention_kernel`), RoPE) with the course's tokenizer (8192 tokens), trained by a DeepSpeed ZeRO-2 engine (fp16 on a GPU, torch's AdamW,
 constant learning rate) on one sequence of the shipped corpus (batch 1). The rungs (`helpers.TECHNIQUES`) each add one
 technique: plain; activation checkpointing (transformers' non-reentrant); DeepSpeed's TiledFusedLogitsLoss; its
 TiledMLP; DeepSpeed's cpu_checkpointing (layer inputs in page-locked RAM); then the optimizer on the CPU
@@ -86,6 +86,7 @@ def child(spec_path: Path) -> int:
     engine = helpers.build_long_context_engine(config, spec["ds_config"], technique)
     helpers.warm_up_cuda()
     n_params = sum(p.numel() for p in engine.module.parameters())
+    kernel = helpers.attention_kernel(config, next(engine.module.parameters()).dtype)  # the engine refused "math"
     baseline_rss = helpers.rss_bytes()  # the process with its libraries, CUDA and the engine: the rest is estimated
 
     def est(seq_len: int) -> dict[str, Any]:
@@ -105,7 +106,7 @@ def child(spec_path: Path) -> int:
             f.write(json.dumps(row) + "\n")
 
     write({"kind": "start", "n_params": n_params, "predicted_longest": predicted, "baseline_rss": baseline_rss,
-           "shape": shape.__dict__})
+           "shape": shape.__dict__, "attention_kernel": kernel})
     print(f"[{rung}] {n_params / 1e6:.0f}M params; estimate: longest {predicted:,} tokens", flush=True)
 
     def run(seq_len: int) -> dict[str, Any]:
@@ -171,6 +172,7 @@ def summarize(rung: str, lines: list[dict[str, Any]], killed: str | None) -> dic
     failing = sorted((a for a in attempts if not a["ok"] and (longest is None or a["seq_len"] > longest["seq_len"])),
                      key=lambda a: a["seq_len"])
     row: dict[str, Any] = {"rung": rung, "predicted_longest": start.get("predicted_longest"),
+                           "attention_kernel": start.get("attention_kernel"),
                            "n_params": start.get("n_params"), "attempts": attempts, "killed": killed,
                            "longest": longest["seq_len"] if longest else 0,
                            "first_failing": failing[0]["seq_len"] if failing else None,
@@ -188,7 +190,9 @@ def summarize(rung: str, lines: list[dict[str, Any]], killed: str | None) -> dic
 
 def markdown(report: dict[str, Any]) -> str:
     lines = [f"# Long sequences on one GPU: the longest that trains, by technique ({report['runtime']})", "",
-             f"{report['date']}. Model: {report['model']}. {report['how']}", "",
+             f"{report['date']}. Model: {report['model']}. {report['how']}"
+             + "".join(f" Attention kernel: {k}." for k in sorted({r["attention_kernel"] for r in report["rows"]
+                                                                   if r.get("attention_kernel")})), "",
              "| rung | longest trained | predicted | first failing | peak GPU GiB (estimate, ratio) | "
              "peak RSS GB (estimate) | tokens/s at longest |", "|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
@@ -234,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--intermediate", type=int, default=2816)
     p.add_argument("--layers", type=int, default=16)
     p.add_argument("--heads", type=int, default=16)
-    p.add_argument("--kv-heads", type=int, default=4)
+    p.add_argument("--kv-heads", type=int, default=None, help="key/value heads (default: --heads)")
     p.add_argument("--logits-tile", type=int, default=1024)
     p.add_argument("--max-seq-len", type=int, default=262144)
     p.add_argument("--max-steps", type=int, default=4)
@@ -247,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=ROOT / "reports" / "long_context.json")
     p.add_argument("--work-dir", type=Path, default=ROOT / "build" / "bench" / "long_context")
     args = p.parse_args(argv)
+    args.kv_heads = args.kv_heads or args.heads
     if args.child:
         return child(args.child)
 

@@ -33,9 +33,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 __all__ = ["ActivationEstimate", "ActivationPeak", "LengthResult", "LongContextEstimate", "LongContextShape",
-           "TECHNIQUES", "build_long_context_engine", "checkpoints_on_cpu", "estimate_activation_peak",
+           "TECHNIQUES", "attention_kernel", "build_long_context_engine", "checkpoints_on_cpu", "estimate_activation_peak",
            "estimate_long_context_run", "estimate_saved_activations", "long_context_config", "long_context_shape",
-           "longest_fitting_seq_len", "measured_peak_bytes", "predict_longest_seq_len", "saved_activation_bytes",
+           "longest_fitting_seq_len", "measured_peak_bytes", "predict_longest_seq_len", "require_fused_attention",
+           "saved_activation_bytes",
            "technique_flags", "tiled_causal_lm_loss", "tiled_mlp", "train_at_length"]
 
 # The rungs of notebook 06, each adding one technique to the one before: name -> estimate_activation_peak's flags.
@@ -80,20 +81,28 @@ class LongContextShape:
 
 
 def long_context_config(vocab: int, *, hidden: int = 1024, intermediate: int = 2816, layers: int = 16,
-                        heads: int = 16, kv_heads: int = 4, max_positions: int = 1 << 20) -> Any:
+                        heads: int = 16, kv_heads: int | None = None, max_positions: int = 1 << 20) -> Any:
     """A Llama-shaped transformers config built here, offline (notebook 06): RoPE positions (no learned position
-    table, so no 1024-token limit as GPT-2's), grouped-query attention (`kv_heads` key/value heads), SwiGLU MLP,
-    RMSNorm, untied head. The defaults give ~195M parameters with the course's 8192-token vocabulary: 3.1 GB of model
-    states in fp16 with Adam, a fifth of a T4, so the rest is left to activations."""
+    table, so no 1024-token limit as GPT-2's), `kv_heads` key/value heads (default: `heads`; fewer is grouped-query
+    attention), SwiGLU MLP, RMSNorm, untied head. The defaults give ~222M parameters with the course's 8192-token
+    vocabulary: 3.6 GB of model states in fp16 with Adam, a quarter of a T4, so the rest is left to activations.
+
+    Every query head has its own key/value head by default: on a T4, PyTorch (2.13 and Colab's 2.11 at least) runs
+    grouped-query attention only in its math kernel, which keeps a sequence x sequence matrix (`attention_kernel`).
+    The head size (hidden / heads) is a multiple of 8: RoPE rotates pairs, and the fused attention kernels read 8
+    fp16 values at a time."""
     from transformers import LlamaConfig
 
+    kv_heads = heads if kv_heads is None else kv_heads
     for name, value in (("vocab", vocab), ("hidden", hidden), ("intermediate", intermediate), ("layers", layers),
                         ("heads", heads), ("kv_heads", kv_heads), ("max_positions", max_positions)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive whole number, got {value!r}")
-    if hidden % heads or heads % kv_heads:
-        raise ValueError(f"hidden ({hidden}) must be a multiple of heads ({heads}) and heads of kv_heads ({kv_heads}): "
-                         f"e.g. hidden={heads * max(1, hidden // heads)}, kv_heads={kv_heads if heads % kv_heads == 0 else 1}")
+    if hidden % (8 * heads) or heads % kv_heads:
+        raise ValueError(f"hidden ({hidden}) must be a multiple of 8 x heads ({heads}: a head size that is a multiple "
+                         f"of 8) and heads a multiple of kv_heads ({kv_heads}): e.g. "
+                         f"hidden={8 * heads * max(1, hidden // (8 * heads))}, "
+                         f"kv_heads={kv_heads if heads % kv_heads == 0 else heads}")
     return LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
                        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
                        tie_word_embeddings=False, attn_implementation="sdpa", use_cache=False)
@@ -105,6 +114,61 @@ def long_context_shape(config: Any) -> LongContextShape:
                             n_layers=int(config.num_hidden_layers), n_heads=int(config.num_attention_heads),
                             n_kv_heads=int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads),
                             vocab=int(config.vocab_size))
+
+
+def attention_kernel(config: Any, dtype: Any) -> str:
+    """The kernel PyTorch's `scaled_dot_product_attention` picks on this GPU for the model's causal attention with no
+    mask, asked the way transformers calls it (`enable_gqa=True`): "flash", "efficient" (memory-efficient: all a T4
+    has), "cudnn", or "math" (no fused kernel: it keeps a sequence x sequence score matrix per head); "cpu" without
+    a GPU (notebook 06). Asked of PyTorch itself (`torch.backends.cuda.can_use_*_attention`) on 128-token tensors, so
+    it follows this GPU, this torch and the kernels switched off (T4 budget mode switches off flash and cuDNN)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    shape = long_context_shape(config)
+    q = torch.zeros(1, shape.n_heads, 128, shape.head_dim, device="cuda", dtype=dtype, requires_grad=True)
+    kv = torch.zeros(1, shape.n_kv_heads, 128, shape.head_dim, device="cuda", dtype=dtype, requires_grad=True)
+    params = torch.backends.cuda.SDPAParams(q, kv, kv, None, 0.0, True, True)
+    b = torch.backends.cuda
+    for name, usable in (("flash", b.flash_sdp_enabled() and b.can_use_flash_attention(params, False)),
+                         ("efficient", b.mem_efficient_sdp_enabled() and b.can_use_efficient_attention(params, False)),
+                         ("cudnn", hasattr(b, "can_use_cudnn_attention") and b.cudnn_sdp_enabled()
+                          and b.can_use_cudnn_attention(params, False))):
+        if usable:
+            return name
+    return "math"
+
+
+def require_fused_attention(config: Any, dtype: Any) -> str:
+    """`attention_kernel`, refusing "math" with the fix (notebook 06, before any model is built): without a fused
+    kernel, attention keeps a sequence x sequence matrix per head and long sequences cannot fit."""
+    kernel = attention_kernel(config, dtype)
+    if kernel != "math":
+        return kernel
+    import torch
+
+    shape = long_context_shape(config)
+    e = torch.finfo(dtype).bits // 8
+    scores = shape.n_heads * 16384**2 * e / 2**30
+    why = (f"PyTorch {torch.__version__} on this GPU has no fused attention kernel for {shape.n_heads} query heads "
+           f"sharing {shape.n_kv_heads} key/value heads of size {shape.head_dim}")
+    fixes = [("kv_heads", dict(kv_heads=shape.n_heads), "every query head its own key/value head (FlashAttention, "
+              "which runs grouped-query attention, needs compute capability 8.0+; a T4 is 7.5)"),
+             ("hidden", dict(kv_heads=shape.n_heads, hidden=shape.n_heads * 64), "head size 64")]
+    for _, change, what in fixes:
+        candidate = long_context_config(config.vocab_size, hidden=change.get("hidden", shape.hidden),
+                                        intermediate=shape.intermediate, layers=shape.n_layers, heads=shape.n_heads,
+                                        kv_heads=change["kv_heads"])
+        if attention_kernel(candidate, dtype) != "math":
+            fix = ", ".join(f"{k}={v}" for k, v in change.items())
+            raise ValueError(f"{why}: scaled_dot_product_attention would run its math kernel, which keeps a sequence x "
+                             f"sequence score matrix per head (at least {scores:.0f} GiB at 16,384 tokens). Fix: {fix} "
+                             f"({what}; in notebook 06's parameters cell: {fix.upper().replace('=', ' = ')})")
+    raise ValueError(f"{why}, nor for any head shape tried: scaled_dot_product_attention would run its math kernel "
+                     f"(at least {scores:.0f} GiB of scores at 16,384 tokens). Fix: a GPU whose PyTorch build has "
+                     "FlashAttention or the memory-efficient kernel (python -c 'import torch; "
+                     "print(torch.backends.cuda.mem_efficient_sdp_enabled())')")
 
 
 @dataclass
@@ -531,6 +595,9 @@ def build_long_context_engine(config: Any, ds_config: dict[str, Any], technique:
     from helpers.runtime import quiet_deepspeed
 
     flags = technique_flags(technique)
+    dtype = (torch.float16 if ds_config.get("fp16", {}).get("enabled") else
+             torch.bfloat16 if ds_config.get("bf16", {}).get("enabled") else torch.float32)
+    require_fused_attention(config, dtype)  # before anything is built: no T x T attention on this GPU
     torch.manual_seed(seed)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         model = AutoModelForCausalLM.from_config(config)

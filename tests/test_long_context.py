@@ -108,18 +108,19 @@ def test_the_longest_fitting_length_is_the_last_multiple_that_fits():
 
 def test_the_model_config_is_built_offline_and_bad_shapes_say_the_fix():
     cfg = helpers.long_context_config(8192)
-    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.vocab_size) == (1024, 16, 4, 8192)
-    n = 2 * 8192 * 1024 + 16 * (2 * 1024 * 1024 + 2 * 1024 * 256 + 3 * 1024 * 2816 + 2 * 1024) + 1024
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.vocab_size) == (1024, 16, 16, 8192)
+    n = 2 * 8192 * 1024 + 16 * (4 * 1024 * 1024 + 3 * 1024 * 2816 + 2 * 1024) + 1024
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg)
-    assert sum(p.numel() for p in model.parameters()) == n  # ~195M
-    with pytest.raises(ValueError, match="multiple of heads") as err:
-        helpers.long_context_config(8192, hidden=1000, heads=16, kv_heads=3)
-    fix = str(err.value).split("e.g. ")[1]
-    hidden, kv = (int(x.split("=")[1]) for x in fix.split(", "))
-    helpers.long_context_config(8192, hidden=hidden, heads=16, kv_heads=kv)  # the suggested fix passes
+    assert sum(p.numel() for p in model.parameters()) == n  # ~222M
+    for hidden, heads, kv_heads in ((1000, 16, 3), (1020, 12, 4), (1024, 16, 5)):  # head size 62.5 / 85 / 64
+        with pytest.raises(ValueError, match="multiple of 8 x heads") as err:
+            helpers.long_context_config(8192, hidden=hidden, heads=heads, kv_heads=kv_heads)
+        fix = str(err.value).split("e.g. ")[1]
+        hidden, kv = (int(x.split("=")[1]) for x in fix.split(", "))
+        helpers.long_context_config(8192, hidden=hidden, heads=heads, kv_heads=kv)  # the suggested fix passes
     with pytest.raises(ValueError, match="vocab must be a positive whole number"):
         helpers.long_context_config(0)
 
@@ -146,6 +147,31 @@ def test_checkpoints_on_cpu_asks_for_checkpointing_and_changes_nothing_on_a_cpu_
             pass
 
 
+def test_grouped_query_attention_without_a_fused_kernel_is_refused_with_a_fix_that_passes(monkeypatch):
+    """On a T4, PyTorch before 2.15 runs grouped-query attention only in its math kernel (sequence x sequence scores):
+    the check refuses such a model before anything is built, and its fix passes the same check. PyTorch's own answer
+    needs a GPU, so a T4's is stood in for here: fused ("efficient") only when every query head has its own K/V."""
+    from helpers import long_context
+
+    def t4(config, dtype):
+        return "efficient" if config.num_key_value_heads == config.num_attention_heads else "math"
+
+    monkeypatch.setattr(long_context, "attention_kernel", t4)
+    gqa = helpers.long_context_config(8192, heads=16, kv_heads=4)
+    with pytest.raises(ValueError, match="math kernel") as err:
+        helpers.require_fused_attention(gqa, torch.float16)
+    message = str(err.value)
+    assert "Fix: kv_heads=16" in message and "KV_HEADS = 16" in message and "GiB at 16,384 tokens" in message
+    fixed = helpers.long_context_config(8192, heads=16, kv_heads=16)
+    assert helpers.require_fused_attention(fixed, torch.float16) == "efficient"
+    with pytest.raises(ValueError, match="math kernel"):  # the engine builder asks before building anything
+        helpers.build_long_context_engine(gqa, {"train_batch_size": 1, "fp16": {"enabled": True}}, "plain")
+
+
+def test_attention_kernel_on_cpu_is_cpu():
+    assert helpers.attention_kernel(helpers.long_context_config(512, hidden=64, heads=4), torch.float32) == "cpu"
+
+
 def test_benchmark_smoke(tmp_path):
     import json
     import subprocess
@@ -169,6 +195,7 @@ def test_benchmark_smoke(tmp_path):
         assert attempt["estimate"]["gpu_peak"] > 0 and attempt["peak_rss"] > 0
     assert "| plain | 256 |" in out.with_suffix(".md").read_text()
     assert report["settings"]["parallel"] == 2 and "side by side" in report["how"]  # rows in rung order all the same
+    assert [r["attention_kernel"] for r in report["rows"]] == ["cpu", "cpu"]
 
 
 def test_benchmark_refuses_more_rungs_side_by_side_than_cores_with_a_fix_that_fits(tmp_path):
