@@ -6,8 +6,9 @@ notebook 06).
         --lengths 256 512 --out build/long_context_cpu.json    # CPU smoke: fixed lengths, no search
 
 Model: `helpers.long_context_config` (~222M parameters by default: h 1024, MLP 2816, 16 layers, 16 heads each with its
-own key/value head (grouped-query attention has no fused kernel on a T4: `helpers.attention_kernel`), RoPE) with the course's tokenizer (8192 tokens), trained by a DeepSpeed ZeRO-2 engine (fp16 on a GPU, torch's AdamW,
-constant learning rate) on one sequence of the shipped corpus (batch 1). The rungs (`helpers.TECHNIQUES`) each add one
+own key/value head (grouped-query attention has no fused kernel on a T4: `helpers.attention_kernel`), RoPE) with the
+course's tokenizer (8192 tokens), trained by a DeepSpeed ZeRO-2 engine (fp16 on a GPU, torch's AdamW, constant
+learning rate) on one sequence of the shipped corpus (batch 1). The rungs (`helpers.TECHNIQUES`) each add one
 technique: plain; activation checkpointing (transformers' non-reentrant); DeepSpeed's TiledFusedLogitsLoss; its
 TiledMLP; DeepSpeed's cpu_checkpointing (layer inputs in page-locked RAM); then the optimizer on the CPU
 (ZeRO-Offload) when `--optimizer-offload`. Each rung runs in a fresh process (inside its own enclosure with
@@ -189,10 +190,10 @@ def summarize(rung: str, lines: list[dict[str, Any]], killed: str | None) -> dic
 
 
 def markdown(report: dict[str, Any]) -> str:
+    kernels = ", ".join(sorted({r["attention_kernel"] for r in report["rows"] if r.get("attention_kernel")}))
     lines = [f"# Long sequences on one GPU: the longest that trains, by technique ({report['runtime']})", "",
              f"{report['date']}. Model: {report['model']}. {report['how']}"
-             + "".join(f" Attention kernel: {k}." for k in sorted({r["attention_kernel"] for r in report["rows"]
-                                                                   if r.get("attention_kernel")})), "",
+             + (f" Attention kernel: {kernels}." if kernels else ""), "",
              "| rung | longest trained | predicted | first failing | peak GPU GiB (estimate, ratio) | "
              "peak RSS GB (estimate) | tokens/s at longest |", "|---|---|---|---|---|---|---|"]
     for r in report["rows"]:

@@ -153,10 +153,10 @@ def require_fused_attention(config: Any, dtype: Any) -> str:
     scores = shape.n_heads * 16384**2 * e / 2**30
     why = (f"PyTorch {torch.__version__} on this GPU has no fused attention kernel for {shape.n_heads} query heads "
            f"sharing {shape.n_kv_heads} key/value heads of size {shape.head_dim}")
-    fixes = [("kv_heads", dict(kv_heads=shape.n_heads), "every query head its own key/value head (FlashAttention, "
-              "which runs grouped-query attention, needs compute capability 8.0+; a T4 is 7.5)"),
-             ("hidden", dict(kv_heads=shape.n_heads, hidden=shape.n_heads * 64), "head size 64")]
-    for _, change, what in fixes:
+    fixes = [(dict(kv_heads=shape.n_heads), "every query head its own key/value head (FlashAttention, which runs "
+              "grouped-query attention, needs compute capability 8.0+; a T4 is 7.5)"),
+             (dict(kv_heads=shape.n_heads, hidden=shape.n_heads * 64), "head size 64")]
+    for change, what in fixes:
         candidate = long_context_config(config.vocab_size, hidden=change.get("hidden", shape.hidden),
                                         intermediate=shape.intermediate, layers=shape.n_layers, heads=shape.n_heads,
                                         kv_heads=change["kv_heads"])

@@ -48,10 +48,11 @@ if [ "${LOCAL_HUB:-1}" = 1 ]; then
   echo "local Hub cache built after $(( $(date +%s) - start )) s (HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-unset})" >>"$out/logs/progress.log"
 fi
 
+asked() { [ -n "${!1:-}" ] && [ "${!1}" != "none" ]; }  # HOST_MEMORY_ARGS, LONG_CONTEXT_ARGS: set and not "none"
 beside=""  # the benchmarks started below, named in each notebook's entry (they share the GPU)
 [ "${LADDER_ARGS:-}" = "none" ] || beside="benchmarks/ladder.py"
-if [ -n "${HOST_MEMORY_ARGS:-}" ] && [ "${HOST_MEMORY_ARGS}" != "none" ]; then beside="${beside:+$beside, }benchmarks/host_memory.py"; fi
-if [ -n "${LONG_CONTEXT_ARGS:-}" ] && [ "${LONG_CONTEXT_ARGS}" != "none" ]; then beside="${beside:+$beside, }benchmarks/long_context.py"; fi
+if asked HOST_MEMORY_ARGS; then beside="${beside:+$beside, }benchmarks/host_memory.py"; fi
+if asked LONG_CONTEXT_ARGS; then beside="${beside:+$beside, }benchmarks/long_context.py"; fi
 pids=()
 k=0
 for nb in "${notebooks[@]}"; do
@@ -68,13 +69,13 @@ if [ "${LADDER_ARGS:-}" != "none" ]; then
     --nvme-path /tmp/ladder-nvme --work-dir build/bench-emulated ${LADDER_ARGS:-} >"$out/logs/ladder.log" 2>&1 &
   pids+=($!)
 fi
-if [ -n "${HOST_MEMORY_ARGS:-}" ] && [ "${HOST_MEMORY_ARGS}" != "none" ]; then
+if asked HOST_MEMORY_ARGS; then
   # shellcheck disable=SC2086
   taskset -c "$((2 * k))-15" python3 benchmarks/host_memory.py --quiet --out "$out/host_memory.json" \
     --nvme-path /tmp/host-memory-nvme ${HOST_MEMORY_ARGS} >"$out/logs/host_memory.log" 2>&1 &
   pids+=($!)
 fi
-if [ -n "${LONG_CONTEXT_ARGS:-}" ] && [ "${LONG_CONTEXT_ARGS}" != "none" ]; then
+if asked LONG_CONTEXT_ARGS; then
   # shellcheck disable=SC2086
   taskset -c "$((2 * k))-15" python3 benchmarks/long_context.py --emulate --out "$out/long_context.json" \
     --work-dir /tmp/long-context ${LONG_CONTEXT_ARGS} >"$out/logs/long_context.log" 2>&1 &

@@ -11,6 +11,17 @@ from helpers.hardware import COLAB_RAM_BUDGET_BYTES, COLAB_VM_RAM_BYTES, GiB, Ru
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def last_line_of_fresh_process(code: str, timeout_s: int = 300) -> str:
+    """Run `code` in a new Python (cwd: the repo) and return the last line it printed; fail with its stderr. For
+    checks of RSS and the allocator, which what earlier tests left in pytest's own process must not decide."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.strip().splitlines()[-1]
+
+
 def fake_runtime(**overrides) -> Runtime:
     base = Runtime(device="cuda", gpu_name="Tesla T4", compute_capability=(7, 5), gpu_total_bytes=int(15 * GiB),
                    vram_budget_bytes=int(15 * GiB), ram_total_bytes=COLAB_VM_RAM_BYTES,

@@ -151,8 +151,7 @@ def test_measure_peak_sees_ram_and_nvme_bytes(tmp_path):
     """In a fresh process, the block held for several sampling intervals: in CI's shared pytest process a 64 MiB
     tensor once landed on pages earlier tests had left resident, and RSS rose 1.5 MB while a sample saw it alive.
     What the measurement sees must not depend on what ran before it in the process."""
-    import subprocess
-    import sys
+    from conftest import last_line_of_fresh_process
 
     code = f"""
 import json, os, time, torch
@@ -168,9 +167,7 @@ with measure_peak(nvme_path=folder, interval_s=0.01, nvme_interval_s=0.0) as m:
 print(json.dumps({{"rss": m.peak_rss - m.baseline_rss, "nvme": m.peak_nvme_bytes, "samples": len(m.samples),
                   "seconds": m.seconds, "summary": m.summary(), "cuda": torch.cuda.is_available()}}))
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    r = json.loads(out.stdout.strip().splitlines()[-1])
+    r = json.loads(last_line_of_fresh_process(code))
     assert r["rss"] >= 48 * 2**20, r
     assert r["nvme"] >= 3 * 2**20
     assert r["samples"] >= 2 and r["seconds"] > 0

@@ -74,8 +74,7 @@ def test_teardown_brings_gpu_memory_back_to_baseline(monkeypatch):
 def test_mmap_large_allocations_gives_freed_ram_back():
     """In a fresh process: what ran before in pytest's own process (profilers, engines, other tests' heaps) must not
     decide the answer (CI once kept 226 MB after the free in the shared process; alone it gives all of it back)."""
-    import subprocess
-    import sys
+    from conftest import last_line_of_fresh_process
 
     code = """
 import psutil, torch
@@ -88,16 +87,13 @@ del blocks
 kept = psutil.Process().memory_info().rss - rss
 print(grown, kept)
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    grown, kept = map(int, out.stdout.split()[-2:])
+    grown, kept = map(int, last_line_of_fresh_process(code).split())
     assert grown > 200 * 2**20 and kept < 32 * 2**20, (grown, kept)  # unmapped on free, not kept by the heap
 
 
 def test_release_host_memory_gives_freed_heap_back():
     """In a fresh process, like the mmap test above: the heap pytest's own process has grown is not what is tested."""
-    import subprocess
-    import sys
+    from conftest import last_line_of_fresh_process
 
     code = """
 import psutil, torch
@@ -112,9 +108,7 @@ del blocks
 kept = release_host_memory() - rss
 print(grown, kept)
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    grown, kept = map(int, out.stdout.split()[-2:])
+    grown, kept = map(int, last_line_of_fresh_process(code).split())
     assert grown > 200 * 2**20 and kept < 48 * 2**20, (grown, kept)
 
 
