@@ -75,6 +75,8 @@ def child(spec_path: Path) -> int:
     """One rung, in a process of its own: search (or measure the fixed lengths), one JSON line per length."""
     spec = json.loads(spec_path.read_text())
     helpers.detect_runtime()  # in the enclosure (T4 budget mode): caps this process's GPU memory at 15 GiB
+    if spec.get("allocator") == "expandable":
+        helpers.use_expandable_segments()  # before the first allocation: every segment of this process expands
     helpers.setup_single_process()
     import torch
 
@@ -181,6 +183,7 @@ def summarize(rung: str, lines: list[dict[str, Any]], killed: str | None) -> dic
     if longest:
         est = longest["estimate"]
         row.update(peak_gpu_gib=round(longest["peak_gpu_allocated"] / 2**30, 3),
+                   peak_reserved_gib=round(longest.get("peak_gpu_reserved", 0) / 2**30, 3),
                    estimate_gpu_gib=round(est["gpu_peak"] / 2**30, 3),
                    gpu_ratio=round(longest["peak_gpu_allocated"] / est["gpu_peak"], 3) if est["gpu_peak"] else None,
                    peak_rss_gb=round(longest["peak_rss"] / 1e9, 2), estimate_ram_gb=round(est["ram"] / 1e9, 2),
@@ -208,12 +211,19 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["", f"Best: {s['best_rung']} at {s['best_longest']:,} tokens = {s['ratio_to_plain']:.1f}x plain's "
                       f"{s['plain_longest']:,}. Largest estimate error at the longest: {s['worst_gpu_error_pct']:.1f} % "
                       "(GPU peak)."]
-    lines += ["", "Every length tried:", "", "| rung | tokens | trains | peak GPU GiB | estimate GiB | RSS GB | "
+    lines += ["", "Every length tried (a failed step: GiB allocated / reserved when it failed, and the request):", "",
+              "| rung | tokens | trains | peak GPU GiB (reserved) | estimate GiB | RSS GB | "
               "estimate RAM GB | tokens/s | losses |", "|---|---|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
         for a in r["attempts"]:
-            lines.append(f"| {r['rung']} | {a['seq_len']:,} | {'yes' if a['ok'] else a['error'][:50]} | "
-                         f"{a.get('peak_gpu_allocated', 0) / 2**30:.2f} | {a['estimate']['gpu_peak'] / 2**30:.2f} | "
+            how = "yes" if a["ok"] else a["error"][:50]
+            if a.get("oom_at_step") is not None:
+                how = (f"out of GPU memory in step {a['oom_at_step'] + 1}: {a['oom_allocated'] / 2**30:.2f} / "
+                       f"{a['oom_reserved'] / 2**30:.2f} GiB, asked {a['oom_tried'] / 2**30:.2f}")
+            gpu = f"{a.get('peak_gpu_allocated', 0) / 2**30:.2f}" + (
+                f" ({a['peak_gpu_reserved'] / 2**30:.2f})" if a.get("peak_gpu_reserved") else "")
+            lines.append(f"| {r['rung']} | {a['seq_len']:,} | {how} | "
+                         f"{gpu} | {a['estimate']['gpu_peak'] / 2**30:.2f} | "
                          f"{a.get('peak_rss', 0) / 1e9:.2f} | {a['estimate']['ram'] / 1e9:.2f} | "
                          f"{a.get('tokens_per_s', 0):,.0f} | {a.get('losses', '')} |")
     return "\n".join(lines) + "\n"
@@ -249,6 +259,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rung-timeout-s", type=float, default=900.0)
     p.add_argument("--parallel", type=int, default=1,
                    help="rungs side by side on the one GPU, each in its own process (and enclosure) on cores of its own")
+    p.add_argument("--allocator", choices=["expandable", "default"], default="expandable",
+                   help="PyTorch's CUDA allocator: expandable segments (helpers.use_expandable_segments) or its default")
+    p.add_argument("--keep-rows-from", type=Path, default=None,
+                   help="a report whose rows of the rungs not run now are kept (each says when it was measured)")
     p.add_argument("--out", type=Path, default=ROOT / "reports" / "long_context.json")
     p.add_argument("--work-dir", type=Path, default=ROOT / "build" / "bench" / "long_context")
     args = p.parse_args(argv)
@@ -294,15 +308,30 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"hidden": args.hidden, "intermediate": args.intermediate, "layers": args.layers,
                      "heads": args.heads, "kv_heads": args.kv_heads, "vocab": vocab, "logits_tile": args.logits_tile,
                      "max_seq_len": args.max_seq_len, "max_steps": args.max_steps, "lr": LR, "batch": 1,
-                     "zero_stage": 2, "parallel": side_by_side},
+                     "zero_stage": 2, "parallel": side_by_side, "allocator": args.allocator},
         "vram_budget_gib": round(vram_budget / 2**30, 2), "ram_budget_gb": round(ram_budget / 1e9, 2),
         "emulation": limits.as_report(runtime.emulation) if limits else None,
         "how": ("Each rung in a fresh process" + (" inside the Colab enclosure" if args.emulate else "") +
                 (f", {side_by_side} rungs side by side on the one GPU, each on cores of its own (memory is per "
                  "process; tokens/s were measured beside the others)" if side_by_side > 1 else "") +
-                "; peak GPU = torch's max_memory_allocated over the steps at that length; RSS sampled every 0.05 s."),
+                "; PyTorch's CUDA allocator " + ("with expandable segments" if args.allocator == "expandable" else
+                                                 "as it comes (no expandable segments)") +
+                "; peak GPU = torch's max_memory_allocated over the steps at that length (the cap applies to what "
+                "the allocator reserves: both are recorded); RSS sampled every 0.05 s."),
         "rows": []}
     rows: dict[str, dict[str, Any]] = {}
+    if args.keep_rows_from:  # rungs measured in an earlier run, kept beside this run's (each row says its run)
+        earlier = json.loads(args.keep_rows_from.read_text())
+        if earlier.get("settings", {}).get("allocator", "default") != args.allocator:
+            raise SystemExit(f"--keep-rows-from {args.keep_rows_from}: measured with another allocator. Fix: run "
+                             f"with --allocator {earlier.get('settings', {}).get('allocator', 'default')} or no "
+                             "--keep-rows-from")
+        for r in earlier["rows"]:
+            if r["rung"] not in names:
+                rows[r["rung"]] = {**r, "measured": r.get("measured") or
+                                   f"{earlier['date']}, {earlier['settings']['parallel']} rung(s) side by side"}
+    order = [n for n in chosen if n in names or n in rows]  # the report's rows: the rungs' order
+    report["rows"] = [rows[n] for n in order if n in rows]
     lock = threading.Lock()
 
     def run_rung(index: int, name: str, cpus: list[int]) -> None:
@@ -316,13 +345,14 @@ def main(argv: list[str] | None = None) -> int:
                 "hidden": args.hidden, "intermediate": args.intermediate, "layers": args.layers, "heads": args.heads,
                 "kv_heads": args.kv_heads, "seed": 0, "stream": str(stream), "result": str(result),
                 "logits_tile": args.logits_tile, "max_seq_len": args.max_seq_len, "max_steps": args.max_steps,
-                "lengths": args.lengths, "vram_budget": vram_budget or (1 << 62), "ram_budget": ram_budget}
+                "lengths": args.lengths, "vram_budget": vram_budget or (1 << 62), "ram_budget": ram_budget,
+                "allocator": args.allocator}
         spec_path = args.work_dir / f"spec_{slug}.json"
         spec_path.write_text(json.dumps(spec))
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(spec_path)]
         env = dict(os.environ, PYTHONWARNINGS="ignore", TOKENIZERS_PARALLELISM="false")
         killed = None
-        enc = enclosure(f"lc-{index}", cpus) if enclosure else None
+        enc = enclosure(f"lc-{os.getpid()}-{index}", cpus) if enclosure else None  # two benchmarks may run at once
         try:
             if enc is None:
                 rc = subprocess.run(cmd, env=env, cwd=ROOT, timeout=args.rung_timeout_s).returncode
@@ -337,11 +367,12 @@ def main(argv: list[str] | None = None) -> int:
             killed = f"killed at the RAM limit ({kills} OOM kill(s))" if kills else f"exit code {rc}"
         lines = [json.loads(x) for x in result.read_text().splitlines()] if result.exists() else []
         row = summarize(name, lines, killed)
+        row["measured"] = f"{report['date']}, {side_by_side} rung(s) side by side"
         if enc is not None:
             row["enclosure"] = enc.stats.as_report()
         with lock:  # rows in the rungs' order, whichever finished first; the report rewritten after each
             rows[name] = row
-            report["rows"] = [rows[n] for n in names if n in rows]
+            report["rows"] = [rows[n] for n in order if n in rows]
             _bench.write_report(with_summary(report), args.out, markdown)
 
     slots = [cores[k * cores_per_rung:(k + 1) * cores_per_rung] for k in range(side_by_side)]

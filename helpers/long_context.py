@@ -37,7 +37,7 @@ __all__ = ["ActivationEstimate", "ActivationPeak", "LengthResult", "LongContextE
            "estimate_long_context_run", "estimate_saved_activations", "long_context_config", "long_context_shape",
            "longest_fitting_seq_len", "measured_peak_bytes", "predict_longest_seq_len", "require_fused_attention",
            "saved_activation_bytes",
-           "technique_flags", "tiled_causal_lm_loss", "tiled_mlp", "train_at_length"]
+           "technique_flags", "tiled_causal_lm_loss", "tiled_mlp", "train_at_length", "use_expandable_segments"]
 
 # The rungs of notebook 06, each adding one technique to the one before: name -> estimate_activation_peak's flags.
 TECHNIQUES: dict[str, dict[str, bool]] = {
@@ -625,6 +625,11 @@ class LengthResult:
     peak_rss: int = 0
     baseline_rss: int = 0
     engine_usable: bool = True  # False after an out-of-memory error: build a new engine
+    peak_gpu_reserved: int = 0  # what the caching allocator held (the cap applies to this, not to allocated)
+    oom_at_step: int | None = None  # after an out-of-memory error: the step it happened in (0 = the first)
+    oom_allocated: int = 0  # ... and the bytes allocated / reserved at that moment, and the request that failed
+    oom_reserved: int = 0
+    oom_tried: int = 0
 
     @property
     def tokens_per_s(self) -> float:
@@ -650,6 +655,37 @@ def _long_context_step(engine: Any, ids: Any, flags: dict[str, bool], logits_til
         engine.backward(loss)
     engine.step()
     return float(loss.detach().float().item())
+
+
+def _tried_bytes(message: str) -> int:
+    """The request in PyTorch's out-of-memory message ("Tried to allocate 2.50 GiB"), in bytes; 0 if absent."""
+    import re
+
+    found = re.search(r"Tried to allocate ([0-9.]+) (B|KiB|MiB|GiB|TiB)", message)
+    if not found:
+        return 0
+    unit = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}[found.group(2)]
+    return int(float(found.group(1)) * unit)
+
+
+def use_expandable_segments(enabled: bool = True) -> bool:
+    """Switch PyTorch's CUDA caching allocator to expandable segments for this process (notebook 06); returns whether
+    it was set (False without a GPU).
+
+    A long-sequence step allocates and frees tensors of hundreds of MiB to GiB. The default allocator keeps each
+    freed block at its size and cuts later requests out of it, so after a step the free memory can lie in pieces that
+    are each too small for the next step's large tensors although together they would do; under a cap (a T4's
+    15 GiB) the step then fails with memory reserved but not allocated. With expandable segments the allocator maps
+    physical pages into one growing address range and remaps freed pages where they are needed. The per-process cap
+    (`set_per_process_memory_fraction`) still holds: the allocator checks it before it maps more. Same setting as
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which only takes effect before CUDA's first use; this call takes
+    effect for the memory mapped after it."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return False
+    torch.cuda.memory._set_allocator_settings(f"expandable_segments:{bool(enabled)}")
+    return True
 
 
 def train_at_length(engine: Any, tokens: Any, seq_len: int, technique: str, *, logits_tile_tokens: int = 1024,
@@ -687,6 +723,9 @@ def train_at_length(engine: Any, tokens: Any, seq_len: int, technique: str, *, l
     except torch.OutOfMemoryError as err:
         result.error = "out of GPU memory: " + str(err).split(". ")[0][:160]
         result.engine_usable = False
+        result.oom_at_step, result.oom_tried = len(result.losses), _tried_bytes(str(err))
+        if torch.cuda.is_available():  # the failed step's tensors are still alive here (the traceback holds them)
+            result.oom_allocated, result.oom_reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
     finally:
         del ids
     if result.error:
@@ -698,6 +737,7 @@ def train_at_length(engine: Any, tokens: Any, seq_len: int, technique: str, *, l
             torch.cuda.empty_cache()
         return result
     result.peak_gpu_allocated, result.baseline_gpu_allocated = m.peak_gpu_allocated, m.baseline_gpu_allocated
+    result.peak_gpu_reserved = m.peak_gpu_reserved
     result.peak_rss, result.baseline_rss = m.peak_rss, m.baseline_rss
     done = [x for i, x in enumerate(result.losses) if i not in result.skipped_at_steps]
     result.ok = len(done) >= 2 and all(math.isfinite(x) for x in result.losses) and done[-1] < done[0]

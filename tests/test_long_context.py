@@ -168,6 +168,15 @@ def test_grouped_query_attention_without_a_fused_kernel_is_refused_with_a_fix_th
         helpers.build_long_context_engine(gqa, {"train_batch_size": 1, "fp16": {"enabled": True}}, "plain")
 
 
+def test_an_out_of_memory_message_gives_the_request_and_the_allocator_switch_needs_a_gpu():
+    from helpers.long_context import _tried_bytes
+
+    msg = "CUDA out of memory. Tried to allocate 2.50 GiB. GPU 0 has a total capacity of 139.81 GiB"
+    assert _tried_bytes(msg) == int(2.5 * 2**30) and _tried_bytes("Tried to allocate 20.00 MiB.") == 20 * 2**20
+    assert _tried_bytes("CUDA error: an illegal memory access") == 0
+    assert helpers.use_expandable_segments() is torch.cuda.is_available()
+
+
 def test_attention_kernel_on_cpu_is_cpu():
     assert helpers.attention_kernel(helpers.long_context_config(512, hidden=64, heads=4), torch.float32) == "cpu"
 
@@ -196,6 +205,20 @@ def test_benchmark_smoke(tmp_path):
     assert "| plain | 256 |" in out.with_suffix(".md").read_text()
     assert report["settings"]["parallel"] == 2 and "side by side" in report["how"]  # rows in rung order all the same
     assert [r["attention_kernel"] for r in report["rows"]] == ["cpu", "cpu"]
+    assert report["settings"]["allocator"] == "expandable" and "expandable segments" in report["how"]
+    # a second run of one rung keeps the other rung's row from the first report, saying when it was measured
+    again = tmp_path / "lc2.json"
+    proc = subprocess.run([sys.executable, "benchmarks/long_context.py", "--hidden", "64", "--intermediate", "176",
+                           "--layers", "2", "--heads", "4", "--lengths", "256", "--max-seq-len", "512", "--rungs",
+                           "plain", "--keep-rows-from", str(out), "--out", str(again), "--work-dir", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900,
+                          env={k: v for k, v in os.environ.items() if k not in DIST_ENV_VARS})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    merged = json.loads(again.read_text())
+    assert [r["rung"] for r in merged["rows"]] == ["plain", "+ checkpoints on CPU"]
+    assert merged["rows"][1]["attempts"] == report["rows"][1]["attempts"]  # kept as measured
+    assert merged["rows"][0]["measured"].endswith("1 rung(s) side by side")
+    assert merged["rows"][1]["measured"].endswith("2 rung(s) side by side")
 
 
 def test_benchmark_refuses_more_rungs_side_by_side_than_cores_with_a_fix_that_fits(tmp_path):
