@@ -167,6 +167,12 @@ def token_stream(work_dir: Path, n_tokens: int) -> tuple[Path, int]:
     return path, len(tok)
 
 
+def measured_label(date: str, side_by_side: int) -> str:
+    """When a row was measured and beside how many rungs (its tokens/s depend on it): kept with the row when a later
+    run merges it (--keep-rows-from)."""
+    return f"{date}, {side_by_side} rung(s) side by side"
+
+
 def summarize(rung: str, lines: list[dict[str, Any]], killed: str | None) -> dict[str, Any]:
     start = next((x for x in lines if x.get("kind") == "start"), {})
     attempts = [x for x in lines if x.get("kind") == "attempt"]
@@ -322,14 +328,14 @@ def main(argv: list[str] | None = None) -> int:
     rows: dict[str, dict[str, Any]] = {}
     if args.keep_rows_from:  # rungs measured in an earlier run, kept beside this run's (each row says its run)
         earlier = json.loads(args.keep_rows_from.read_text())
-        if earlier.get("settings", {}).get("allocator", "default") != args.allocator:
+        its_allocator = earlier["settings"].get("allocator", "default")  # reports before --allocator: the default
+        if its_allocator != args.allocator:
             raise SystemExit(f"--keep-rows-from {args.keep_rows_from}: measured with another allocator. Fix: run "
-                             f"with --allocator {earlier.get('settings', {}).get('allocator', 'default')} or no "
-                             "--keep-rows-from")
+                             f"with --allocator {its_allocator} or no --keep-rows-from")
         for r in earlier["rows"]:
             if r["rung"] not in names:
                 rows[r["rung"]] = {**r, "measured": r.get("measured") or
-                                   f"{earlier['date']}, {earlier['settings']['parallel']} rung(s) side by side"}
+                                   measured_label(earlier["date"], earlier["settings"]["parallel"])}
     order = [n for n in chosen if n in names or n in rows]  # the report's rows: the rungs' order
     report["rows"] = [rows[n] for n in order if n in rows]
     lock = threading.Lock()
@@ -367,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
             killed = f"killed at the RAM limit ({kills} OOM kill(s))" if kills else f"exit code {rc}"
         lines = [json.loads(x) for x in result.read_text().splitlines()] if result.exists() else []
         row = summarize(name, lines, killed)
-        row["measured"] = f"{report['date']}, {side_by_side} rung(s) side by side"
+        row["measured"] = measured_label(report["date"], side_by_side)
         if enc is not None:
             row["enclosure"] = enc.stats.as_report()
         with lock:  # rows in the rungs' order, whichever finished first; the report rewritten after each
