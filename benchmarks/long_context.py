@@ -68,6 +68,41 @@ def grid_step(seq_len: int) -> int:
     return max(1024, (1 << (max(seq_len, 1).bit_length() - 1)) // 8)
 
 
+WARM_UP_SEQ_LEN = 1024
+
+
+def estimate_row(shape: Any, n_params: int, config: dict[str, Any], seq_len: int, technique: str, tile: int,
+                 base_rss: int) -> dict[str, Any]:
+    """The estimate of one length, as a row stores it: GPU peak and its parts, and RAM = the process's measured base
+    (`warmed_base_rss`) + what the estimate adds on the host (page-locked checkpoints, model states on the CPU)."""
+    e = helpers.estimate_long_context_run(shape, n_params, config, seq_len, technique, logits_tile_tokens=tile)
+    return {"gpu_peak": e.gpu_peak, "activation_peak": e.activation_peak, "states_gpu": e.states_gpu,
+            "saved": e.activations.saved.gpu_total, "transient": e.activations.peak_transient,
+            "ram": base_rss + e.ram_added, "ram_base": base_rss, "cpu_pinned": e.cpu_pinned,
+            "states_cpu": e.states_cpu}
+
+
+def warmed_base_rss(config: Any, warm_up_ds_config: dict[str, Any], technique: str, tokens: Any, tile: int) -> int:
+    """This process's RSS once a step has run: the base the RAM estimate adds to (measured, not estimated).
+
+    A first step loads what a fresh process does not have yet: CUDA kernels (loaded lazily, on first use), the
+    communicator of DeepSpeed's process group, cuBLAS state: about 0.5 GB on the H200 (2026-12-03: RSS 1.83 GB
+    before the first step, 2.30 after, at every length). One step at WARM_UP_SEQ_LEN tokens of a throwaway engine with
+    the model states on the GPU (`warm_up_ds_config`) loads them; the engine is then freed, so for the optimizer on
+    CPU the base holds none of its states (the estimate counts them)."""
+    warm = helpers.build_long_context_engine(config, warm_up_ds_config, technique)
+    import torch
+
+    helpers.train_at_length(warm, tokens, min(WARM_UP_SEQ_LEN, len(tokens)), technique, logits_tile_tokens=tile,
+                            max_steps=1)
+    helpers.destroy_engine(warm)
+    del warm
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return helpers.release_host_memory()  # freed heap and cached page-locked blocks back to the OS: the RSS after
+
+
 # ---------------------------------------------------------------------------------------------------------- child
 
 
@@ -86,20 +121,17 @@ def child(spec_path: Path) -> int:
     config = helpers.long_context_config(spec["vocab"], hidden=spec["hidden"], intermediate=spec["intermediate"],
                                          layers=spec["layers"], heads=spec["heads"], kv_heads=spec["kv_heads"])
     shape = helpers.long_context_shape(config)
-    engine = helpers.build_long_context_engine(config, spec["ds_config"], technique)
     helpers.warm_up_cuda()
+    base_rss = warmed_base_rss(config, spec["warm_up_ds_config"], technique, tokens, tile)
+    engine = helpers.build_long_context_engine(config, spec["ds_config"], technique)
     n_params = sum(p.numel() for p in engine.module.parameters())
     kernel = helpers.attention_kernel(config, next(engine.module.parameters()).dtype)  # the engine refused "math"
-    baseline_rss = helpers.rss_bytes()  # the process with its libraries, CUDA and the engine: the rest is estimated
+    engine_rss = helpers.rss_bytes()  # with the engine: for the optimizer on CPU, its states are here already
 
     def est(seq_len: int) -> dict[str, Any]:
-        e = helpers.estimate_long_context_run(shape, n_params, spec["ds_config"], seq_len, technique,
-                                              logits_tile_tokens=tile)
-        return {"gpu_peak": e.gpu_peak, "activation_peak": e.activation_peak, "states_gpu": e.states_gpu,
-                "saved": e.activations.saved.gpu_total, "transient": e.activations.peak_transient,
-                "ram": baseline_rss + e.ram_added, "cpu_pinned": e.cpu_pinned, "states_cpu": e.states_cpu}
+        return estimate_row(shape, n_params, spec["ds_config"], seq_len, technique, tile, base_rss)
 
-    ram_left = max(spec["ram_budget"] - baseline_rss, 1) if spec["ram_budget"] else 0
+    ram_left = max(spec["ram_budget"] - base_rss, 1) if spec["ram_budget"] else 0
     predicted = helpers.predict_longest_seq_len(shape, n_params, spec["ds_config"], technique,
                                                 vram_bytes=spec["vram_budget"], ram_bytes=ram_left,
                                                 logits_tile_tokens=tile, upper=spec["max_seq_len"])
@@ -108,12 +140,22 @@ def child(spec_path: Path) -> int:
         with out.open("a") as f:
             f.write(json.dumps(row) + "\n")
 
-    write({"kind": "start", "n_params": n_params, "predicted_longest": predicted, "baseline_rss": baseline_rss,
-           "shape": shape.__dict__, "attention_kernel": kernel})
+    write({"kind": "start", "n_params": n_params, "predicted_longest": predicted, "base_rss": base_rss,
+           "baseline_rss": engine_rss, "ds_config": spec["ds_config"], "shape": shape.__dict__, "attention_kernel": kernel})
     print(f"[{rung}] {n_params / 1e6:.0f}M params; estimate: longest {predicted:,} tokens", flush=True)
+
+    earlier = {int(k): v for k, v in spec.get("earlier", {}).items()}  # --resume-from: length -> trained
+
+    done: dict[int, dict[str, Any]] = {}  # this run's lengths: the speed length may also be the search's first
 
     def run(seq_len: int) -> dict[str, Any]:
         nonlocal engine
+        if seq_len in done:
+            return done[seq_len]
+        if seq_len in earlier and not spec["lengths"]:  # measured by the run resumed: the search goes on from it
+            print(f"[{rung}] {seq_len:>8,} tokens: {'trains' if earlier[seq_len] else 'fails'} (earlier run)", flush=True)
+            return {"seq_len": seq_len, "ok": earlier[seq_len]}
+        write({"kind": "trying", "seq_len": seq_len})  # a rung killed or stopped mid-length: which length it was
         t0 = time.perf_counter()
         r = helpers.train_at_length(engine, tokens, seq_len, technique, logits_tile_tokens=tile,
                                     max_steps=spec["max_steps"])
@@ -128,13 +170,14 @@ def child(spec_path: Path) -> int:
         got = (f"{r.tokens_per_s:,.0f} tok/s, peak GPU {r.peak_gpu_allocated / 2**30:.2f} GiB (estimate "
                f"{row['estimate']['gpu_peak'] / 2**30:.2f}), RSS {r.peak_rss / 1e9:.2f} GB" if r.ok else "")
         print(f"[{rung}] {seq_len:>8,} tokens: {'trains' if r.ok else r.error[:90]} {got}", flush=True)
+        done[seq_len] = row
         return row
 
     if spec["lengths"]:
         for seq_len in spec["lengths"]:
             run(seq_len)
         return 0
-    if SPEED_SEQ_LEN <= predicted:
+    if SPEED_SEQ_LEN <= predicted and SPEED_SEQ_LEN not in earlier:
         run(SPEED_SEQ_LEN)
     seq_len = max(1024, predicted // grid_step(predicted) * grid_step(predicted))
     first = run(seq_len)
@@ -173,9 +216,17 @@ def measured_label(date: str, side_by_side: int) -> str:
     return f"{date}, {side_by_side} rung(s) side by side"
 
 
-def summarize(rung: str, lines: list[dict[str, Any]], killed: str | None) -> dict[str, Any]:
-    start = next((x for x in lines if x.get("kind") == "start"), {})
+def summarize(rung: str, lines: list[dict[str, Any]], killed: str | None, timed_out: bool = False) -> dict[str, Any]:
+    """One rung's row from its result lines (this run's, after those of a resumed run). A length the process was
+    killed in (RAM) counts as failing; one it was stopped in (timeout) is `unfinished`, neither trained nor failed."""
+    start = next((x for x in reversed(lines) if x.get("kind") == "start"), {})
     attempts = [x for x in lines if x.get("kind") == "attempt"]
+    tried = [x for x in lines if x.get("kind") in ("trying", "attempt")]
+    cut = tried[-1]["seq_len"] if tried and tried[-1]["kind"] == "trying" and killed else None
+    unfinished = cut if timed_out else None
+    if cut and not timed_out:
+        attempts.append({"kind": "attempt", "seq_len": cut, "ok": False, "error": killed, "losses": [],
+                         "estimate": tried[-1].get("estimate", {}), "measured": tried[-1].get("measured")})
     ok = [a for a in attempts if a["ok"]]
     longest = max(ok, key=lambda a: a["seq_len"]) if ok else None
     failing = sorted((a for a in attempts if not a["ok"] and (longest is None or a["seq_len"] > longest["seq_len"])),
@@ -183,9 +234,14 @@ def summarize(rung: str, lines: list[dict[str, Any]], killed: str | None) -> dic
     row: dict[str, Any] = {"rung": rung, "predicted_longest": start.get("predicted_longest"),
                            "attention_kernel": start.get("attention_kernel"),
                            "n_params": start.get("n_params"), "attempts": attempts, "killed": killed,
+                           "unfinished": unfinished, "ram_base_gb": round(start["base_rss"] / 1e9, 2)
+                           if start.get("base_rss") else None,
                            "longest": longest["seq_len"] if longest else 0,
                            "first_failing": failing[0]["seq_len"] if failing else None,
                            "first_failing_error": failing[0]["error"] if failing else killed}
+    labels = list(dict.fromkeys(a["measured"] for a in attempts if a.get("measured")))
+    if labels:
+        row["measured"] = "; ".join(labels)
     if longest:
         est = longest["estimate"]
         row.update(peak_gpu_gib=round(longest["peak_gpu_allocated"] / 2**30, 3),
@@ -208,8 +264,8 @@ def markdown(report: dict[str, Any]) -> str:
     for r in report["rows"]:
         gpu = f"{r['peak_gpu_gib']:.2f} ({r['estimate_gpu_gib']:.2f}, {r['gpu_ratio']:.2f})" if r.get("peak_gpu_gib") else "-"
         ram = f"{r['peak_rss_gb']:.2f} ({r['estimate_ram_gb']:.2f})" if r.get("peak_rss_gb") else "-"
-        fail = f"{r['first_failing']:,}: {r['first_failing_error'][:60]}" if r.get("first_failing") else (
-            r.get("killed") or "-")
+        fail = (f"{r['first_failing']:,}: {r['first_failing_error'][:60]}" if r.get("first_failing") else
+                f"{r['unfinished']:,}: unfinished, {r['killed']}" if r.get("unfinished") else r.get("killed") or "-")
         lines.append(f"| {r['rung']} | {r['longest']:,} | {r['predicted_longest'] or 0:,} | {fail} | {gpu} | {ram} | "
                      f"{r.get('tokens_per_s') or 0:,.0f} |")
     s = report.get("summary", {})
@@ -219,7 +275,7 @@ def markdown(report: dict[str, Any]) -> str:
                       "(GPU peak)."]
     lines += ["", "Every length tried (a failed step: GiB allocated / reserved when it failed, and the request):", "",
               "| rung | tokens | trains | peak GPU GiB (reserved) | estimate GiB | RSS GB | "
-              "estimate RAM GB | tokens/s | losses |", "|---|---|---|---|---|---|---|---|---|"]
+              "estimate RAM GB | tokens/s | losses | measured |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
         for a in r["attempts"]:
             how = "yes" if a["ok"] else a["error"][:50]
@@ -231,7 +287,7 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(f"| {r['rung']} | {a['seq_len']:,} | {how} | "
                          f"{gpu} | {a['estimate']['gpu_peak'] / 2**30:.2f} | "
                          f"{a.get('peak_rss', 0) / 1e9:.2f} | {a['estimate']['ram'] / 1e9:.2f} | "
-                         f"{a.get('tokens_per_s', 0):,.0f} | {a.get('losses', '')} |")
+                         f"{a.get('tokens_per_s', 0):,.0f} | {a.get('losses', '')} | {a.get('measured', '')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -244,6 +300,57 @@ def with_summary(report: dict[str, Any]) -> dict[str, Any]:
                              "best_longest": best["longest"], "ratio_to_plain": best["longest"] / rows["plain"]["longest"],
                              "worst_gpu_error_pct": max(errors) if errors else 0.0}
     return report
+
+
+def slug(rung: str) -> str:
+    """The rung's file name stem in the work folder (its result lines, its spec)."""
+    return rung.replace(" ", "_").replace("+", "plus")
+
+
+RESUMED_SETTINGS = ("hidden", "intermediate", "layers", "heads", "kv_heads", "vocab", "logits_tile", "max_steps",
+                    "allocator")
+
+
+def resumed_lines(folders: list[Path], settings: dict[str, Any], rung_names: list[str]
+                  ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
+    """The result lines of earlier runs (`--resume-from`: their work folders, each with the run.json it wrote), in
+    the folders' order, each line labelled with when it was measured, and the newest run.json; refused if a run's
+    model or allocator differ from this one's (the settings given: called before the tokenizer exists without
+    "vocab", and again after with it)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    meta: dict[str, Any] = {}
+    for folder in folders:
+        meta_path = folder / "run.json"
+        if not meta_path.exists():
+            raise SystemExit(f"--resume-from {folder}: no run.json there (the work folder of a run of this benchmark "
+                             "has one). Fix: pass that folder, or leave --resume-from out")
+        meta = json.loads(meta_path.read_text())
+        differ = {k: (meta["settings"].get(k), settings[k]) for k in RESUMED_SETTINGS
+                  if k in settings and meta["settings"].get(k) != settings[k]}
+        if differ:
+            raise SystemExit(f"--resume-from {folder}: measured with other settings {differ} (earlier, now). Fix: "
+                             "run with the earlier settings, or leave --resume-from out")
+        label = measured_label(meta["date"], meta["side_by_side"])
+        for name in rung_names:  # the rungs that run measured (a folder may hold older files of others)
+            path = folder / f"{slug(name)}.jsonl"
+            if name in meta["rungs"] and path.exists():
+                out.setdefault(name, []).extend({**json.loads(x), "measured": label}
+                                                for x in path.read_text().splitlines() if x.strip())
+    return out, meta
+
+
+def reestimated(lines: list[dict[str, Any]], config: dict[str, Any], technique: str, tile: int) -> list[dict[str, Any]]:
+    """The lines with every length's estimate computed now, from the newest start line's shape and RAM base: rows
+    of a resumed run and of this one share one estimate (`estimate_row`)."""
+    starts = [x for x in lines if x.get("kind") == "start"]
+    start = next((x for x in reversed(starts) if x.get("base_rss")), starts[-1] if starts else None)
+    if start is None:
+        return lines
+    shape = helpers.LongContextShape(**start["shape"])
+    base = start.get("base_rss") or start["baseline_rss"]
+    config = start.get("ds_config") or config  # the runtime's the rung ran on (a report-only run may be on a CPU)
+    return [{**x, "estimate": estimate_row(shape, start["n_params"], config, x["seq_len"], technique, tile, base)}
+            if x.get("kind") in ("attempt", "trying") else x for x in lines]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -269,6 +376,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="PyTorch's CUDA allocator: expandable segments (helpers.use_expandable_segments) or its default")
     p.add_argument("--keep-rows-from", type=Path, default=None,
                    help="a report whose rows of the rungs not run now are kept (each says when it was measured)")
+    p.add_argument("--resume-from", type=Path, nargs="+", default=[],
+                   help="work folders of earlier runs: their lengths are kept and each rung's search goes on from them")
+    p.add_argument("--report-only", action="store_true",
+                   help="run nothing: the report of the --resume-from folders (header from the newest run.json)")
     p.add_argument("--out", type=Path, default=ROOT / "reports" / "long_context.json")
     p.add_argument("--work-dir", type=Path, default=ROOT / "build" / "bench" / "long_context")
     args = p.parse_args(argv)
@@ -298,12 +409,19 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--parallel {args.parallel}: each rung needs {cores_per_rung} core(s) of its own and this "
                          f"process may use {len(cores)}. Fix: --parallel {fits}")
     chosen = rungs(args.optimizer_offload)
-    names = args.rungs or list(chosen)
+    names = [] if args.report_only else args.rungs or list(chosen)
     unknown = [n for n in names if n not in chosen]
     if unknown:
         raise SystemExit(f"unknown rung(s) {unknown}: choose from {list(chosen)}")
+    if args.report_only and not args.resume_from:
+        raise SystemExit("--report-only reports earlier runs. Fix: add --resume-from FOLDER (a run's --work-dir)")
+    newest: dict[str, Any] = {}
+    if args.resume_from:  # refused now if the model differs, before the tokenizer is trained
+        _, newest = resumed_lines(args.resume_from, {k: getattr(args, k) for k in RESUMED_SETTINGS
+                                                     if hasattr(args, k)}, [])
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    stream, vocab = token_stream(args.work_dir, max(args.max_seq_len, *args.lengths, 1))
+    stream, vocab = (None, newest["settings"]["vocab"]) if args.report_only else \
+        token_stream(args.work_dir, max(args.max_seq_len, *args.lengths, 1))
     vram_budget = runtime.vram_budget_bytes or 0
     ram_budget = runtime.ram_budget_bytes if (args.emulate or runtime.is_colab) else 0
     side_by_side = min(args.parallel, len(names))
@@ -323,7 +441,9 @@ def main(argv: list[str] | None = None) -> int:
                 "; PyTorch's CUDA allocator " + ("with expandable segments" if args.allocator == "expandable" else
                                                  "as it comes (no expandable segments)") +
                 "; peak GPU = torch's max_memory_allocated over the steps at that length (the cap applies to what "
-                "the allocator reserves: both are recorded); RSS sampled every 0.05 s."),
+                "the allocator reserves: both are recorded); RSS sampled every 0.05 s; estimated RAM = the process's RSS "
+                f"after one {WARM_UP_SEQ_LEN}-token step of a throwaway engine (measured: libraries, CUDA context, "
+                "kernels) + the page-locked checkpoints and model states on the CPU (estimated)."),
         "rows": []}
     rows: dict[str, dict[str, Any]] = {}
     if args.keep_rows_from:  # rungs measured in an earlier run, kept beside this run's (each row says its run)
@@ -336,6 +456,20 @@ def main(argv: list[str] | None = None) -> int:
             if r["rung"] not in names:
                 rows[r["rung"]] = {**r, "measured": r.get("measured") or
                                    measured_label(earlier["date"], earlier["settings"]["parallel"])}
+    if args.report_only:  # the header of the newest run reported
+        report.update(newest.get("header", {}), date=newest["date"])
+        report["settings"]["parallel"] = newest["settings"]["parallel"]
+    this_run = measured_label(report["date"], side_by_side)
+    earlier_lines = resumed_lines(args.resume_from, report["settings"], list(chosen))[0] if args.resume_from else {}
+    for name, lines in earlier_lines.items():
+        if name not in names:  # measured earlier only: its row from those lines
+            rows[name] = summarize(name, reestimated(lines, ds_config(name, runtime), chosen[name], args.logits_tile),
+                                   None)
+    if names:  # for a later --resume-from of this folder
+        header = {k: report[k] for k in ("runtime", "vram_budget_gib", "ram_budget_gb", "emulation", "how")}
+        (args.work_dir / "run.json").write_text(json.dumps(
+            {"date": report["date"], "side_by_side": side_by_side, "rungs": names, "settings": report["settings"],
+             "header": header}, indent=1))
     order = [n for n in chosen if n in names or n in rows]  # the report's rows: the rungs' order
     report["rows"] = [rows[n] for n in order if n in rows]
     lock = threading.Lock()
@@ -344,20 +478,20 @@ def main(argv: list[str] | None = None) -> int:
         if args.deadline_s and time.perf_counter() - started > args.deadline_s:
             print(f"{name}: not started (deadline)", flush=True)
             return
-        slug = name.replace(" ", "_").replace("+", "plus")
-        result = args.work_dir / f"{slug}.jsonl"
+        result = args.work_dir / f"{slug(name)}.jsonl"
         result.unlink(missing_ok=True)
         spec = {"rung": name, "technique": chosen[name], "ds_config": ds_config(name, runtime), "vocab": vocab,
                 "hidden": args.hidden, "intermediate": args.intermediate, "layers": args.layers, "heads": args.heads,
                 "kv_heads": args.kv_heads, "seed": 0, "stream": str(stream), "result": str(result),
                 "logits_tile": args.logits_tile, "max_seq_len": args.max_seq_len, "max_steps": args.max_steps,
                 "lengths": args.lengths, "vram_budget": vram_budget or (1 << 62), "ram_budget": ram_budget,
-                "allocator": args.allocator}
-        spec_path = args.work_dir / f"spec_{slug}.json"
+                "allocator": args.allocator, "warm_up_ds_config": ds_config("plain", runtime),
+                "earlier": {a["seq_len"]: a["ok"] for a in earlier_lines.get(name, []) if a.get("kind") == "attempt"}}
+        spec_path = args.work_dir / f"spec_{slug(name)}.json"
         spec_path.write_text(json.dumps(spec))
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(spec_path)]
         env = dict(os.environ, PYTHONWARNINGS="ignore", TOKENIZERS_PARALLELISM="false")
-        killed = None
+        killed, timed_out = None, False
         enc = enclosure(f"lc-{os.getpid()}-{index}", cpus) if enclosure else None  # two benchmarks may run at once
         try:
             if enc is None:
@@ -367,13 +501,15 @@ def main(argv: list[str] | None = None) -> int:
                     rc = subprocess.run(enc.join_argv() + cmd, env=dict(env, **enc.environment()), cwd=ROOT,
                                         timeout=args.rung_timeout_s).returncode
         except subprocess.TimeoutExpired:
-            rc, killed = -1, f"stopped after {args.rung_timeout_s:.0f} s"
+            rc, killed, timed_out = -1, f"stopped after {args.rung_timeout_s:.0f} s", True
         if rc and not killed:
             kills = (enc.stats.as_report().get("oom_kills") if enc else 0) or 0
             killed = f"killed at the RAM limit ({kills} OOM kill(s))" if kills else f"exit code {rc}"
-        lines = [json.loads(x) for x in result.read_text().splitlines()] if result.exists() else []
-        row = summarize(name, lines, killed)
-        row["measured"] = measured_label(report["date"], side_by_side)
+        lines = [{**json.loads(x), "measured": this_run} for x in result.read_text().splitlines()
+                 if x.strip()] if result.exists() else []
+        lines = reestimated(earlier_lines.get(name, []) + lines, ds_config(name, runtime), chosen[name],
+                            args.logits_tile)
+        row = summarize(name, lines, killed, timed_out)
         if enc is not None:
             row["enclosure"] = enc.stats.as_report()
         with lock:  # rows in the rungs' order, whichever finished first; the report rewritten after each
@@ -393,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
             with lock:
                 free.append(slot)
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=side_by_side) as pool:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(side_by_side, 1)) as pool:
         for future in [pool.submit(in_a_slot, i, n) for i, n in enumerate(names)]:
             future.result()
     _bench.write_report(with_summary(report), args.out, markdown)

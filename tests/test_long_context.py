@@ -210,7 +210,8 @@ def test_benchmark_smoke(tmp_path):
     again = tmp_path / "lc2.json"
     proc = subprocess.run([sys.executable, "benchmarks/long_context.py", "--hidden", "64", "--intermediate", "176",
                            "--layers", "2", "--heads", "4", "--lengths", "256", "--max-seq-len", "512", "--rungs",
-                           "plain", "--keep-rows-from", str(out), "--out", str(again), "--work-dir", str(tmp_path)],
+                           "plain", "--keep-rows-from", str(out), "--out", str(again), "--work-dir",
+                           str(tmp_path / "second")],
                           cwd=ROOT, capture_output=True, text=True, timeout=900,
                           env={k: v for k, v in os.environ.items() if k not in DIST_ENV_VARS})
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -219,6 +220,38 @@ def test_benchmark_smoke(tmp_path):
     assert merged["rows"][1]["attempts"] == report["rows"][1]["attempts"]  # kept as measured
     assert merged["rows"][0]["measured"].endswith("1 rung(s) side by side")
     assert merged["rows"][1]["measured"].endswith("2 rung(s) side by side")
+    # --resume-from the first run's folder: the search goes on from its lengths (256 trained: 2048 is tried), the
+    # other rung's row comes from its lines, every estimate is computed again with a RAM base that a step measured
+    resumed = tmp_path / "lc3.json"
+    proc = subprocess.run([sys.executable, "benchmarks/long_context.py", "--hidden", "64", "--intermediate", "176",
+                           "--layers", "2", "--heads", "4", "--kv-heads", "2", "--max-seq-len", "2048", "--rungs",
+                           "plain", "--resume-from", str(tmp_path), "--out", str(resumed), "--work-dir",
+                           str(tmp_path / "again")], cwd=ROOT, capture_output=True, text=True, timeout=900,
+                          env={k: v for k, v in os.environ.items() if k not in DIST_ENV_VARS})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    plain, offloaded = json.loads(resumed.read_text())["rows"]
+    assert [a["seq_len"] for a in plain["attempts"]] == [256, 2048] and plain["longest"] == 2048
+    assert plain["attempts"][0]["losses"] == report["rows"][0]["attempts"][0]["losses"]  # kept as measured
+    assert plain["measured"].count(";") == 1 and plain["measured"].endswith("1 rung(s) side by side")
+    assert [a["seq_len"] for a in offloaded["attempts"]] == [256]
+    base = plain["attempts"][1]["estimate"]["ram_base"]
+    assert base > 0 and plain["attempts"][0]["estimate"]["ram_base"] == base  # one estimate for old and new
+    # the report of both runs without running anything (as after GPU calls that each ran some rungs)
+    only = tmp_path / "lc4.json"
+    proc = subprocess.run([sys.executable, "benchmarks/long_context.py", "--report-only", "--hidden", "64",
+                           "--intermediate", "176", "--layers", "2", "--heads", "4", "--kv-heads", "2", "--resume-from",
+                           str(tmp_path), str(tmp_path / "again"), "--out", str(only), "--work-dir",
+                           str(tmp_path / "only")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    both = json.loads(only.read_text())
+    assert [[a["seq_len"] for a in r["attempts"]] for r in both["rows"]] == [[256, 2048], [256]]
+    assert both["runtime"] == report["runtime"] and both["settings"]["parallel"] == 1
+    assert not (tmp_path / "only" / "run.json").exists()  # nothing ran: nothing to resume from there
+    refused = subprocess.run([sys.executable, "benchmarks/long_context.py", "--hidden", "32", "--resume-from",
+                              str(tmp_path), "--work-dir", str(tmp_path / "refused")], cwd=ROOT, capture_output=True,
+                             text=True, timeout=300)
+    assert refused.returncode != 0 and "Fix: run with the earlier settings" in refused.stderr, refused.stderr[-2000:]
+    assert not (tmp_path / "refused").exists()  # refused before the tokenizer and the token stream were built
 
 
 def test_benchmark_refuses_more_rungs_side_by_side_than_cores_with_a_fix_that_fits(tmp_path):
