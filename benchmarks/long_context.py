@@ -221,12 +221,20 @@ def summarize(rung: str, lines: list[dict[str, Any]], killed: str | None, timed_
     killed in (RAM) counts as failing; one it was stopped in (timeout) is `unfinished`, neither trained nor failed."""
     start = next((x for x in reversed(lines) if x.get("kind") == "start"), {})
     attempts = [x for x in lines if x.get("kind") == "attempt"]
-    tried = [x for x in lines if x.get("kind") in ("trying", "attempt")]
-    cut = tried[-1]["seq_len"] if tried and tried[-1]["kind"] == "trying" and killed else None
-    unfinished = cut if timed_out else None
-    if cut and not timed_out:
-        attempts.append({"kind": "attempt", "seq_len": cut, "ok": False, "error": killed, "losses": [],
-                         "estimate": tried[-1].get("estimate", {}), "measured": tried[-1].get("measured")})
+    unfinished = None
+    for i, x in enumerate(lines):  # a length tried with no result: how its process ended ("ended" line, or now)
+        if x.get("kind") != "trying" or (i + 1 < len(lines) and lines[i + 1].get("kind") == "attempt"):
+            continue
+        ended = next((y for y in lines[i + 1:i + 2] if y.get("kind") == "ended"), None)
+        how, stopped = (ended["killed"], ended["timed_out"]) if ended else (killed, timed_out)
+        if not how:
+            continue
+        if stopped:
+            unfinished = x["seq_len"]
+        else:
+            attempts.append({"kind": "attempt", "seq_len": x["seq_len"], "ok": False, "error": how, "losses": [],
+                             "estimate": x.get("estimate", {}), "measured": x.get("measured")})
+    attempts.sort(key=lambda a: a["seq_len"])
     ok = [a for a in attempts if a["ok"]]
     longest = max(ok, key=lambda a: a["seq_len"]) if ok else None
     failing = sorted((a for a in attempts if not a["ok"] and (longest is None or a["seq_len"] > longest["seq_len"])),
@@ -505,6 +513,9 @@ def main(argv: list[str] | None = None) -> int:
         if rc and not killed:
             kills = (enc.stats.as_report().get("oom_kills") if enc else 0) or 0
             killed = f"killed at the RAM limit ({kills} OOM kill(s))" if kills else f"exit code {rc}"
+        if killed:  # kept in the lines: a later --resume-from / --report-only knows how that length ended
+            with result.open("a") as f:
+                f.write(json.dumps({"kind": "ended", "killed": killed, "timed_out": timed_out}) + "\n")
         lines = [{**json.loads(x), "measured": this_run} for x in result.read_text().splitlines()
                  if x.strip()] if result.exists() else []
         lines = reestimated(earlier_lines.get(name, []) + lines, ds_config(name, runtime), chosen[name],
