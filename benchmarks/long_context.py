@@ -90,9 +90,9 @@ def warmed_base_rss(config: Any, warm_up_ds_config: dict[str, Any], technique: s
     before the first step, 2.30 after, at every length). One step at WARM_UP_SEQ_LEN tokens of a throwaway engine with
     the model states on the GPU (`warm_up_ds_config`) loads them; the engine is then freed, so for the optimizer on
     CPU the base holds none of its states (the estimate counts them)."""
-    warm = helpers.build_long_context_engine(config, warm_up_ds_config, technique)
     import torch
 
+    warm = helpers.build_long_context_engine(config, warm_up_ds_config, technique)
     helpers.train_at_length(warm, tokens, min(WARM_UP_SEQ_LEN, len(tokens)), technique, logits_tile_tokens=tile,
                             max_steps=1)
     helpers.destroy_engine(warm)
@@ -216,24 +216,22 @@ def measured_label(date: str, side_by_side: int) -> str:
     return f"{date}, {side_by_side} rung(s) side by side"
 
 
-def summarize(rung: str, lines: list[dict[str, Any]], killed: str | None, timed_out: bool = False) -> dict[str, Any]:
-    """One rung's row from its result lines (this run's, after those of a resumed run). A length the process was
-    killed in (RAM) counts as failing; one it was stopped in (timeout) is `unfinished`, neither trained nor failed."""
+def summarize(rung: str, lines: list[dict[str, Any]]) -> dict[str, Any]:
+    """One rung's row from its result lines (this run's, after those of a resumed run). A length tried with no result
+    ended with its process ("ended" line): killed (RAM) counts as failing; stopped (timeout) is `unfinished`,
+    neither trained nor failed."""
     start = next((x for x in reversed(lines) if x.get("kind") == "start"), {})
     attempts = [x for x in lines if x.get("kind") == "attempt"]
-    unfinished = None
-    for i, x in enumerate(lines):  # a length tried with no result: how its process ended ("ended" line, or now)
-        if x.get("kind") != "trying" or (i + 1 < len(lines) and lines[i + 1].get("kind") == "attempt"):
-            continue
-        ended = next((y for y in lines[i + 1:i + 2] if y.get("kind") == "ended"), None)
-        how, stopped = (ended["killed"], ended["timed_out"]) if ended else (killed, timed_out)
-        if not how:
-            continue
-        if stopped:
+    killed, unfinished = None, None
+    for i, x in enumerate(lines):
+        ended = lines[i + 1] if i + 1 < len(lines) and lines[i + 1].get("kind") == "ended" else None
+        if x.get("kind") == "ended":
+            killed = x["killed"]  # the last process's end is the row's
+        elif x.get("kind") == "trying" and ended and ended["timed_out"]:
             unfinished = x["seq_len"]
-        else:
-            attempts.append({"kind": "attempt", "seq_len": x["seq_len"], "ok": False, "error": how, "losses": [],
-                             "estimate": x.get("estimate", {}), "measured": x.get("measured")})
+        elif x.get("kind") == "trying" and ended:
+            attempts.append({"kind": "attempt", "seq_len": x["seq_len"], "ok": False, "error": ended["killed"],
+                             "losses": [], "estimate": x.get("estimate", {}), "measured": x.get("measured")})
     attempts.sort(key=lambda a: a["seq_len"])
     ok = [a for a in attempts if a["ok"]]
     longest = max(ok, key=lambda a: a["seq_len"]) if ok else None
@@ -471,8 +469,7 @@ def main(argv: list[str] | None = None) -> int:
     earlier_lines = resumed_lines(args.resume_from, report["settings"], list(chosen))[0] if args.resume_from else {}
     for name, lines in earlier_lines.items():
         if name not in names:  # measured earlier only: its row from those lines
-            rows[name] = summarize(name, reestimated(lines, ds_config(name, runtime), chosen[name], args.logits_tile),
-                                   None)
+            rows[name] = summarize(name, reestimated(lines, ds_config(name, runtime), chosen[name], args.logits_tile))
     if names:  # for a later --resume-from of this folder
         header = {k: report[k] for k in ("runtime", "vram_budget_gib", "ram_budget_gb", "emulation", "how")}
         (args.work_dir / "run.json").write_text(json.dumps(
@@ -520,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
                  if x.strip()] if result.exists() else []
         lines = reestimated(earlier_lines.get(name, []) + lines, ds_config(name, runtime), chosen[name],
                             args.logits_tile)
-        row = summarize(name, lines, killed, timed_out)
+        row = summarize(name, lines)
         if enc is not None:
             row["enclosure"] = enc.stats.as_report()
         with lock:  # rows in the rungs' order, whichever finished first; the report rewritten after each
