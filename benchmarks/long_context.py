@@ -219,20 +219,25 @@ def measured_label(date: str, side_by_side: int) -> str:
 def summarize(rung: str, lines: list[dict[str, Any]]) -> dict[str, Any]:
     """One rung's row from its result lines (this run's, after those of a resumed run). A length tried with no result
     ended with its process ("ended" line): killed (RAM) counts as failing; stopped (timeout) is `unfinished`,
-    neither trained nor failed."""
+    neither trained nor failed. A length measured again (`--lengths` in a later run) keeps its newest result."""
     start = next((x for x in reversed(lines) if x.get("kind") == "start"), {})
-    attempts = [x for x in lines if x.get("kind") == "attempt"]
+    by_length: dict[int, dict[str, Any]] = {}  # in the lines' order: a later result of a length replaces an earlier
     killed, unfinished = None, None
     for i, x in enumerate(lines):
         ended = lines[i + 1] if i + 1 < len(lines) and lines[i + 1].get("kind") == "ended" else None
-        if x.get("kind") == "ended":
+        if x.get("kind") == "start":  # a new process: how an earlier one ended is not this row's end
+            killed, unfinished = None, None
+        elif x.get("kind") == "attempt":
+            by_length[x["seq_len"]] = x
+        elif x.get("kind") == "ended":
             killed = x["killed"]  # the last process's end is the row's
         elif x.get("kind") == "trying" and ended and ended["timed_out"]:
             unfinished = x["seq_len"]
         elif x.get("kind") == "trying" and ended:
-            attempts.append({"kind": "attempt", "seq_len": x["seq_len"], "ok": False, "error": ended["killed"],
-                             "losses": [], "estimate": x.get("estimate", {}), "measured": x.get("measured")})
-    attempts.sort(key=lambda a: a["seq_len"])
+            by_length[x["seq_len"]] = {"kind": "attempt", "seq_len": x["seq_len"], "ok": False,
+                                       "error": ended["killed"], "losses": [], "estimate": x.get("estimate", {}),
+                                       "measured": x.get("measured")}
+    attempts = sorted(by_length.values(), key=lambda a: a["seq_len"])
     ok = [a for a in attempts if a["ok"]]
     longest = max(ok, key=lambda a: a["seq_len"]) if ok else None
     failing = sorted((a for a in attempts if not a["ok"] and (longest is None or a["seq_len"] > longest["seq_len"])),

@@ -396,7 +396,14 @@ def checkpoints_on_cpu(model: Any) -> Iterator[None]:
 
     This is DeepSpeed's `checkpointing.checkpoint` (`activation_checkpointing.cpu_checkpointing`), not the
     `CheckpointHiddenStatesOffload` hooks of the same file: those keep every restored input on the GPU until the block
-    ends (their `_restored` cache), so by the end of backward all the checkpoints are back on the GPU."""
+    ends (their `_restored` cache), so by the end of backward all the checkpoints are back on the GPU.
+
+    On leaving, DeepSpeed's offload engine (one per process, a module global) is dropped with its pool of page-locked
+    buffers: DeepSpeed 0.19.8 keeps that pool across steps, keyed by the exact shape, and `reset()` does not empty it,
+    so after a step at another length the old buffers stayed locked beside the new ones (1.9 GB after section 4 of
+    notebook 06 on Colab; twice the estimate's RAM in the benchmark's search, killed at the RAM limit). Dropped, they
+    go back to torch's host allocator, which hands a freed block to the next request of its rounded size and releases
+    them all on `release_host_memory`."""
     import deepspeed
     from deepspeed.runtime.activation_checkpointing import checkpointing as ds_checkpointing
     from transformers.modeling_layers import GradientCheckpointingLayer
@@ -428,6 +435,10 @@ def checkpoints_on_cpu(model: Any) -> Iterator[None]:
     finally:
         for m, func in own:
             m._gradient_checkpointing_func = func
+        offload_engine = getattr(ds_checkpointing, "_cpu_offload_engine", None)
+        if offload_engine is not None:
+            offload_engine.reset()  # waits for its copies in flight and drops the tensors it tracks ...
+            ds_checkpointing._cpu_offload_engine = None  # ... but not its buffer pool: the engine goes with it
         with quiet_deepspeed():
             ds_checkpointing.configure(None, checkpoint_in_cpu=False)
 

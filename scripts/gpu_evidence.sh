@@ -3,14 +3,14 @@
 # limits, run side by side (each kernel in its own cgroup on two cores of its own), and the ladder's rungs re-checked,
 # each alone in its own enclosure, on the cores left.
 #
-#   source .gpu-bundle/setup.sh && bash scripts/gpu_evidence.sh /tmp/evidence [NOTEBOOK ...]   # default: all six
+#   source .gpu-bundle/setup.sh && bash scripts/gpu_evidence.sh /tmp/evidence [NOTEBOOK ...]   # default: every notebook
 #   LADDER_ARGS="--sizes gpt2-large gpt2-xl ..." bash scripts/gpu_evidence.sh ...   # ladder options; LADDER_ARGS=none: no ladder
 #   bash scripts/gpu_evidence.sh --collect /tmp/evidence $OUT                        # tars what is there
 #   LOCAL_HUB=0 bash scripts/gpu_evidence.sh ...   # notebooks 01/04 without the Hub cache: their offline branch
 #   HOST_MEMORY_ARGS="--sizes gpt2-xl gpt2-2.7b --seq-len 512" bash scripts/gpu_evidence.sh ...  # also the host byte
 #       account (benchmarks/host_memory.py, issue 25) on the cores left, not enclosed: it measures the need. Mind the
 #       64 GB disk: a 2.7B NVMe optimizer writes ~42 GB beside notebook 02's NVMe folder
-#   LONG_CONTEXT_ARGS="--parallel 5 --deadline-s 300" bash scripts/gpu_evidence.sh /tmp/ev notebooks/drafts/06_*.ipynb
+#   LONG_CONTEXT_ARGS="--parallel 5 --deadline-s 300" bash scripts/gpu_evidence.sh /tmp/ev notebooks/06_*.ipynb
 #       also benchmarks/long_context.py --emulate (issue 26) on the cores left: each rung in its own Colab enclosure
 #       (BUILD_OPS=CPUAdamBuilder LOCAL_HUB=0 LADDER_ARGS=none: only --optimizer-offload loads an op; no Hub, no ladder)
 #
@@ -30,7 +30,7 @@ fi
 out=${1:?usage: gpu_evidence.sh OUT_DIR [NOTEBOOK ...]}
 shift
 notebooks=("$@")
-[ ${#notebooks[@]} -gt 0 ] || notebooks=(notebooks/0[0-5]_*.ipynb)
+[ ${#notebooks[@]} -gt 0 ] || notebooks=(notebooks/[0-9][0-9]_*.ipynb)
 mkdir -p "$out/nb" "$out/parts" "$out/logs"
 export DS_COURSE_T4_BUDGET=1 PYTHONUNBUFFERED=1
 start=$(date +%s)

@@ -125,6 +125,7 @@ def test_the_model_config_is_built_offline_and_bad_shapes_say_the_fix():
         helpers.long_context_config(0)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU runtime's behaviour (the GPU's: the test below)")
 def test_checkpoints_on_cpu_asks_for_checkpointing_and_changes_nothing_on_a_cpu_runtime():
     """On a GPU the layers run DeepSpeed's checkpoint with cpu_checkpointing inside the block (checked on the GPU
     machine: notebook 06, benchmarks/long_context.py); on CPU the block changes nothing, so the numbers are the same."""
@@ -145,6 +146,36 @@ def test_checkpoints_on_cpu_asks_for_checkpointing_and_changes_nothing_on_a_cpu_
     with pytest.raises(ValueError, match="Fix: model.gradient_checkpointing_enable"):
         with helpers.checkpoints_on_cpu(_model(torch.float32)):
             pass
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="page-locked checkpoints need a GPU (the GPU machine runs it)")
+def test_checkpoints_on_cpu_leave_no_page_locked_buffer_behind_between_lengths():
+    """DeepSpeed 0.19.8's offload engine pools its page-locked buffers by exact shape across steps and never empties
+    that pool; the block drops the engine on leaving. A step at another length whose checkpoints round to the same
+    block size then reuses the first one's blocks from torch's host allocator instead of locking a second set (in the
+    benchmark's search, 245,760 then 262,144 tokens: 8 GB twice, killed at the RAM limit)."""
+    from deepspeed.runtime.activation_checkpointing import checkpointing as ds_checkpointing
+
+    model = _model(torch.float16, checkpointing=True).cuda()
+    layers = len(model.model.layers)
+
+    def step(n):
+        ids = torch.randint(0, CONFIG["vocab_size"], (1, n), device="cuda")
+        with helpers.checkpoints_on_cpu(model):
+            model(input_ids=ids, labels=ids).loss.backward()
+        torch.cuda.synchronize()
+        assert ds_checkpointing._cpu_offload_engine is None, "DeepSpeed's offload engine (and its pool) outlived the block"
+        stats = torch.cuda.host_memory_stats()
+        assert "allocated_bytes.current" in stats, sorted(stats)
+        return stats["allocated_bytes.current"]  # page-locked blocks torch's host allocator owns (in use + cached)
+
+    block = 1 << (1280 * CONFIG["hidden_size"] * 2 - 1).bit_length()  # one layer input, rounded as torch does
+    assert block == 1 << (1536 * CONFIG["hidden_size"] * 2 - 1).bit_length()
+    before = torch.cuda.host_memory_stats().get("allocated_bytes.current", 0)
+    owned = step(1280)
+    assert owned - before >= (layers - 1) * block, (before, owned)  # the checkpoints did go to page-locked RAM
+    owned_after = step(1536)
+    assert owned_after - owned < block, f"a second set of page-locked buffers: {owned:,} -> {owned_after:,} bytes"
 
 
 def test_grouped_query_attention_without_a_fused_kernel_is_refused_with_a_fix_that_passes(monkeypatch):
@@ -252,6 +283,31 @@ def test_benchmark_smoke(tmp_path):
                              text=True, timeout=300)
     assert refused.returncode != 0 and "Fix: run with the earlier settings" in refused.stderr, refused.stderr[-2000:]
     assert not (tmp_path / "refused").exists()  # refused before the tokenizer and the token stream were built
+
+
+def test_benchmark_rows_keep_a_lengths_newest_result_and_only_the_last_processs_end():
+    """A length measured again by a later run (--resume-from with --lengths) replaces the earlier result, and a RAM
+    kill of an earlier process is not the row's end once a later process ran (session 20: 262,144 tokens, killed at
+    the RAM limit after 245,760 in one process, then out of GPU memory in step 2 in a fresh one)."""
+    import importlib.util
+
+    from conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("long_context_bench", ROOT / "benchmarks" / "long_context.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    est = {"gpu_peak": 1, "ram": 1}
+    trained = {"kind": "attempt", "seq_len": 245760, "ok": True, "error": None, "peak_gpu_allocated": 1,
+               "peak_rss": 1, "tokens_per_s": 1.0, "estimate": est}
+    earlier = [{"kind": "start", "base_rss": 1}, trained, {"kind": "trying", "seq_len": 262144, "estimate": est},
+               {"kind": "ended", "killed": "killed at the RAM limit (1 OOM kill(s))", "timed_out": False}]
+    row = bench.summarize("r", earlier)
+    assert (row["first_failing"], row["killed"]) == (262144, "killed at the RAM limit (1 OOM kill(s))")
+    again = {"kind": "attempt", "seq_len": 262144, "ok": False, "error": "out of GPU memory", "estimate": est}
+    row = bench.summarize("r", earlier + [{"kind": "start", "base_rss": 1}, {"kind": "trying", "seq_len": 262144},
+                                          again])
+    assert [a["seq_len"] for a in row["attempts"]] == [245760, 262144]
+    assert (row["longest"], row["first_failing_error"], row["killed"]) == (245760, "out of GPU memory", None)
 
 
 def test_benchmark_refuses_more_rungs_side_by_side_than_cores_with_a_fix_that_fits(tmp_path):
