@@ -376,7 +376,7 @@ def report(torch: str, notebooks: list[str], work: Path, install_only: bool = Fa
     if install_only or not entry["install"]["passed"]:
         return entry
     for nn in notebooks:
-        path = next(p for folder in ("notebooks", "notebooks/drafts")  # a draft (notebook 06 before its GPU run) too
+        path = next(p for folder in ("notebooks", "notebooks/drafts")  # a draft (a lesson before its GPU run) too
                     for p in sorted((ROOT / folder).glob(f"{nn}_*.ipynb")))
         result = session.run_notebook(path)
         entry["notebooks"][path.name] = {"passed": result["passed"], "seconds": result["seconds"],
