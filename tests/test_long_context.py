@@ -156,6 +156,8 @@ def test_checkpoints_on_cpu_leave_no_page_locked_buffer_behind_between_lengths()
     benchmark's search, 245,760 then 262,144 tokens: 8 GB twice, killed at the RAM limit)."""
     from deepspeed.runtime.activation_checkpointing import checkpointing as ds_checkpointing
 
+    from helpers.memory import pinned_bytes
+
     model = _model(torch.float16, checkpointing=True).cuda()
     layers = len(model.model.layers)
 
@@ -169,8 +171,8 @@ def test_checkpoints_on_cpu_leave_no_page_locked_buffer_behind_between_lengths()
         assert "allocated_bytes.current" in stats, sorted(stats)
         return stats["allocated_bytes.current"]  # page-locked blocks torch's host allocator owns (in use + cached)
 
-    block = 1 << (1280 * CONFIG["hidden_size"] * 2 - 1).bit_length()  # one layer input, rounded as torch does
-    assert block == 1 << (1536 * CONFIG["hidden_size"] * 2 - 1).bit_length()
+    block = pinned_bytes(1280 * CONFIG["hidden_size"] * 2)  # one fp16 layer input, rounded as torch's allocator does
+    assert block == pinned_bytes(1536 * CONFIG["hidden_size"] * 2)
     before = torch.cuda.host_memory_stats().get("allocated_bytes.current", 0)
     owned = step(1280)
     assert owned - before >= (layers - 1) * block, (before, owned)  # the checkpoints did go to page-locked RAM
