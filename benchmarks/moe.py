@@ -79,7 +79,7 @@ def expert_parallel(args: argparse.Namespace, runtime: helpers.Runtime, blocks, 
     shutil.rmtree(out, ignore_errors=True)
     saved = args.work_dir / "ep_blocks"
     shutil.rmtree(saved, ignore_errors=True)
-    blocks.select(range(min(len(blocks), 256))).save_to_disk(str(saved))
+    blocks.select(range(min(len(blocks), 256))).with_format(None).save_to_disk(str(saved))  # rows, no transform
     shape = (["--hidden", str(args.hidden), "--layers", str(args.layers), "--heads", str(args.heads),
               "--ffn", str(args.ffn)] if device == "cuda" else
              ["--hidden", "64", "--layers", "2", "--heads", "2", "--ffn", "256"])

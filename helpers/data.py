@@ -13,8 +13,8 @@ from typing import Any
 
 from helpers.atomic import needs_writing, write_atomically
 
-__all__ = ["EOS", "LOCAL_CORPUS", "TOKENIZER_FILES", "block_loader", "corpus_files", "load_text_dataset", "token_stream",
-           "load_tokenizer", "pack_blocks", "tokenizer_folder_problem", "train_tokenizer"]
+__all__ = ["EOS", "LOCAL_CORPUS", "TOKENIZER_FILES", "as_tensors", "block_loader", "corpus_files", "load_text_dataset",
+           "token_stream", "load_tokenizer", "pack_blocks", "tokenizer_folder_problem", "train_tokenizer"]
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCAL_CORPUS = ROOT / "data" / "shakespeare"
@@ -117,8 +117,21 @@ def load_tokenizer(name_or_path: str) -> Any:
     return tok
 
 
+def as_tensors(batch: dict[str, list]) -> dict[str, Any]:
+    """datasets' rows (Python lists) as torch tensors: the transform `pack_blocks` sets with `Dataset.with_transform`.
+
+    Not `with_format("torch")`: datasets 4.0.0 (Colab's, 2026-08) imports `torchvision.io.VideoReader` in its torch and
+    numpy formatters whenever torchvision has been imported, and torchvision 0.26 (Colab's) no longer has it, so the
+    first batch raises ImportError once transformers has loaded torchvision (huggingface/datasets#8085, fixed in a
+    later datasets). A transform runs on datasets' Python formatter, which never looks at torchvision."""
+    import torch
+
+    return {name: torch.as_tensor(values) for name, values in batch.items()}
+
+
 def pack_blocks(dataset: Any, tokenizer: Any, block_size: int, max_blocks: int | None = None) -> Any:
-    """Tokenize, join with EOS and cut into `block_size`-token blocks (the run_clm 'group_texts' recipe)."""
+    """Tokenize, join with EOS and cut into `block_size`-token blocks (the run_clm 'group_texts' recipe); indexing the
+    result gives torch tensors (`as_tensors`), as `with_format("torch")` would, on Colab's datasets too."""
     eos = tokenizer.eos_token_id
 
     def tokenize(batch: dict[str, list[str]]) -> dict[str, Any]:
@@ -135,7 +148,7 @@ def pack_blocks(dataset: Any, tokenizer: Any, block_size: int, max_blocks: int |
     blocks = tokens.map(group, batched=True, batch_size=1000, desc=f"pack into {block_size}-token blocks")
     if max_blocks is not None and len(blocks) > max_blocks:
         blocks = blocks.select(range(max_blocks))
-    return blocks.with_format("torch")
+    return blocks.with_transform(as_tensors)
 
 
 def block_loader(blocks: Any, batch_size: int, seed: int = 0, shuffle: bool = True) -> Any:

@@ -179,11 +179,11 @@ def ordered_blocks(train_blocks: Any, micro_batch: int, batches: int, seed: int 
     """The first `batches` batches `train_run` would draw, as a Dataset in that order (for a sequential sampler)."""
     from datasets import Dataset
 
-    from helpers.data import block_loader
+    from helpers.data import as_tensors, block_loader
 
     loader = block_loader(train_blocks, micro_batch, seed=seed)
     rows = [row for _ in range(batches) for row in next(loader)["input_ids"].tolist()]
-    return Dataset.from_dict({"input_ids": rows}).with_format("torch")
+    return Dataset.from_dict({"input_ids": rows}).with_transform(as_tensors)  # not with_format("torch"): as_tensors
 
 
 def causal_lm_collator(features: list[dict[str, Any]]) -> dict[str, Any]:

@@ -8,12 +8,20 @@
 The fixture is Colab's own list, `pip-freeze.gpu.txt` and `os-info-gpu.txt` of the googlecolab/backend-info repository
 (tests/data/colab/, with SOURCE.json naming the commit and its date). `build-env` makes a virtual environment holding
 Colab's version of every package the course touches (COURSE_TOUCHES, and their dependencies at Colab's versions where
-Colab lists them). Two things are not Colab's:
-- Python: Colab runs Python 3.13; here the venv uses this machine's Python (3.11), because no registry this machine
-  reaches serves a 3.13 interpreter. Reported as not emulated.
-- torch: `--torch colab` installs Colab's release (2.11.0) from PyPI, which is the CUDA build (~3 GB with its nvidia
-  packages; it runs on the CPU here), for the report; `--torch local` takes the CPU build already on disk (2.13.0), which
-  is what CI uses (CI never downloads a CUDA torch).
+Colab lists them) and of the packages Colab ships beside them that the course's imports reach when present
+(COLAB_BESIDE: torchvision, which transformers imports, and what datasets' formatters and transformers look for).
+- `--torch colab` (the report): Colab's Python (3.13, pyenv's interpreter on this machine image) and Colab's torch
+  release (2.11.0) from PyPI, the CUDA build (~3 GB with its nvidia packages; it runs on the CPU here), with COLAB_BESIDE
+  at Colab's versions.
+- `--torch local` (CI, which never downloads a CUDA torch): this machine's Python (3.11) and the CPU torch 2.13.0 on
+  disk. No torchvision release installs beside that torch, so a stand-in `torchvision` package with torchvision 0.26's
+  property that matters (its `io` has no `VideoReader`) is imported by the kernel first, as transformers does on Colab:
+  datasets 4.0.0's tensor formatters then fail as on Colab (huggingface/datasets#8085, issue 38).
+
+Every Python process of the emulated session (kernel, launched programs, fresh children) logs each top-level module
+name and each distribution name it asks the import system or importlib.metadata for (`sitecustomize` on its path,
+IMPORT_LOG_CODE). The report lists per notebook what was asked for that Colab ships and the environment lacked:
+`beside_missing`, the guard of tests/test_colab_software.py.
 
 `report` runs what a learner's first Colab session runs, in that environment, and writes reports/colab_software.json
 and .md: the bootstrap cell of a notebook opened from GitHub (Colab's kernel has `google.colab` imported; the cell
@@ -58,6 +66,22 @@ COLAB_FRONTEND = ("ipykernel", "ipython", "ipywidgets", "widgetsnbextension", "j
                   "jupyter_core", "jupyter_server", "notebook", "tornado", "traitlets", "pyzmq", "comm", "nbformat",
                   "nbclient", "nbconvert")
 
+
+# Colab ships these beside the course's packages, and the course's imports reach them when present (issue 38): transformers
+# imports torchvision (and its image stack) when it is installed, datasets' formatters look for torchvision, PIL and
+# torchcodec in sys.modules, transformers' tokenizers and backbones for sentencepiece, tiktoken, protobuf and timm,
+# accelerate and deepspeed for the rest. Found with the import log (the names the notebooks' processes asked for that
+# Colab's list has). With --torch local only the ones that do not need Colab's torch are installed (STANDIN for
+# torchvision).
+COLAB_BESIDE = ("torchvision", "torchaudio", "torchcodec", "pillow", "timm", "sentencepiece", "tiktoken", "protobuf",
+                "scipy", "scikit-learn", "triton", "torchao", "av", "soundfile", "librosa", "bitsandbytes", "peft")
+# ... each needs Colab's torch release (their wheels pin it) or a GPU: not installed beside the CPU torch on disk
+NEEDS_COLAB_TORCH = ("torchvision", "torchaudio", "torchcodec", "timm", "torchao", "triton", "bitsandbytes", "peft")
+# module names that are not their distribution's name (for names the log saw that no installed distribution has)
+MODULE_DISTRIBUTIONS = {"PIL": "pillow", "sklearn": "scikit-learn", "cv2": "opencv-python", "yaml": "pyyaml",
+                        "google.protobuf": "protobuf", "attr": "attrs", "dateutil": "python-dateutil",
+                        "bs4": "beautifulsoup4", "skimage": "scikit-image", "jwt": "pyjwt", "OpenSSL": "pyopenssl"}
+PYENV_COLAB_PYTHON = Path.home() / ".pyenv" / "versions" / "3.13.0" / "bin" / "python3.13"
 
 # torch 2.13.0 (the CPU build on this disk, --torch local) requires setuptools>=77.0.3; Colab's 75.2.0 is kept only with
 # Colab's own torch (--torch colab)
@@ -140,10 +164,19 @@ def torch_spec(mode: str, pins: dict[str, str]) -> str:
     raise ValueError(f"--torch must be 'colab' or 'local' (got {mode!r})")
 
 
-def build_env(venv: Path, torch: str = "local", python: str | None = None) -> dict:
-    """A fresh venv at `venv` with Colab's versions of COURSE_TOUCHES (and their dependencies where Colab pins them)
-    and torch per `torch_spec`; returns what was made (versions, seconds)."""
+def default_python(torch: str) -> str:
+    """Colab's Python (3.13, pyenv's) for the report with Colab's torch; this one for the CPU torch on disk (cp311)."""
+    if torch == "colab" and PYENV_COLAB_PYTHON.exists():
+        return str(PYENV_COLAB_PYTHON)
+    return sys.executable
+
+
+def build_env(venv: Path, torch: str = "local", python: str | None = None, beside: bool = True) -> dict:
+    """A fresh venv at `venv` with Colab's versions of COURSE_TOUCHES (and their dependencies where Colab pins them),
+    torch per `torch_spec`, and (`beside`) the COLAB_BESIDE packages this torch allows; returns what was made
+    (versions, what could not be installed and why, seconds)."""
     pins = colab_pins()
+    python = python or default_python(torch)
     if torch == "local":  # the CPU torch on disk (2.13) needs a newer setuptools than Colab's (75.2): pip's choice
         pins = {n: v for n, v in pins.items() if n not in LOCAL_TORCH_UNPINNED}
     # Colab's torch is the cu128 build with CUDA 12 packages; PyPI's torch of that release is a CUDA 13 build with its
@@ -162,6 +195,19 @@ def build_env(venv: Path, torch: str = "local", python: str | None = None) -> di
     wanted = [f"{n}=={pins[normalize(n)]}" for n in COURSE_TOUCHES if normalize(n) in pins]
     missing = [n for n in COURSE_TOUCHES if normalize(n) not in colab_pins()]
     pip(venv, "install", *wanted, "-c", str(constraints))
+    not_installed: dict[str, str] = {}
+    if beside:
+        for name in COLAB_BESIDE:
+            if normalize(name) not in pins:
+                not_installed[name] = "not in Colab's list"
+            elif torch != "colab" and name in NEEDS_COLAB_TORCH:
+                not_installed[name] = (f"needs Colab's torch {pins['torch']} (its wheels pin it); the CPU torch on disk "
+                                       "is another release" + ("; a stand-in is imported instead (STANDIN)"
+                                                               if name in STANDIN else ""))
+            else:
+                out = pip(venv, "install", f"{name}=={pins[normalize(name)]}", "-c", str(constraints), check=False)
+                if out.returncode != 0:
+                    not_installed[name] = "pip: " + (out.stderr.strip().splitlines() or ["failed"])[-1][:300]
     have = installed(venv)
     colab = colab_pins()
     off = {n: {"here": have[n], "colab": colab[n]} for n in have if n in colab and have[n] != colab[n]}
@@ -170,8 +216,37 @@ def build_env(venv: Path, torch: str = "local", python: str | None = None) -> di
                                                          capture_output=True, text=True).stdout.strip(),
             "torch": have.get("torch"), "torch_mode": torch, "packages": len(have),
             "not_in_colab": sorted(n for n in have if n not in colab),
+            "beside_installed": {n: have[normalize(n)] for n in COLAB_BESIDE if normalize(n) in have},
+            "beside_not_installed": not_installed,
             "course_packages_colab_lacks": missing, "differs_from_colab": off,
             "seconds": round(time.perf_counter() - start, 1)}
+
+
+# What the GPU emulation installs at Colab's versions over the GPU machine's image. The image already has Colab's torch
+# release (2.11) and torchvision 0.26.0, sentencepiece 0.2.2, tiktoken 0.14.0, safetensors 0.8.0 (Colab's too), pillow,
+# torchaudio and the rest of COLAB_BESIDE, but newer transformers, accelerate, datasets and huggingface_hub: those, and
+# what pins them, travel as wheels (the bundle's 64 MiB limit rules out carrying the rest). scripts/gpu_evidence.sh
+# prints the versions it ran with.
+GPU_COLAB_NAMES = ("transformers", "datasets", "accelerate", "huggingface_hub", "tokenizers", "hf-xet", "fsspec", "dill",
+                   "multiprocess", "xxhash", "timm", "protobuf")
+
+
+def gpu_wheels(folder: Path, python_version: str = "3.12") -> dict[str, str]:
+    """Download Colab's versions of GPU_COLAB_NAMES as wheels for the GPU machine's Python into `folder` (the GPU bundle,
+    .gpu-bundle/whl), replacing any other version of them there; returns name -> version."""
+    pins, done = colab_pins(), {}
+    platforms = [a for p in ("manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_28_x86_64",
+                             "manylinux_2_34_x86_64", "manylinux_2_27_x86_64") for a in ("--platform", p)]
+    for name in GPU_COLAB_NAMES:
+        stem = normalize(name).replace("-", "_")
+        for old in folder.glob("*.whl"):
+            if normalize(old.name.split("-")[0]).replace("-", "_") == stem:
+                old.unlink()
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version",
+               python_version, "--implementation", "cp", *platforms, "-d", str(folder), f"{name}=={pins[normalize(name)]}"]
+        subprocess.run(cmd, check=True, capture_output=True, text=True)
+        done[name] = pins[normalize(name)]
+    return done
 
 
 # ------------------------------------------------------------------ a learner's first Colab session, emulated
@@ -191,8 +266,45 @@ _colab.__spec__ = importlib.machinery.ModuleSpec("google.colab", None)  # import
 sys.modules["google.colab"] = _colab
 google.colab = _colab
 """
+# A stand-in for torchvision 0.26 where no real one installs (--torch local): the one property datasets 4.0.0 trips on.
+STANDIN = {"torchvision": {
+    "__init__.py": '"""A stand-in for torchvision 0.26 (scripts/colab_software.py, CI only): its io has no VideoReader,'
+                   ' as the real 0.26\'s; nothing else."""\n__version__ = "0.26.0-standin"\nfrom . import io  # noqa\n',
+    "io/__init__.py": '"""torchvision 0.26 moved VideoReader out of torchvision.io (pytorch/vision#9373)."""\n'}}
+# sitecustomize for every Python process of the session: logs each top-level module and distribution name asked for
+IMPORT_LOG_CODE = """import os, sys
+_log_dir = os.environ.get("DS_COURSE_IMPORT_LOG")
+if _log_dir:
+    class _AskedFor:
+        seen = set()
+
+        def _note(self, name):
+            if name and name not in self.seen:
+                self.seen.add(name)
+                try:
+                    with open(os.path.join(_log_dir, f"{os.getpid()}.txt"), "a") as f:
+                        f.write(name + "\\n")
+                except OSError:
+                    pass
+
+        def find_spec(self, name, path=None, target=None):
+            self._note(name.split(".")[0])
+            return None
+
+        def find_distributions(self, context=None):
+            if getattr(context, "name", None):
+                self._note("dist:" + context.name)
+            return iter(())
+
+        def invalidate_caches(self):
+            pass
+
+    sys.meta_path.insert(0, _AskedFor())
+"""
 PROBE_MODULES = ("import json, sys\n"
                  "print('IMPORTED=' + json.dumps(sorted({m.split('.')[0] for m in list(sys.modules)})))")
+PROBE_END = ("import json, sys\n"
+             "print('MODULES=' + json.dumps(sorted({m.split('.')[0] for m in list(sys.modules)})))")
 PROBE_AFTER = ("import json, helpers, deepspeed, transformers, datasets, accelerate, torch\n"
                "print('LOADED=' + json.dumps({'helpers': str(helpers.course_root()), 'deepspeed': deepspeed.__version__,\n"
                "    'transformers': transformers.__version__, 'datasets': datasets.__version__,\n"
@@ -220,7 +332,7 @@ class ColabSession:
     'content' folder without the course, the NVMe folder and the Hugging Face cache the test's. Notebooks run from
     copies in that folder with the emulated bootstrap cell."""
 
-    def __init__(self, venv: Path, work: Path, hf_env: dict[str, str]):
+    def __init__(self, venv: Path, work: Path, hf_env: dict[str, str], standins: tuple[str, ...] = ()):
         self.venv, self.work = venv.resolve(), work.resolve()
         if any((d / "helpers" / "__init__.py").is_file() for d in [self.work, *self.work.parents]):
             raise ValueError(f"{work} is inside a checkout of the course: the bootstrap cell would find that checkout "
@@ -234,11 +346,23 @@ class ColabSession:
         startup = self.work / "ipython" / "profile_default" / "startup"
         startup.mkdir(parents=True, exist_ok=True)
         (startup / "00-google-colab.py").write_text(COLAB_STARTUP)
+        site = self.work / "site"  # sitecustomize (the import log) and the stand-ins, on every process's path
+        for name in standins:
+            for rel, text in STANDIN[name].items():
+                (site / name / rel).parent.mkdir(parents=True, exist_ok=True)
+                (site / name / rel).write_text(text)
+        site.mkdir(parents=True, exist_ok=True)
+        (site / "sitecustomize.py").write_text(IMPORT_LOG_CODE)
+        if standins:  # imported first, as transformers imports torchvision on Colab before any data is read
+            (startup / "01-import-standins.py").write_text("".join(f"import {n}\n" for n in standins))
+        self.import_log = self.work / "import-log"
+        self.import_log.mkdir(exist_ok=True)
         spec = self.work / "jupyter" / "kernels" / "colab-emulated"
         spec.mkdir(parents=True, exist_ok=True)
         env = {"COLAB_RELEASE_TAG": "emulated-by-scripts-colab_software", "IPYTHONDIR": str(self.work / "ipython"),
                "DS_COURSE_NVME_DIR": str(self.work / "nvme"), "DS_COURSE_SAVED_RUN": "1",
-               "TORCH_EXTENSIONS_DIR": str(self.work / "torch_extensions"), "PYTHONNOUSERSITE": "1", **hf_env}
+               "TORCH_EXTENSIONS_DIR": str(self.work / "torch_extensions"), "PYTHONNOUSERSITE": "1",
+               "PYTHONPATH": str(site), "DS_COURSE_IMPORT_LOG": str(self.import_log), **hf_env}
         (spec / "kernel.json").write_text(json.dumps({
             "argv": [str(venv_python(self.venv)), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
             "display_name": "Python 3 (Colab software, emulated)", "language": "python", "env": env}))
@@ -263,7 +387,13 @@ class ColabSession:
             raise RuntimeError(f"{path.name} has {len(boot)} bootstrap cells (helpers.bootstrap.BOOTSTRAP_CELL): "
                                "run scripts/apply_bootstrap.py")
         boot[0].source = self.bootstrap
-        return self._execute(nb, path.name, timeout_s)
+        nb.cells.append(nbformat.v4.new_code_cell(PROBE_END))  # the kernel's modules at the end (after a pass)
+        for old in self.import_log.glob("*.txt"):  # the log is this notebook's processes' only
+            old.unlink()
+        result = self._execute(nb, path.name, timeout_s)
+        result["modules"] = _tagged(result["text"], "MODULES") or []
+        result["asked"] = sorted({ln.strip() for f in self.import_log.glob("*.txt") for ln in f.read_text().split()})
+        return result
 
     def _execute(self, nb, name: str, timeout_s: int) -> dict:
         import nbformat
@@ -297,6 +427,32 @@ class ColabSession:
 def _tagged(text: str, tag: str) -> object:
     line = next((ln for ln in text.splitlines() if ln.startswith(tag + "=")), None)
     return json.loads(line[len(tag) + 1:]) if line else None
+
+
+def venv_modules(venv: Path) -> dict[str, list[str]]:
+    """top-level module -> distributions providing it, in `venv` (importlib.metadata.packages_distributions), plus the
+    standard library's modules (mapped to [])."""
+    code = ("import json, sys, importlib.metadata as m; d = {k: v for k, v in m.packages_distributions().items()}; "
+            "d.update({n: [] for n in sys.stdlib_module_names if n not in d}); print(json.dumps(d))")
+    out = subprocess.run([str(venv_python(venv)), "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def beside_missing(asked: list[str], modules: dict[str, list[str]], have: dict[str, str],
+                   colab: dict[str, str]) -> dict[str, str]:
+    """What a notebook's processes asked for (module names, and 'dist:NAME' for importlib.metadata look-ups) that Colab's
+    list has and the environment lacks: distribution -> Colab's version. On Colab these would be found, and imported."""
+    missing = {}
+    for entry in asked:
+        if entry.startswith("dist:"):
+            dist = normalize(entry[5:])
+            if dist not in have and dist in colab:
+                missing[dist] = colab[dist]
+        elif entry not in modules and not entry.startswith("_"):
+            dist = normalize(MODULE_DISTRIBUTIONS.get(entry, entry))
+            if dist not in have and dist in colab:
+                missing[dist] = colab[dist]
+    return dict(sorted(missing.items()))
 
 
 def diff_packages(before: dict[str, str], after: dict[str, str]) -> dict:
@@ -354,19 +510,22 @@ def install_step(venv: Path, session: ColabSession) -> dict:
                                                                                                   "LOADED="))][:40]}
 
 
-def report(torch: str, notebooks: list[str], work: Path, install_only: bool = False, label: str = "") -> dict:
+def report(torch: str, notebooks: list[str], work: Path, install_only: bool = False, label: str = "",
+           python: str | None = None, beside: bool = True) -> dict:
     """Build the environment, run the install step and the notebooks; returns the report's entry for this run."""
     import local_hub  # scripts/
 
     work.mkdir(parents=True, exist_ok=True)
     venv = work / "venv"
-    env_info = build_env(venv, torch)
+    env_info = build_env(venv, torch, python=python, beside=beside)
     hub_home = work / "hf-home"
     hub_info = subprocess.run([str(venv_python(venv)), str(ROOT / "scripts" / "local_hub.py"), str(hub_home),
                                "--model-size", "gpt2-tiny"], capture_output=True, text=True, cwd=ROOT)
     if hub_info.returncode != 0:
         raise RuntimeError(f"local_hub.py failed:\n{hub_info.stderr[-3000:]}")
-    session = ColabSession(venv, work, local_hub.environment(hub_home))
+    standins = tuple(n for n in STANDIN if n in env_info["beside_not_installed"]) if beside else ()
+    session = ColabSession(venv, work, local_hub.environment(hub_home), standins=standins)
+    env_info["standins"] = list(standins)
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
     entry = {"label": label or f"torch {torch}", "date": dt.date.today().isoformat(), "course_commit": commit.strip(),
              "environment": env_info, "install": install_step(venv, session), "notebooks": {}}
@@ -375,12 +534,20 @@ def report(torch: str, notebooks: list[str], work: Path, install_only: bool = Fa
                                                          "pip_check_after")}, indent=1), flush=True)
     if install_only or not entry["install"]["passed"]:
         return entry
+    modules = venv_modules(venv)
     for nn in notebooks:
         path = next(p for folder in ("notebooks", "notebooks/drafts")  # a draft (a lesson before its GPU run) too
                     for p in sorted((ROOT / folder).glob(f"{nn}_*.ipynb")))
         result = session.run_notebook(path)
+        have, colab = installed(venv), colab_pins()
         entry["notebooks"][path.name] = {"passed": result["passed"], "seconds": result["seconds"],
                                          "error": result["error"][-2000:],
+                                         "kernel_modules": len(result["modules"]),
+                                         "beside_imported": sorted(
+                                             n for n in COLAB_BESIDE if normalize(n) in have and any(
+                                                 normalize(d) == normalize(n) for m in result["modules"]
+                                                 for d in modules.get(m, []))),
+                                         "beside_missing": beside_missing(result["asked"], modules, have, colab),
                                          "branch": next((ln for ln in result["text"].splitlines()
                                                          if ln.startswith(("Colab's branch", "no Hugging Face Hub"))),
                                                         "")}
@@ -412,8 +579,11 @@ def browser_results() -> dict[str, str]:
 
 
 NOT_EMULATED = [
-    "Python: Colab runs {python}; the environment here uses this machine's Python (3.11), as no registry this machine "
-    "reaches serves a 3.13 interpreter",
+    "Python's patch release: Colab runs {python}; the report's runs with Colab's torch use pyenv's 3.13.0 on this "
+    "machine image (CI's run: 3.11, beside the CPU torch on disk)",
+    "Colab's ~700 packages in full: the environment holds Colab's versions of what the course touches and of the "
+    "packages beside them that its imports reach (COLAB_BESIDE; each run lists what it could not install); each "
+    "notebook's row names what its processes asked for that Colab has and the environment lacked",
     "Colab's own frontend (its output frames, its widget manager, its file browser): the browser test runs classic "
     "Notebook 6.5.7 with Colab's ipywidgets 7.7.1 and widgetsnbextension 3.6.10 instead",
     "the GPU and CUDA: the notebooks run smoke-sized on the CPU (the GPU emulation, reports/gpu_check.json, runs the "
@@ -440,6 +610,12 @@ def markdown(data: dict) -> str:
                   "Differs from Colab's list: " + (", ".join(f"{n} {d['here']} (Colab {d['colab']})"
                                                             for n, d in env["differs_from_colab"].items()) or "nothing")
                   + ".", ""]
+        if env.get("beside_installed") is not None:
+            lines += ["Beside the course's packages (what its imports reach on Colab when present), at Colab's versions: "
+                      + (", ".join(f"{n} {v}" for n, v in env["beside_installed"].items()) or "none") + ". Not installed: "
+                      + ("; ".join(f"{n} ({why})" for n, why in env["beside_not_installed"].items()) or "none")
+                      + "." + (f" Stand-ins imported first by the kernel: {', '.join(env['standins'])}."
+                               if env.get("standins") else ""), ""]
         counts = ins["counts"]
         lines += [f"Install (the bootstrap cell on a fresh VM: clone, `install_on_colab`, import): "
                   f"{'passed' if ins['passed'] else 'FAILED'}, {ins['bootstrap_seconds']} s. Added {counts['added']}, "
@@ -463,10 +639,19 @@ def markdown(data: dict) -> str:
             lines += ["Imported after the install: " + ", ".join(f"{k} {v}" for k, v in ins["loaded"].items()
                                                                   if k != "helpers") + ".", ""]
         if run["notebooks"]:
-            lines += ["| notebook | result | seconds (CPU, smoke-sized) | branch |", "|---|---|---|---|"]
-            lines += [f"| {n} | {'passed' if e['passed'] else 'FAILED'} | {e['seconds']:.0f} | {e['branch'] or '-'} |"
+            lines += ["| notebook | result | seconds (CPU, smoke-sized) | branch | Colab's packages beside the course "
+                      "it imported | asked for, Colab has, missing here |", "|---|---|---|---|---|---|"]
+            lines += [f"| {n} | {'passed' if e['passed'] else 'FAILED'} | {e['seconds']:.0f} | {e['branch'] or '-'} | "
+                      f"{', '.join(e.get('beside_imported', [])) or '-'} | "
+                      f"{', '.join(f'{d} {v}' for d, v in e.get('beside_missing', {}).items()) or '-'} |"
                       for n, e in run["notebooks"].items()]
             lines.append("")
+            failed = {n: e["error"] for n, e in run["notebooks"].items() if not e["passed"]}
+            for n, err in failed.items():
+                last = [ln for ln in err.splitlines() if ln.strip()][-1:] or [""]
+                lines += [f"- {n} failed: `{last[0][:300]}`"]
+            if failed:
+                lines.append("")
     if data.get("browser_test"):
         lines += ["## Widgets in a browser", ""] + [f"- {k}: {v}" for k, v in data["browser_test"].items()] + [""]
     lines += ["## Not emulated", ""] + [f"- {n.format(python=fx['python'])}" for n in NOT_EMULATED] + [""]
@@ -485,12 +670,17 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("backend_info", type=Path)
     rep = sub.add_parser("report", help="the emulated first Colab session; writes reports/colab_software.json")
     rep.add_argument("--torch", default="colab", choices=["local", "colab"])
-    rep.add_argument("--notebooks", nargs="*", default=["00", "01", "02"])
+    rep.add_argument("--notebooks", nargs="*", default=["00", "01", "02", "03", "04", "05", "06"])
     rep.add_argument("--install-only", action="store_true")
+    rep.add_argument("--python", default=None, help="the venv's interpreter (default: pyenv's 3.13.0 with --torch "
+                                                    "colab, else this Python)")
+    rep.add_argument("--no-beside", action="store_true", help="only the course's packages (issue 21's environment)")
     rep.add_argument("--work", type=Path, default=None,
                      help="folder for the venv and the session, outside the checkout (default: a new one in /tmp)")
     rep.add_argument("--key", default="after_fix", help="the report's entry to write (e.g. before_fix)")
     rep.add_argument("--out", type=Path, default=REPORT)
+    g = sub.add_parser("gpu-wheels", help="Colab's versions of GPU_COLAB_NAMES as wheels for the GPU bundle")
+    g.add_argument("folder", type=Path, nargs="?", default=ROOT / ".gpu-bundle" / "whl")
     br = sub.add_parser("browser", help="run scripts/browser_test.py in both modes and record the result")
     br.add_argument("--out", type=Path, default=REPORT)
     args = parser.parse_args(argv)
@@ -500,6 +690,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}=={pins[normalize(name)]}" if normalize(name) in pins else f"# {name}: not in Colab's list")
     elif args.command == "build-env":
         print(json.dumps(build_env(args.venv, args.torch), indent=2))
+    elif args.command == "gpu-wheels":
+        print(json.dumps(gpu_wheels(args.folder)))
     elif args.command == "refresh":
         refresh(args.backend_info)
     elif args.command == "browser":
@@ -511,7 +703,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if all(r.startswith("passed") for r in data["browser_test"].values()) else 1
     elif args.command == "report":
         work = args.work or Path(tempfile.mkdtemp(prefix="colab-software-"))
-        entry = report(args.torch, args.notebooks, work, args.install_only, label=args.key)
+        entry = report(args.torch, args.notebooks, work, args.install_only, label=args.key, python=args.python,
+                       beside=not args.no_beside)
         data = json.loads(args.out.read_text()) if args.out.exists() else {}
         data["fixture"] = fixture_source()
         data.setdefault("runs", {})[args.key] = entry

@@ -30,11 +30,19 @@ H200_OVER_T4 = 15.0
 COLAB_CPU_SLOWDOWN = 2.0
 
 
+# the libraries whose versions a run records: Colab's are in tests/data/colab/pip-freeze.gpu.txt (issue 38: the GPU
+# runs use Colab's versions of these, from the bundle's wheels, scripts/colab_software.py gpu-wheels)
+LIBRARIES = ("transformers", "datasets", "accelerate", "huggingface_hub", "tokenizers", "torchvision", "timm", "pillow",
+             "numpy", "pyarrow", "fsspec")
+
+
 def machine_facts() -> dict:
     """GPU, torch, CUDA and deepspeed versions, read in a child process (this one stays free of CUDA)."""
-    code = ("import json, torch, deepspeed; p = torch.cuda.get_device_properties(0); "
+    code = ("import json, torch, deepspeed, importlib.metadata as m; p = torch.cuda.get_device_properties(0)\n"
+            "def v(n):\n    try:\n        return m.version(n)\n    except m.PackageNotFoundError:\n        return None\n"
             "print(json.dumps({'gpu': p.name, 'torch': torch.__version__, 'torch_cuda': torch.version.cuda, "
-            "'deepspeed': deepspeed.__version__, 'cuda': torch.cuda.is_available()}))")
+            "'deepspeed': deepspeed.__version__, 'cuda': torch.cuda.is_available(), "
+            "'packages': {n: v(n) for n in LIBRARIES}}))").replace("LIBRARIES", repr(LIBRARIES))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     lines = out.stdout.strip().splitlines()
     return json.loads(lines[-1]) if out.returncode == 0 and lines else {"cuda": False, "error": out.stderr[-500:]}
@@ -133,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         "runtime": next((e["runtime"] for e in report["notebooks"].values() if e.get("runtime")), ""),
         "gpu": facts["gpu"], "t4_budget": not args.full_gpu, "torch": facts["torch"],
         "torch_cuda": facts["torch_cuda"], "deepspeed": facts["deepspeed"], "date": dt.date.today().isoformat(),
+        "packages": facts.get("packages", {}),
     })
     if emulate:
         report["emulation"] = ColabLimits().as_report(mechanism)

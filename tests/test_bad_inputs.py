@@ -304,7 +304,9 @@ def test_the_planner_s_seq_len_menu_offers_only_what_the_models_take(t4, monkeyp
 def tiny_blocks(seq_len, n=8):
     import datasets
 
-    return datasets.Dataset.from_dict({"input_ids": [[i % 50 for i in range(seq_len)]] * n}).with_format("torch")
+    from helpers.data import as_tensors
+
+    return datasets.Dataset.from_dict({"input_ids": [[i % 50 for i in range(seq_len)]] * n}).with_transform(as_tensors)
 
 
 def test_train_run_refuses_blocks_longer_than_the_model_s_positions_before_a_step(cpu, clean_dist_env,

@@ -61,6 +61,36 @@ def test_block_loader_cycles_and_refuses_a_batch_too_big(corpus, tokenizer):
         block_loader(blocks.select(range(1)), 2)
 
 
+def test_blocks_reach_torch_without_datasets_tensor_formatters(corpus, tokenizer, monkeypatch):
+    """Colab's datasets 4.0.0 fails in its torch and numpy formatters once torchvision is imported
+    (huggingface/datasets#8085; tests/test_colab_software.py runs the real thing): every way the course reads blocks
+    (indexing, slicing, the loader, Trainer's ordered copy, evaluation) must work with those formatters broken."""
+    import torch
+    from datasets.formatting import np_formatter, torch_formatter
+
+    from helpers.hardware import detect_runtime
+    from helpers.integrations import ordered_blocks
+    from helpers.train import evaluate
+
+    def broken(*args, **kwargs):
+        raise ImportError("cannot import name 'VideoReader' from 'torchvision.io' (stand-in for datasets#8085)")
+
+    monkeypatch.setattr(torch_formatter.TorchFormatter, "_tensorize", broken)
+    monkeypatch.setattr(np_formatter.NumpyFormatter, "_tensorize", broken)
+    blocks = pack_blocks(corpus["validation"].select(range(40)), tokenizer, 16)
+    with pytest.raises(ImportError, match="VideoReader"):  # the stand-in does break the torch format
+        blocks.with_format("torch")[0]
+    assert isinstance(blocks[0]["input_ids"], torch.Tensor) and blocks[0]["input_ids"].shape == (16,)
+    assert blocks[0:3]["input_ids"].shape == (3, 16) and blocks[:]["input_ids"].dtype == torch.int64
+    assert blocks.select(range(4))[:]["input_ids"].shape == (4, 16)  # select keeps the transform
+    assert next(block_loader(blocks, 2))["input_ids"].shape == (2, 16)
+    ordered = ordered_blocks(blocks, 2, 3)
+    assert ordered[:]["input_ids"].shape == (6, 16)
+    model = torch.nn.Module()
+    model.forward = lambda input_ids, labels: type("Out", (), {"loss": input_ids.float().mean()})()
+    assert evaluate(model, blocks, detect_runtime(), batches=2, batch_size=2) > 0
+
+
 def test_an_interrupted_tokenizer_save_leaves_nothing_and_a_half_written_one_is_rebuilt(corpus, tmp_path, monkeypatch,
                                                                                          capsys):
     from transformers import PreTrainedTokenizerFast

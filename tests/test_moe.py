@@ -304,7 +304,7 @@ def test_a_client_optimizer_over_mixed_groups_is_refused():
 def test_expert_parallel_script_splits_the_experts_over_two_processes(tmp_path, free_port_env, blocks):
     out = tmp_path / "ep"
     train, _, vocab = blocks
-    train.select(range(64)).save_to_disk(str(tmp_path / "blocks"))
+    train.select(range(64)).with_format(None).save_to_disk(str(tmp_path / "blocks"))  # as notebook 03 does
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", free_port_env,
            "notebooks/programs/moe_expert_parallel.py", "--out", str(out), "--device", "cpu", "--experts", "4",
            "--steps", "3", "--hidden", "32", "--blocks", str(tmp_path / "blocks"), "--vocab", str(vocab)]

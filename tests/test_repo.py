@@ -180,3 +180,17 @@ def test_apply_bootstrap_rewrites_an_old_notebook_once_and_names_what_it_took(tm
     assert new.cells[2].source == "import json\n\nimport torch"
     assert new.cells[3].source == "SEED = 0"
     assert apply(path) == []  # a second run changes nothing
+
+
+def test_no_code_reads_datasets_through_its_torch_or_numpy_format():
+    """datasets 4.0.0 (Colab's) breaks those formatters beside torchvision 0.26 (huggingface/datasets#8085): the course
+    makes tensors with helpers.as_tensors (Dataset.with_transform) instead, in helpers, programs, benchmarks, scripts
+    and the notebooks' code a learner copies."""
+    pattern = re.compile(r"""\.(with_format|set_format)\(\s*(type\s*=\s*)?["'](torch|numpy|np)["']""")
+    sources = [p for folder in ("helpers", "benchmarks", "scripts", "notebooks/programs")
+               for p in (ROOT / folder).rglob("*.py")]
+    found = [f"{p.relative_to(ROOT)}" for p in sources if pattern.search(p.read_text())]
+    for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        code = [c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+        found += [path.name for c in code if pattern.search(c)]
+    assert found == [], found

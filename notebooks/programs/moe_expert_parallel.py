@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     from helpers import gpt, moe
-    from helpers.data import block_loader, load_text_dataset, pack_blocks, train_tokenizer
+    from helpers.data import as_tensors, block_loader, load_text_dataset, pack_blocks, train_tokenizer
     from helpers.hardware import apply_t4_budget, choose_precision, detect_runtime, t4_budget_requested
     from helpers.runtime import quiet_deepspeed
 
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.blocks is not None:
         from datasets import load_from_disk
 
-        blocks = load_from_disk(str(args.blocks)).with_format("torch")
+        blocks = load_from_disk(str(args.blocks)).with_transform(as_tensors)  # Colab's datasets: see as_tensors
         vocab = args.vocab or int(blocks[:]["input_ids"].max()) + 1
     else:
         ds = load_text_dataset("local")
