@@ -14,8 +14,8 @@ Colab lists them) and of the packages Colab ships beside them that the course's 
   release (2.11.0) from PyPI, the CUDA build (~3 GB with its nvidia packages; it runs on the CPU here), with COLAB_BESIDE
   at Colab's versions.
 - `--torch local` (CI, which never downloads a CUDA torch): this machine's Python (3.11) and the CPU torch 2.13.0 on
-  disk. No torchvision release installs beside that torch, so a stand-in `torchvision` package with torchvision 0.26's
-  property that matters (its `io` has no `VideoReader`) is imported by the kernel first, as transformers does on Colab:
+  disk. No torchvision release installs beside that torch, so a stand-in `torchvision` package (every module imports,
+  every name a placeholder, except `io.VideoReader`, which 0.26 lacks) is imported by the kernel first, as on Colab:
   datasets 4.0.0's tensor formatters then fail as on Colab (huggingface/datasets#8085, issue 38).
 
 Every Python process of the emulated session (kernel, launched programs, fresh children) logs each top-level module
@@ -266,11 +266,68 @@ _colab.__spec__ = importlib.machinery.ModuleSpec("google.colab", None)  # import
 sys.modules["google.colab"] = _colab
 google.colab = _colab
 """
-# A stand-in for torchvision 0.26 where no real one installs (--torch local): the one property datasets 4.0.0 trips on.
-STANDIN = {"torchvision": {
-    "__init__.py": '"""A stand-in for torchvision 0.26 (scripts/colab_software.py, CI only): its io has no VideoReader,'
-                   ' as the real 0.26\'s; nothing else."""\n__version__ = "0.26.0-standin"\nfrom . import io  # noqa\n',
-    "io/__init__.py": '"""torchvision 0.26 moved VideoReader out of torchvision.io (pytorch/vision#9373)."""\n'}}
+# A stand-in for torchvision 0.26 where no real one installs (--torch local, CI). On Colab transformers imports
+# torchvision.io, .transforms, .transforms.functional and .transforms.v2 when pillow and torchvision are present (image
+# utilities, loaded with the loss functions of any model), so every torchvision.* module imports here and every name in
+# it is a placeholder; the one name 0.26 no longer has is missing, as on Colab: torchvision.io.VideoReader, which
+# datasets 4.0.0's tensor formatters import once torchvision is imported (huggingface/datasets#8085, issue 38).
+STANDIN_TORCHVISION = '''"""A stand-in for torchvision 0.26 (scripts/colab_software.py, CI only): every module imports, every name is a
+placeholder that refuses to be called, except torchvision.io.VideoReader, which 0.26 no longer has (pytorch/vision#9373)."""
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+import types
+
+__version__ = "0.26.0"  # transformers parses it where the distribution has no metadata
+ABSENT = {"torchvision.io": {"VideoReader"}}
+
+
+class Placeholder(type):
+    def __getattr__(cls, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        value = Placeholder(f"{cls.__name__}.{name}", (), {"__module__": cls.__module__})
+        setattr(cls, name, value)  # the same object every time: enum members compare and hash
+        return value
+
+    def __call__(cls, *args, **kwargs):
+        raise NotImplementedError(f"{cls.__module__}.{cls.__name__} is a placeholder of the torchvision stand-in "
+                                  "(scripts/colab_software.py): the course calls no torchvision code")
+
+
+class StandInModule(types.ModuleType):
+    def __getattr__(self, name):
+        if name.startswith("__") or name in ABSENT.get(self.__name__, ()):
+            raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
+        if name in SUBMODULES:  # `from torchvision import io` imports the module, as the real package's does
+            return importlib.import_module(f"{self.__name__}.{name}")
+        value = Placeholder(name, (), {"__module__": self.__name__})
+        setattr(self, name, value)
+        return value
+
+
+SUBMODULES = {"io", "transforms", "functional", "v2", "models", "ops", "datasets", "utils", "tv_tensors", "extension"}
+
+
+class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path=None, target=None):
+        parts = name.split(".")
+        if parts[0] == __name__ and len(parts) > 1 and set(parts[1:]) <= SUBMODULES:
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        return StandInModule(spec.name)
+
+    def exec_module(self, module):
+        pass
+
+
+sys.meta_path.insert(0, Finder())
+sys.modules[__name__].__class__ = StandInModule
+'''
+STANDIN = {"torchvision": {"__init__.py": STANDIN_TORCHVISION}}
 # sitecustomize for every Python process of the session: logs each top-level module and distribution name asked for
 IMPORT_LOG_CODE = """import os, sys
 _log_dir = os.environ.get("DS_COURSE_IMPORT_LOG")
