@@ -171,10 +171,40 @@ def default_python(torch: str) -> str:
     return sys.executable
 
 
-def build_env(venv: Path, torch: str = "local", python: str | None = None, beside: bool = True) -> dict:
+BESIDE_MODES = ("all", "listed", "none")
+
+
+def install_all_you_can(venv: Path, specs: list[str]) -> dict[str, str]:
+    """`pip install --no-deps --only-binary=:all:` of `specs` (Colab's exact versions: its list holds their
+    dependencies), in one call; a spec with no wheel for this Python and platform is dropped with pip's reason and the
+    rest installed. Returns name -> why it was not installed."""
+    failed: dict[str, str] = {}
+    todo = list(specs)
+    while todo:
+        out = pip(venv, "install", "--no-deps", "--only-binary=:all:", *todo, check=False)
+        if out.returncode == 0:
+            break
+        found = re.search(r"(?:No matching distribution found for|satisfies the requirement) ([A-Za-z0-9_.\-]+)",
+                          out.stderr)
+        bad = normalize(found.group(1)) if found else ""
+        if not any(normalize(t.split("==")[0]) == bad for t in todo):
+            last = (out.stderr.strip().splitlines() or ["failed"])[-1][:300]
+            failed.update({t.split("==")[0]: "pip: " + last for t in todo})
+            break
+        failed[bad] = "pip: no wheel of Colab's version for this Python and platform"
+        todo = [t for t in todo if normalize(t.split("==")[0]) != bad]
+    return failed
+
+
+def build_env(venv: Path, torch: str = "local", python: str | None = None, beside: str = "listed") -> dict:
     """A fresh venv at `venv` with Colab's versions of COURSE_TOUCHES (and their dependencies where Colab pins them),
-    torch per `torch_spec`, and (`beside`) the COLAB_BESIDE packages this torch allows; returns what was made
-    (versions, what could not be installed and why, seconds)."""
+    torch per `torch_spec`, and beside them (`beside`): 'listed', the COLAB_BESIDE packages this torch allows; 'all',
+    every package of Colab's list that has a wheel for this Python (with Colab's torch only: ~700, the CUDA packages
+    aside, which PyPI's torch brings in its own versions); 'none'. Returns what was made (versions, what could not be
+    installed and why, seconds)."""
+    if beside not in BESIDE_MODES or (beside == "all" and torch != "colab"):
+        raise ValueError(f"beside={beside!r} with torch={torch!r}: one of {BESIDE_MODES}; 'all' needs torch='colab' "
+                         "(Colab's other packages pin its torch)")
     pins = colab_pins()
     python = python or default_python(torch)
     if torch == "local":  # the CPU torch on disk (2.13) needs a newer setuptools than Colab's (75.2): pip's choice
@@ -196,7 +226,15 @@ def build_env(venv: Path, torch: str = "local", python: str | None = None, besid
     missing = [n for n in COURSE_TOUCHES if normalize(n) not in colab_pins()]
     pip(venv, "install", *wanted, "-c", str(constraints))
     not_installed: dict[str, str] = {}
-    if beside:
+    beside_names = list(COLAB_BESIDE)
+    if beside == "all":
+        done = {normalize(n) for n in ("torch", "pip", "numpy", *COURSE_TOUCHES)}
+        excluded = sorted(n for n in colab_pins() if n not in pins)  # the CUDA packages
+        not_installed.update({n: "a CUDA package: PyPI's torch brings its own CUDA 13 build's" for n in excluded})
+        rest = sorted(n for n in pins if n not in done)
+        not_installed.update(install_all_you_can(venv, [f"{n}=={pins[n]}" for n in rest]))
+        beside_names = [n for n in rest if n not in not_installed]
+    elif beside == "listed":
         for name in COLAB_BESIDE:
             if normalize(name) not in pins:
                 not_installed[name] = "not in Colab's list"
@@ -216,7 +254,8 @@ def build_env(venv: Path, torch: str = "local", python: str | None = None, besid
                                                          capture_output=True, text=True).stdout.strip(),
             "torch": have.get("torch"), "torch_mode": torch, "packages": len(have),
             "not_in_colab": sorted(n for n in have if n not in colab),
-            "beside_installed": {n: have[normalize(n)] for n in COLAB_BESIDE if normalize(n) in have},
+            "beside": beside,
+            "beside_installed": {n: have[normalize(n)] for n in beside_names if normalize(n) in have},
             "beside_not_installed": not_installed,
             "course_packages_colab_lacks": missing, "differs_from_colab": off,
             "seconds": round(time.perf_counter() - start, 1)}
@@ -568,7 +607,7 @@ def install_step(venv: Path, session: ColabSession) -> dict:
 
 
 def report(torch: str, notebooks: list[str], work: Path, install_only: bool = False, label: str = "",
-           python: str | None = None, beside: bool = True) -> dict:
+           python: str | None = None, beside: str = "listed") -> dict:
     """Build the environment, run the install step and the notebooks; returns the report's entry for this run."""
     import local_hub  # scripts/
 
@@ -580,7 +619,7 @@ def report(torch: str, notebooks: list[str], work: Path, install_only: bool = Fa
                                "--model-size", "gpt2-tiny"], capture_output=True, text=True, cwd=ROOT)
     if hub_info.returncode != 0:
         raise RuntimeError(f"local_hub.py failed:\n{hub_info.stderr[-3000:]}")
-    standins = tuple(n for n in STANDIN if n in env_info["beside_not_installed"]) if beside else ()
+    standins = tuple(n for n in STANDIN if n in env_info["beside_not_installed"]) if beside == "listed" else ()
     session = ColabSession(venv, work, local_hub.environment(hub_home), standins=standins)
     env_info["standins"] = list(standins)
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
@@ -731,7 +770,9 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--install-only", action="store_true")
     rep.add_argument("--python", default=None, help="the venv's interpreter (default: pyenv's 3.13.0 with --torch "
                                                     "colab, else this Python)")
-    rep.add_argument("--no-beside", action="store_true", help="only the course's packages (issue 21's environment)")
+    rep.add_argument("--beside", choices=BESIDE_MODES, default=None,
+                     help="what else of Colab's list: 'all' (default with --torch colab: every package with a wheel), "
+                          "'listed' (COLAB_BESIDE; default with --torch local), 'none' (issue 21's environment)")
     rep.add_argument("--work", type=Path, default=None,
                      help="folder for the venv and the session, outside the checkout (default: a new one in /tmp)")
     rep.add_argument("--key", default="after_fix", help="the report's entry to write (e.g. before_fix)")
@@ -761,7 +802,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "report":
         work = args.work or Path(tempfile.mkdtemp(prefix="colab-software-"))
         entry = report(args.torch, args.notebooks, work, args.install_only, label=args.key, python=args.python,
-                       beside=not args.no_beside)
+                       beside=args.beside or ("all" if args.torch == "colab" else "listed"))
         data = json.loads(args.out.read_text()) if args.out.exists() else {}
         data["fixture"] = fixture_source()
         data.setdefault("runs", {})[args.key] = entry

@@ -4,13 +4,14 @@
     python scripts/run_notebooks.py --twice notebooks/00_setup_and_ds_report.ipynb
 
 Sizes follow the hardware: smoke-sized on CPU, full-sized on a GPU (T4 budget mode with
-DS_COURSE_T4_BUDGET=1). Used by scripts/course.sh, tests/test_notebooks_twice.py and scripts/gpu_check.py.
+DS_COURSE_T4_BUDGET=1). Used by scripts/course.sh, tests/learner_habits.py (the test command's nbmake pass) and scripts/gpu_check.py.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -88,7 +89,7 @@ del _engines
 def execute_with_habits(path: Path, *, interrupt_after_s: float = 3.0, timeout_s: int = 1800,
                         out_dir: Path | None = None, kernel_name: str = "python3",
                         on_kernel_start: Callable[[int], None] | None = None) -> dict:
-    """Run a notebook as a learner does (tests/test_notebooks_twice.py); returns execute()'s dict + 'log'.
+    """Run a notebook as a learner does (tests/learner_habits.py); returns execute()'s dict + 'log'.
 
     1. Top to bottom, but each cell tagged `heavy` (training, launching) is interrupted after `interrupt_after_s`
        (SIGINT to the kernel, as the stop button does) and then run again.
@@ -155,6 +156,35 @@ def execute_with_habits(path: Path, *, interrupt_after_s: float = 3.0, timeout_s
         out_dir.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, out_dir / path.name)
     return {"passed": not error, "seconds": round(time.perf_counter() - start, 1), "error": error, "log": log}
+
+
+# output a learner should never read: developer targets, runner noise, setup noise
+NOISE = ("NOT met", "not met)", "Kernel is running over TCP", "Failed to initialize NumPy", "GPU 0 has a total capacity")
+PLOT_CALL = re.compile(r"^helpers\.plot_\w+\(", re.MULTILINE)  # a figure made at the top level of a cell
+
+
+def hygiene_problems(nb: nbformat.NotebookNode) -> list[str]:
+    """What reads wrong in an executed notebook: a figure made but not shown, a stray Out[] value, a progress bar
+    saved as a widget (its state is lost: it reads 0/40 above a finished run), noise."""
+    problems = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        outputs = cell.get("outputs", [])
+        images = sum("image/png" in o.get("data", {}) for o in outputs)
+        if len(PLOT_CALL.findall(cell.source)) > images:
+            problems.append(f"cell {i}: {len(PLOT_CALL.findall(cell.source))} figure(s) made, {images} shown")
+        for o in outputs:
+            data = o.get("data", {})
+            last = cell.source.strip().splitlines()[-1] if cell.source.strip() else ""
+            if o.output_type == "execute_result" and set(data) == {"text/plain"} and last.startswith("helpers."):
+                # a helper's return value nobody asked to see (a cell that ends with a dict to show it is fine)
+                problems.append(f"cell {i}: stray Out[] value {data['text/plain'][:60]!r}")
+            if "application/vnd.jupyter.widget-view+json" in data and "%|" in data.get("text/plain", ""):
+                problems.append(f"cell {i}: a progress bar saved as a widget ({data['text/plain'][:40]!r})")
+            text = o.get("text", "") + data.get("text/plain", "")
+            problems += [f"cell {i}: prints {n!r}" for n in NOISE if n in text]
+    return problems
 
 
 def _kernel_pid(client: NotebookClient) -> int:

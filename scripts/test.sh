@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Set up and run the tests: lint (ruff), unit tests of helpers, and every notebook as a learner runs it
-# (tests/test_notebooks_twice.py: top to bottom with each heavy cell interrupted and re-run, then a second pass).
-# Then every numbered notebook once more through nbmake (`pytest --nbmake`), the runner the course names: its own pass,
-# smoke-sized on CPU, in the saved-run environment the other runners set (text progress bars).
-# A single notebook: DS_COURSE_SAVED_RUN=1 .venv/bin/python -m pytest --nbmake notebooks/0N_*.ipynb
-# Time is printed: pytest's 30 slowest tests, and each phase's seconds at the end (and when a phase fails).
+# Set up and run the tests (the README's second command; CI runs it on a fresh clone):
+#   bash scripts/test.sh          lint (ruff), every test in tests/, then every notebook through nbmake as a learner
+#                                 runs it (tests/learner_habits.py: heavy cells interrupted and run again, a second
+#                                 pass in the same kernel). Both pytest runs spread over the cores (pytest-xdist).
+#   bash scripts/test.sh --quick  lint and the fast unit tests of helpers (not marked `slow`): no notebook, no
+#                                 DeepSpeed engine, no op build, no Colab venv. For contributors, between full runs.
+# A single notebook as CI runs it: DS_COURSE_SAVED_RUN=1 .venv/bin/python -m pytest --nbmake -p tests.learner_habits \
+#   notebooks/0N_*.ipynb   (without `-p tests.learner_habits`: plain nbmake, one pass)
+# Time is printed: pytest's 30 slowest tests, every notebook's seconds, and each phase's seconds at the end.
+# Other arguments go to pytest (e.g. -q, -x, -k NAME).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PHASES=()
@@ -29,9 +33,20 @@ phase "install"
 LINTED=(helpers benchmarks scripts tests notebooks/programs)
 .venv/bin/ruff check "${LINTED[@]}"  # rules: pyproject.toml [tool.ruff.lint]
 phase "lint"
-.venv/bin/python -m pytest tests --durations=30 "$@"
-phase "unit tests and notebooks as a learner runs them (pytest tests)"
-echo "== every notebook through nbmake (pytest --nbmake notebooks/), one pass each"
-DS_COURSE_SAVED_RUN=1 .venv/bin/python -m pytest --nbmake --nbmake-timeout=1800 -p no:cacheprovider --durations=0 "$@" \
-  notebooks/[0-9][0-9]_*.ipynb
-phase "nbmake"
+QUICK=0
+ARGS=()
+for a in "$@"; do
+  if [ "$a" = "--quick" ]; then QUICK=1; else ARGS+=("$a"); fi
+done
+WORKERS=(-n "${DS_COURSE_TEST_WORKERS:-auto}" --dist loadgroup)  # one worker per core; cgroup tests share one
+if [ "$QUICK" = 1 ]; then
+  .venv/bin/python -m pytest tests -m "not slow" "${WORKERS[@]}" --durations=10 "${ARGS[@]}"
+  phase "quick tier: unit tests not marked slow (pytest -m 'not slow')"
+  exit 0
+fi
+.venv/bin/python -m pytest tests "${WORKERS[@]}" --durations=30 "${ARGS[@]}"
+phase "tests (pytest tests)"
+echo "== every notebook through nbmake, as a learner runs it (tests/learner_habits.py)"
+DS_COURSE_SAVED_RUN=1 .venv/bin/python -m pytest --nbmake --nbmake-timeout=1800 -p tests.learner_habits \
+  -p no:cacheprovider "${WORKERS[@]}" --durations=0 "${ARGS[@]}" notebooks/[0-9][0-9]_*.ipynb
+phase "notebooks (pytest --nbmake -p tests.learner_habits)"

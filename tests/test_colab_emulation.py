@@ -1,7 +1,7 @@
 """The Colab emulation (scripts/colab_emulation.py): limits really enforced, read back by helpers, removed after.
 
-Notebook 02 itself runs inside a memory cgroup in tests/test_notebooks_twice.py (its learner-habits run is the one
-CI run of it).
+Notebook 02 itself runs inside a memory cgroup in the test command's nbmake pass (tests/learner_habits.py: that run
+is CI's one run of it).
 """
 import json
 import os
