@@ -174,25 +174,72 @@ def default_python(torch: str) -> str:
 BESIDE_MODES = ("all", "listed", "none")
 
 
+PYPI_SIMPLE = "https://pypi.org/simple"
+
+
+def wheel_or_sdist(venv: Path, specs: list[str]) -> dict[str, str]:
+    """For each `name==version`, what PyPI has of that release for the venv's Python and platform: 'wheel', 'sdist'
+    or 'none' (PyPI's simple JSON index, fetched in parallel; 'unknown' where the index could not be read)."""
+    import concurrent.futures
+    import urllib.request
+
+    code = "import json; from packaging import tags; print(json.dumps([str(t) for t in tags.sys_tags()]))"
+    supported = set(json.loads(subprocess.run([str(venv_python(venv)), "-c", code], capture_output=True, text=True,
+                                              check=True).stdout))
+    from packaging.utils import parse_sdist_filename, parse_wheel_filename
+    from packaging.version import Version
+
+    def look(spec: str) -> tuple[str, str]:
+        name, version = spec.split("==")
+        req = urllib.request.Request(f"{PYPI_SIMPLE}/{normalize(name)}/",
+                                     headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                files = json.load(r)["files"]
+        except Exception:  # noqa: BLE001 (no index: pip decides)
+            return spec, "unknown"
+        kind = "none"
+        for f in files:
+            fn = f["filename"]
+            try:
+                if fn.endswith(".whl"):
+                    _, v, _, tags_ = parse_wheel_filename(fn)
+                    if v == Version(version) and any(str(t) in supported for t in tags_):
+                        return spec, "wheel"
+                elif fn.endswith((".tar.gz", ".zip")):
+                    if parse_sdist_filename(fn)[1] == Version(version):
+                        kind = "sdist"
+            except Exception:  # noqa: BLE001 (a file name the standard does not parse)
+                continue
+        return spec, kind
+
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        return dict(pool.map(look, specs))
+
+
 def install_all_you_can(venv: Path, specs: list[str]) -> dict[str, str]:
-    """`pip install --no-deps --only-binary=:all:` of `specs` (Colab's exact versions: its list holds their
-    dependencies), in one call; a spec with no wheel for this Python and platform is dropped with pip's reason and the
-    rest installed. Returns name -> why it was not installed."""
-    failed: dict[str, str] = {}
-    todo = list(specs)
-    while todo:
+    """Install Colab's exact versions `specs` without their dependencies (Colab's list holds them): every one with a
+    wheel for this Python and platform, in one pip call. Returns name -> why it was not installed."""
+    found = wheel_or_sdist(venv, specs)
+    failed = {s.split("==")[0]: "PyPI has no file of Colab's version for this Python and platform"
+              for s, k in found.items() if k == "none"}
+    todo = [s for s, k in found.items() if k in ("wheel", "unknown")]
+    while todo:  # a wheel the index listed that pip still refuses: drop it with pip's reason, install the rest
         out = pip(venv, "install", "--no-deps", "--only-binary=:all:", *todo, check=False)
         if out.returncode == 0:
             break
-        found = re.search(r"(?:No matching distribution found for|satisfies the requirement) ([A-Za-z0-9_.\-]+)",
-                          out.stderr)
-        bad = normalize(found.group(1)) if found else ""
-        if not any(normalize(t.split("==")[0]) == bad for t in todo):
+        bad = re.search(r"(?:No matching distribution found for|satisfies the requirement) ([A-Za-z0-9_.\-]+)",
+                        out.stderr)
+        name = normalize(bad.group(1)) if bad else ""
+        if not any(normalize(t.split("==")[0]) == name for t in todo):
             last = (out.stderr.strip().splitlines() or ["failed"])[-1][:300]
             failed.update({t.split("==")[0]: "pip: " + last for t in todo})
             break
-        failed[bad] = "pip: no wheel of Colab's version for this Python and platform"
-        todo = [t for t in todo if normalize(t.split("==")[0]) != bad]
+        failed[name] = "pip: " + (out.stderr.strip().splitlines() or ["failed"])[-1][:300]
+        todo = [t for t in todo if normalize(t.split("==")[0]) != name]
+    failed.update({s.split("==")[0]: "PyPI has only its source for this Python (Colab's image built it; not built here: "
+                                     "dlib, gdal, rpy2 and others need system libraries or minutes of compiling)"
+                   for s, k in found.items() if k == "sdist"})
     return failed
 
 

@@ -147,6 +147,7 @@ def test_course_configs_and_figures_are_written_whole(tmp_path, monkeypatch):
     assert json.loads(target.read_text()) == {"a": 1} and siblings(target) == ["figures.json"]
 
 
+@pytest.mark.slow
 def test_torch_save_of_corpus_blocks_is_atomic(tmp_path, monkeypatch):
     from helpers import scale_out
 

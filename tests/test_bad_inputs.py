@@ -309,6 +309,7 @@ def tiny_blocks(seq_len, n=8):
     return datasets.Dataset.from_dict({"input_ids": [[i % 50 for i in range(seq_len)]] * n}).with_transform(as_tensors)
 
 
+@pytest.mark.slow
 def test_train_run_refuses_blocks_longer_than_the_model_s_positions_before_a_step(cpu, clean_dist_env,
                                                                                   monkeypatch):
     from transformers import AutoModelForCausalLM
@@ -378,6 +379,8 @@ def test_a_saved_model_folder_is_rewritten_when_it_holds_another_model(tmp_path,
 def test_save_model_from_config_suggests_a_size_it_takes(size, meant, tmp_path, monkeypatch):
     from helpers import models
 
+    for rung in models.GPT2_LADDER:  # the did-you-mean compares sizes: each rung's shape, from its config, cached
+        models._ladder_shape(rung)  # (so the test does not depend on what ran before it in this process)
     built = []
     monkeypatch.setattr(models, "gpt2_config", lambda *a, **k: built.append(a) or (_ for _ in ()).throw(
         AssertionError("built")))
@@ -578,6 +581,7 @@ def test_plan_says_a_named_nvme_folder_is_missing_with_the_fix(t4, tmp_path):
     assert not plan("gpt2", runtime=colab_t4_profile(), nvme_path="/content/nvme-elsewhere", **nvme).error
 
 
+@pytest.mark.slow
 def test_a_run_s_precision_is_the_config_s(cpu, clean_dist_env):
     """bf16 (NVMe parameter offload runs bf16 on a fp32 CPU runtime) was recorded as the runtime's 'fp32'."""
     from transformers import AutoModelForCausalLM

@@ -64,6 +64,7 @@ def train_steps(engine, blocks, steps):
     return losses
 
 
+@pytest.mark.slow
 def test_zero3_model_built_the_hf_way_starts_at_the_zero0_loss(work):
     _, blocks, _ = work
     rt = detect_runtime()
@@ -88,6 +89,7 @@ def test_zero3_model_built_the_hf_way_starts_at_the_zero0_loss(work):
     assert abs(loss3 - loss0) < 0.05, (loss0, loss3)
 
 
+@pytest.mark.slow
 def test_resume_continues_the_same_loss_trajectory_and_zero_to_fp32_round_trips(work, tmp_path):
     root, blocks, model_dir = work
     rt = detect_runtime()

@@ -106,6 +106,7 @@ def test_the_committed_report_shows_the_install_leaves_colab_alone():
     assert "## Not emulated" in md and "Python" in md.split("## Not emulated")[1]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not colab_software.colab_pins(), reason="no fixture")
 def test_a_first_colab_session_in_colabs_versions(tmp_path_factory):
     """CI's run: Colab's versions but the CPU torch on disk (no CUDA torch is downloaded), the bootstrap cell clones

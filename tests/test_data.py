@@ -35,6 +35,7 @@ def test_splits_are_disjoint_and_reproducible(corpus):
     assert sorted(list(corpus["train"]["text"]) + list(corpus["validation"]["text"])) == sorted(everything)
 
 
+@pytest.mark.slow
 def test_tokenizer_round_trips_text_and_reloads_from_disk(tokenizer, tmp_path):
     text = "ROMEO:\nBut, soft! what light through yonder window breaks?"
     ids = tokenizer(text)["input_ids"]

@@ -1,5 +1,7 @@
 from pathlib import Path
 
+import pytest
+
 from helpers.health import FAIL, OK, WARN, health_checks, health_table, parse_ds_report, run_ds_report, verdict
 
 CPU_REPORT = (Path(__file__).parent / "data" / "ds_report_cpu.txt").read_text()
@@ -96,6 +98,7 @@ def test_cpu_torch_on_a_gpu_machine(t4):
     assert checks["torch"].status != FAIL
 
 
+@pytest.mark.slow
 def test_run_the_real_ds_report():
     text = run_ds_report()
     r = parse_ds_report(text)
@@ -104,6 +107,7 @@ def test_run_the_real_ds_report():
     assert "\x1b[" not in text  # colours are stripped
 
 
+@pytest.mark.slow
 def test_async_io_check_in_a_fresh_python_agrees_with_deepspeeds_own():
     from deepspeed.ops.op_builder import AsyncIOBuilder
 

@@ -55,6 +55,7 @@ def test_sub_groups_are_cut_as_deepspeed_cuts_them():
         assert sub_group_numels(numels, size) == [sum(p.n for p in g) for g in theirs], size
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", ["zero3_nvme_optimizer_gpu_params", "zero3_nvme_all"])
 def test_every_host_buffer_formula_is_within_10_percent_of_the_traced_bytes(config, tmp_path):
     """gpt2-tiny, bf16, 2 steps in a fresh process with the trace on (the benchmark's own function): each formula

@@ -24,6 +24,7 @@ def hub_home(tmp_path_factory):
     return home, info
 
 
+@pytest.mark.slow
 def test_the_cache_is_laid_out_as_a_download_leaves_it(hub_home):
     home, info = hub_home
     repo = home / "hub" / "models--gpt2"
@@ -40,6 +41,7 @@ def test_the_cache_is_laid_out_as_a_download_leaves_it(hub_home):
     assert info["dataset"]["rows"]["train"] > 5 * info["dataset"]["rows"]["validation"] > 0
 
 
+@pytest.mark.slow
 def test_the_colab_calls_load_from_it_offline_in_a_fresh_process(hub_home):
     """The notebooks' own calls, in a fresh Python with only the variables local_hub prints: nothing is downloaded
     (offline mode raises on any request)."""
@@ -142,6 +144,7 @@ def refused_in_time(call, *args):
     return str(info.value)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("call, name", [("load_tokenizer", "gpt2-medium"), ("load_text_dataset", "wikitext"),
                                         ("load_causal_lm", "gpt2-medium")])
 def test_a_hub_name_the_hub_does_not_serve_is_refused_within_the_cap_with_the_fix(silent_hub, call, name):
@@ -153,6 +156,7 @@ def test_a_hub_name_the_hub_does_not_serve_is_refused_within_the_cap_with_the_fi
     assert ("DATASET = 'local'" if call == "load_text_dataset" else "MODEL = 'local'") in message
 
 
+@pytest.mark.slow
 def test_the_fixes_of_the_refusals_load(silent_hub, tmp_path):
     """Each refusal's first fix, applied: 'local' for the corpus, the folder helper each message names."""
     import helpers
@@ -174,6 +178,7 @@ def test_the_fixes_of_the_refusals_load(silent_hub, tmp_path):
     assert 3e6 < sum(p.numel() for p in model.parameters()) < 4e6
 
 
+@pytest.mark.slow
 def test_a_warm_cache_loads_when_the_hub_is_silent_and_the_refusals_name_what_it_holds(silent_hub, hub_home,
                                                                                         monkeypatch):
     """Not offline, the Hub silent, the names in the local cache: they load from it at once (transformers took 97 s

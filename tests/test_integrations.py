@@ -106,6 +106,7 @@ def test_ordered_blocks_are_the_batches_train_run_draws(work):
     assert batch["input_ids"].shape == (2, SEQ) and torch.equal(batch["labels"], batch["input_ids"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage,accum", [(2, 2), (3, 1)])
 def test_raw_engine_trainer_and_accelerate_follow_the_same_loss_trajectory(work, stage, accum):
     root, blocks, model_dir = work
@@ -139,6 +140,7 @@ def test_raw_engine_trainer_and_accelerate_follow_the_same_loss_trajectory(work,
     assert hf_deepspeed_state()["transformers HfDeepSpeedConfig"] == "none"  # nothing left behind
 
 
+@pytest.mark.slow
 def test_trainer_without_the_loss_fix_divides_by_every_token(work):
     root, blocks, model_dir = work
     rt = detect_runtime()
@@ -162,6 +164,7 @@ def test_trainer_without_the_loss_fix_divides_by_every_token(work):
     teardown_hf(ns, "trainer")
 
 
+@pytest.mark.slow
 def test_zero3_trainer_saves_real_weights_that_reload_to_the_same_logits(work):
     root, blocks, model_dir = work
     rt = detect_runtime()
@@ -204,6 +207,7 @@ def test_saved_weights_check_names_the_fix_for_a_folder_without_weights(tmp_path
         check_saved_weights(tmp_path, None)
 
 
+@pytest.mark.slow
 def test_a_second_accelerator_with_deepspeed_is_refused_until_the_state_is_reset():
     from accelerate import Accelerator
     from accelerate.utils import DeepSpeedPlugin
@@ -223,6 +227,7 @@ def test_a_second_accelerator_with_deepspeed_is_refused_until_the_state_is_reset
     teardown_hf(ns, "first", "second")
 
 
+@pytest.mark.slow
 def test_teardown_frees_the_trainer_model_a_plain_del_keeps(work):
     import gc
     import weakref
@@ -274,6 +279,7 @@ def test_launch_commands_and_accelerate_config(tmp_path):
     assert "zero3_init_flag: false" in accelerate_config_yaml(ROOT / "configs" / "zero2.json", 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["deepspeed", "accelerate"])
 def test_trainer_program_runs_under_the_launch_command(work, tmp_path, launcher):
     root, _, model_dir = work
@@ -291,6 +297,7 @@ def test_trainer_program_runs_under_the_launch_command(work, tmp_path, launcher)
     assert report["train_batch_size"] == 4  # "auto": world size x micro-batch x accumulation
 
 
+@pytest.mark.slow
 def test_benchmark_smoke(tmp_path):
     out = tmp_path / "integrations.json"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "integrations.py"), "--size", "gpt2-tiny",

@@ -132,6 +132,7 @@ def test_committed_ladder_report_is_consistent():
     assert (ROOT / "reports" / "ladder.md").read_text() == ladder.markdown(report)
 
 
+@pytest.mark.slow
 def test_a_continued_ladder_reuses_measured_rungs_and_recomputes_their_predictions(run_ladder, tmp_path):
     kind = "zero3_nvme_optimizer_gpu_params"
     fitting = {("plain", "gpt2"), (kind, "gpt2-medium"), (kind, "gpt2-large"), (kind, "gpt2-xl")}
@@ -168,6 +169,7 @@ def test_a_child_that_trained_another_model_size_is_an_error(tmp_path, monkeypat
     assert row["error"] == "the child trained 123 parameters, not gpt2's 124,439,808"
 
 
+@pytest.mark.slow
 def test_the_fresh_runtime_command_trains_in_a_colab_sized_cgroup(tmp_path):
     """Issue 22 item 6: the command the planner, notebook 02 and the README give for GPT-2 XL from a fresh runtime
     (helpers.fresh_runtime_command) runs as printed, here smoke-sized (gpt2-tiny, 32 tokens, CPU) with the command
@@ -229,6 +231,7 @@ def test_the_planner_and_preflight_name_the_measured_fresh_runtime_run_for_gpt2_
     assert helpers.measured_fresh_runtime("zero3_offload_cpu", "gpt2-xl") is None
 
 
+@pytest.mark.slow
 def test_preflight_ram_is_within_10_percent_of_every_measured_gpu_rung():
     """Issue 25: pre-flight's RAM (ladder.predict: helpers.estimate_for_config + the process's own baseline) against
     every fp16 rung the GPU machine ran to the end: reports/ladder.json (RSS), the emulated ladder (the enclosure's

@@ -214,6 +214,7 @@ def test_attention_kernel_on_cpu_is_cpu():
     assert helpers.attention_kernel(helpers.long_context_config(512, hidden=64, heads=4), torch.float32) == "cpu"
 
 
+@pytest.mark.slow
 def test_benchmark_smoke(tmp_path):
     import json
     import subprocess
@@ -312,6 +313,7 @@ def test_benchmark_rows_keep_a_lengths_newest_result_and_only_the_last_processs_
     assert (row["longest"], row["first_failing_error"], row["killed"]) == (245760, "out of GPU memory", None)
 
 
+@pytest.mark.slow
 def test_benchmark_refuses_more_rungs_side_by_side_than_cores_with_a_fix_that_fits(tmp_path):
     import re
     import subprocess
@@ -327,6 +329,7 @@ def test_benchmark_refuses_more_rungs_side_by_side_than_cores_with_a_fix_that_fi
     assert not any(tmp_path.iterdir())  # refused before the tokenizer and the token stream were built
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("vocab, hidden", [(4000, 128), (256, 256)])  # the loss dominates; a layer does
 def test_the_peak_estimate_holds_on_cpu_for_every_technique(vocab, hidden):
     """Measured with torch's profiler memory timeline (every host allocation). The transients were calibrated on the

@@ -147,6 +147,7 @@ def test_count_params_counts_tied_weights_once_also_on_meta():
     assert count_params(meta) == (60, 40)
 
 
+@pytest.mark.slow
 def test_measure_peak_sees_ram_and_nvme_bytes(tmp_path):
     """In a fresh process, the block held for several sampling intervals: in CI's shared pytest process a 64 MiB
     tensor once landed on pages earlier tests had left resident, and RSS rose 1.5 MB while a sample saw it alive.

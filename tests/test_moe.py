@@ -135,6 +135,7 @@ def moe_run(name, cfg, train, rt, steps, mb, **kwargs):
                      hooks=MoEHooks(cfg, probe=probe), **kwargs)
 
 
+@pytest.mark.slow
 def test_moe_trains_under_zero2_with_the_aux_loss_added(blocks):
     train, val, vocab = blocks
     rt = detect_runtime()
@@ -228,6 +229,7 @@ def test_committed_report_note_says_where_its_numbers_come_from():
     assert "In the report (median step" in new and "slower" in new and "This run" not in new
 
 
+@pytest.mark.slow
 def test_an_interrupted_moe_run_removes_its_gate_hooks(blocks):
     """KeyboardInterrupt mid-run: train_run's teardown closes the hooks (no forward hook left on the gates)."""
     from deepspeed.moe.sharded_moe import TopKGate
@@ -301,6 +303,7 @@ def test_a_client_optimizer_over_mixed_groups_is_refused():
                              config=moe_ds_config(detect_runtime(), micro_batch=2))
 
 
+@pytest.mark.slow
 def test_expert_parallel_script_splits_the_experts_over_two_processes(tmp_path, free_port_env, blocks):
     out = tmp_path / "ep"
     train, _, vocab = blocks
@@ -332,6 +335,7 @@ def free_port_env():
     return str(free_port())
 
 
+@pytest.mark.slow
 def test_benchmark_smoke(tmp_path):
     out = tmp_path / "moe.json"
     proc = subprocess.run([sys.executable, "benchmarks/moe.py", "--vocab", "512", "--seq-len", "32", "--hidden", "32",

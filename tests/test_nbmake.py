@@ -19,6 +19,7 @@ def test_the_test_command_runs_every_notebook_through_nbmake():
     assert "DS_COURSE_SAVED_RUN=1" in script
 
 
+@pytest.mark.slow
 @needs_cgroup
 def test_nbmake_inside_the_enclosure_runs_a_notebook_and_keeps_its_outputs(tmp_path):
     figures = tmp_path / "figures.json"
@@ -35,6 +36,7 @@ def test_nbmake_inside_the_enclosure_runs_a_notebook_and_keeps_its_outputs(tmp_p
     assert not emu.leftover_groups()
 
 
+@pytest.mark.slow
 @needs_cgroup
 def test_a_failing_notebook_fails_with_nbmakes_report_of_the_cell(tmp_path):
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1"),

@@ -41,6 +41,7 @@ def _run(path, *, params: dict[str, str], upto_id: str, only: list[str] | None =
      "the validation loss falls. Fix: EVAL_EVERY = 5 (or STEPS = 20 or more)",
      {"STEPS": "10", "EVAL_EVERY": "5"}),
 ])
+@pytest.mark.slow
 def test_01_refuses_too_few_steps_before_training_and_its_fix_passes(params, error, fix):
     runtime_cell = "6eaf9c4d"  # detect_runtime, smoke_size, the checks
     text = _run(NB01, params=params, upto_id=runtime_cell)
@@ -48,6 +49,7 @@ def test_01_refuses_too_few_steps_before_training_and_its_fix_passes(params, err
     assert _run(NB01, params=fix, upto_id=runtime_cell) == ""
 
 
+@pytest.mark.slow
 def test_01_stage_cells_out_of_order_name_the_cell_to_run():
     """The stages cell before the model cell, and the stage summary before the stages cell, say which cell to run."""
     text = _run(NB01, params={}, upto_id="95401701", only=["05903cdb", "f2bfcbb6", "d9107c09", "6eaf9c4d", "95401701"])
@@ -56,11 +58,13 @@ def test_01_stage_cells_out_of_order_name_the_cell_to_run():
     assert "Fix: run the cell above first" in text, text[-2000:]
 
 
+@pytest.mark.slow
 def test_00_training_before_the_runtime_cell_names_it():
     text = _run(NB00, params={}, upto_id="e422a725", only=["aec5ae93", "1e9a6973", "c996981b", "e422a725"])
     assert "NameError" in text and "runtime" in text and "Fix: run the runtime cell" in text, text[-2000:]
 
 
+@pytest.mark.slow
 def test_00_a_short_run_gets_the_fix_not_a_bare_assertion():
     """nb00 with STEPS=10, BATCH=16 failed with 'the loss should fall clearly' (issue 23): now it says what to change."""
     nb = nbformat.read(NB00, as_version=4)

@@ -34,6 +34,7 @@ def test_the_hygiene_check_finds_what_reads_wrong():
     assert [p.split(":")[0] for p in hygiene_problems(nb)] == ["cell 0", "cell 1", "cell 2", "cell 3"]
 
 
+@pytest.mark.slow
 def test_the_plugin_runs_nbmake_as_a_learner_and_fails_what_reads_wrong(tmp_path):
     """`pytest --nbmake -p tests.learner_habits` on two small notebooks: a heavy cell (a 6 s loop) is interrupted
     after 3 s and run again, then again in the second pass, and the notebook passes; a notebook that leaves a
@@ -59,6 +60,7 @@ def test_the_plugin_runs_nbmake_as_a_learner_and_fails_what_reads_wrong(tmp_path
     assert "cell 3: stray Out[] value" in text, text[-3000:]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not MECHANISM.startswith("cgroup"), reason=f"cgroups not writable here: {WHY}")
 def test_02_teaches_on_what_fits_when_the_ram_is_too_small_for_its_wall_model(tmp_path):
     """Issue 22: in a memory cgroup too small for every offload config of the wall model (a laptop, a container),

@@ -42,6 +42,7 @@ def _locked_bytes() -> int | None:
 AIO_MISSING = _aio_available()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(AIO_MISSING is not None, reason=str(AIO_MISSING))
 def test_repeated_nvme_param_offload_runs_keep_rss_flat(tmp_path, clean_dist_env):
     import helpers
@@ -72,6 +73,7 @@ def test_release_nvme_swappers_is_a_no_op_without_nvme_offload():
     assert release_nvme_swappers(torch.nn.Linear(4, 4)) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(AIO_MISSING is not None, reason=str(AIO_MISSING))
 def test_tearing_down_one_nvme_run_leaves_another_live_engine_working(tmp_path, clean_dist_env):
     import deepspeed
@@ -134,6 +136,7 @@ def _tiny_nvme_run_setup(folder):
     return runtime, config, blocks, cfg
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(AIO_MISSING is not None, reason=str(AIO_MISSING))
 def test_repeated_nvme_runs_keep_the_folder_flat_and_report_their_own_disk_use(tmp_path, clean_dist_env):
     """Issue 23 item 1: five ZeRO-3 all-NVMe runs of one config on one folder, then one interrupted after a step:
@@ -171,6 +174,7 @@ def test_repeated_nvme_runs_keep_the_folder_flat_and_report_their_own_disk_use(t
     assert leftovers == ["notes.txt"], leftovers
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(AIO_MISSING is not None, reason=str(AIO_MISSING))
 def test_teardown_of_a_notebooks_own_nvme_engine_removes_its_swap_files(tmp_path, clean_dist_env):
     """`teardown(globals(), "engine", ...)` (notebook 02 builds engines itself): the engine's swap files go with it.
@@ -202,6 +206,7 @@ def test_teardown_of_a_notebooks_own_nvme_engine_removes_its_swap_files(tmp_path
     assert [p for p in tmp_path.rglob("*.tensor.swp")] == []
 
 
+@pytest.mark.slow
 def test_a_run_is_refused_before_it_starts_when_leftovers_fill_the_folder(tmp_path, monkeypatch):
     """The free-space check runs before every run, not only when the config is built, and names the swap files
     earlier runs left (with the line that removes them), which are then removed by that line."""

@@ -32,6 +32,7 @@ def zero3_engine(clean_dist_env):
     release_zero3()
 
 
+@pytest.mark.slow
 def test_chunked_check_answers_as_deepspeed_does(zero3_engine):
     import helpers
 
@@ -68,6 +69,7 @@ def test_chunked_check_refuses_other_deepspeed_versions_and_bad_sizes(monkeypatc
     assert not helpers.chunked_overflow_check_active()
 
 
+@pytest.mark.slow
 def test_the_benchmark_compares_both_checks_on_the_same_run(tmp_path):
     """benchmarks/overflow_check.py smoke-sized on this machine: both runs train the same losses (on CPU, bf16, the
     check never runs: the patch must change nothing else), the comparison and the Markdown say so."""

@@ -347,6 +347,7 @@ def test_the_widget_draws_the_plan_against_the_budgets_fast_and_leaks_no_figure(
     assert d["picture"].value == "" and d["actions"].value == ""
 
 
+@pytest.mark.slow
 def test_the_json_can_be_downloaded_and_copied(t4, monkeypatch):
     import urllib.parse
 
@@ -395,6 +396,7 @@ def unanswering_hub(monkeypatch):
     server.close()
 
 
+@pytest.mark.slow
 def test_a_hub_id_that_cannot_be_reached_fails_in_seconds_with_the_fix(unanswering_hub):
     import time
 
@@ -419,6 +421,7 @@ def test_offline_mode_and_a_malformed_id_fail_at_once(monkeypatch):
     assert time.perf_counter() - started < 3
 
 
+@pytest.mark.slow
 def test_the_widget_shows_an_unreachable_hub_as_its_error(unanswering_hub, t4, monkeypatch):
     import time
 

@@ -49,6 +49,7 @@ def _train_one_engine(monkeypatch, hidden=64, steps=2, stage=2):
     return engine, optimizer, model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", [2, 3])
 def test_teardown_releases_the_engine_cpu_analogue(monkeypatch, stage):
     # 3 steps: from the second step on, ZeRO-3's parameter coordinator caches per sub-module in a class-wide
@@ -71,6 +72,7 @@ def test_teardown_brings_gpu_memory_back_to_baseline(monkeypatch):
     assert after <= baseline, (baseline, after)
 
 
+@pytest.mark.slow
 def test_mmap_large_allocations_gives_freed_ram_back():
     """In a fresh process: what ran before in pytest's own process (profilers, engines, other tests' heaps) must not
     decide the answer (CI once kept 226 MB after the free in the shared process; alone it gives all of it back)."""
@@ -91,6 +93,7 @@ print(grown, kept)
     assert grown > 200 * 2**20 and kept < 32 * 2**20, (grown, kept)  # unmapped on free, not kept by the heap
 
 
+@pytest.mark.slow
 def test_release_host_memory_gives_freed_heap_back():
     """In a fresh process, like the mmap test above: the heap pytest's own process has grown is not what is tested."""
     from conftest import last_line_of_fresh_process
@@ -131,6 +134,7 @@ def test_release_zero3_globals_drops_sub_modules_an_interrupted_forward_left():
         parameter_offload.FWD_MODULE_STACK[:] = saved
 
 
+@pytest.mark.slow
 def test_clean_slate_resets_accelerate_only_when_asked(monkeypatch):
     """hf=False leaves Accelerate's and transformers' global state alone (notebooks 00-03 never asked for it)."""
     import transformers.integrations.deepspeed  # noqa: F401 - loaded, as in every notebook that builds HF models
@@ -169,6 +173,7 @@ def test_clean_slate_frees_an_engine_whose_zero3_optimizer_build_was_interrupted
     monkeypatch.setattr(stage3, "register_grad_hook", register_then_interrupt)
     cfg = build_ds_config(3, precision="fp32", micro_batch_size=4, scheduler=None)
     model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32))
+    clean_slate({})  # an engine an earlier test of this worker left (test order varies with pytest-xdist)
     assert not live_engines()
     with pytest.raises(KeyboardInterrupt):
         deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
@@ -246,6 +251,7 @@ def test_build_ops_refuses_an_unknown_op_with_the_names_it_knows():
     assert all(name in str(err.value) for name in OP_BUILDERS)
 
 
+@pytest.mark.slow
 def test_build_ops_builds_once_and_a_child_after_it_compiles_nothing(tmp_path, capsys):
     """Issue 22 item 3: the ops a notebook needs are compiled before its first measured child, in their own process;
     the child's record (RunResult.extras['compiled_ops']) then names none, so its RAM peak is the config's own."""

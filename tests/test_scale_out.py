@@ -29,6 +29,7 @@ def psi() -> int:
     return sum(p.numel() for p in build_gpt(scale_out.gpt_config(**SHAPE)).parameters())
 
 
+@pytest.mark.slow
 def test_benchmark_on_two_cpu_ranks_each_rank_holds_its_share(tmp_path):
     """One deepspeed-launcher run of notebooks/programs/scale_out_train.py at N=2 through the benchmark."""
     out = tmp_path / "scale_out.json"
@@ -71,6 +72,7 @@ def test_benchmark_on_two_cpu_ranks_each_rank_holds_its_share(tmp_path):
     assert out.with_suffix(".md").read_text().startswith("# Scaling out: model states per rank (CPU gloo ranks")
 
 
+@pytest.mark.slow
 def test_pipeline_loss_matches_the_unsplit_model(tmp_path, blocks):
     ranks = run_ranks(PROGRAMS / "pipeline_train.py", 2, tmp_path / "pipe", launcher="torchrun",
                       args=["--blocks", str(blocks), "--steps", "3", "--micro-batches", "4"])
@@ -84,6 +86,7 @@ def test_pipeline_loss_matches_the_unsplit_model(tmp_path, blocks):
     assert r0["params"] == 4 * r0["params_local"]
 
 
+@pytest.mark.slow
 def test_autotp_ranks_hold_half_of_each_split_layer(tmp_path, blocks):
     ranks = run_ranks(PROGRAMS / "tp_train.py", 2, tmp_path / "tp", launcher="torchrun",
                       args=["--blocks", str(blocks), "--steps", "3"])
@@ -98,6 +101,7 @@ def test_autotp_ranks_hold_half_of_each_split_layer(tmp_path, blocks):
     assert ranks[0]["tp_losses"] == ranks[1]["tp_losses"]
 
 
+@pytest.mark.slow
 def test_autotp_inference_fallback_splits_too(tmp_path, blocks):
     r = run_ranks(PROGRAMS / "tp_train.py", 2, tmp_path / "tpi", launcher="torchrun",
                   args=["--blocks", str(blocks), "--steps", "1", "--mode", "inference"])[0]

@@ -24,12 +24,14 @@ def setup(tmp_path_factory):
     return blocks, model_dir
 
 
+@pytest.mark.slow
 def test_saved_model_reloads_with_identical_weights(setup):
     _, model_dir = setup
     a, b = load_causal_lm(model_dir), load_causal_lm(model_dir)
     assert all((p == q).all() for p, q in zip(a.parameters(), b.parameters()))
 
 
+@pytest.mark.slow
 def test_zero_stages_follow_the_same_loss_trajectory_and_loss_falls(setup):
     blocks, model_dir = setup
     rt = detect_runtime()
@@ -64,6 +66,7 @@ def test_a_cpu_results_table_shows_measured_ram_not_zeros_and_nan():
     assert "peak GiB" in gpu and "1.25" in gpu  # measured / estimated
 
 
+@pytest.mark.slow
 def test_the_config_sets_batch_accumulation_lr_and_warmup(setup):
     blocks, model_dir = setup
     rt = detect_runtime()
@@ -110,6 +113,7 @@ def test_step_transient_and_peak_formulas():
     assert peak == 16 * psi + 4 * psi
 
 
+@pytest.mark.slow
 def test_stages_benchmark_smoke(tmp_path):
     out = tmp_path / "stages.json"
     proc = subprocess.run([sys.executable, "benchmarks/stages.py", "--sizes", "gpt2-tiny", "--steps", "3",
@@ -136,6 +140,7 @@ def test_committed_gpu_reports_are_labelled_and_consistent():
         assert entry["peak_ram_gb"] <= check["emulation"]["ram_limit_gb"], name
 
 
+@pytest.mark.slow
 def test_out_of_memory_is_reported_not_raised(setup):
     blocks, _ = setup
 
@@ -150,6 +155,7 @@ def test_out_of_memory_is_reported_not_raised(setup):
     assert r.losses == [] and r.tokens_per_s == 0
 
 
+@pytest.mark.slow
 def test_ladder_benchmark_smoke(tmp_path):
     out = tmp_path / "ladder.json"
     proc = subprocess.run([sys.executable, "benchmarks/ladder.py", "--sizes", "gpt2-tiny", "--configs", "plain",
@@ -178,6 +184,7 @@ def test_an_out_of_memory_error_is_told_in_the_lessons_terms_not_the_whole_devic
     assert oom_summary("something else entirely") == "CUDA out of memory: something else entirely"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("plain", [True, False])
 def test_the_models_output_is_gone_before_backward(setup, plain):
     # The output holds the logits (micro-batch x sequence x vocabulary): alive through backward, they added 0.19 GiB to
@@ -232,6 +239,7 @@ def test_compare_speed_calls_a_difference_only_when_the_middle_halves_do_not_ove
     assert not compare_speed(_timed("x", []), slow).separated
 
 
+@pytest.mark.slow
 def test_train_run_records_the_seconds_of_each_timed_step(setup):
     blocks, model_dir = setup
     rt = detect_runtime()
@@ -273,6 +281,7 @@ def test_stage0_fp16_loss_is_scaled_as_deepspeeds_own_fp16_optimizer_would():
     assert stage0_fp16_loss(types.SimpleNamespace(optimizer=object(), fp16_enabled=lambda: True), loss) is loss
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["build", "initialize", "step"])
 def test_an_interrupted_train_run_leaves_no_engine_nor_model_reachable(setup, monkeypatch, clean_dist_env, where):
     """Issue 23 item 2: a KeyboardInterrupt while the model is built, inside deepspeed.initialize or after 2 steps
