@@ -724,13 +724,15 @@ def browser_results() -> dict[str, str]:
 NOT_EMULATED = [
     "Python's patch release: Colab runs {python}; the report's runs with Colab's torch use pyenv's 3.13.0 on this "
     "machine image (CI's run: 3.11, beside the CPU torch on disk)",
-    "Colab's ~700 packages in full: the environment holds Colab's versions of what the course touches and of the "
-    "packages beside them that its imports reach (COLAB_BESIDE; each run lists what it could not install); each "
-    "notebook's row names what its processes asked for that Colab has and the environment lacked",
+    "Colab's ~700 packages in full: the full run (colab_full) holds every package of Colab's list with a wheel for "
+    "its Python, at Colab's versions; not the CUDA packages (PyPI's torch brings its CUDA 13 set, Colab's is cu128) "
+    "nor those PyPI has only as source (dlib, gdal, rpy2, ...; the run lists them). CI's run holds Colab's versions "
+    "of what the course touches and of COLAB_BESIDE that install beside the CPU torch, with a stand-in torchvision",
     "Colab's own frontend (its output frames, its widget manager, its file browser): the browser test runs classic "
     "Notebook 6.5.7 with Colab's ipywidgets 7.7.1 and widgetsnbextension 3.6.10 instead",
-    "the GPU and CUDA: the notebooks run smoke-sized on the CPU (the GPU emulation, reports/gpu_check.json, runs the "
-    "course's own package versions)",
+    "the GPU and CUDA: the notebooks run smoke-sized on the CPU (the GPU emulation, reports/gpu_check.json, runs "
+    "Colab's transformers, datasets, accelerate, huggingface_hub, tokenizers and timm beside the GPU image's torch "
+    "2.11 and torchvision 0.26)",
     "the network: GitHub is a local bare repository of the committed course, the Hugging Face Hub a local cache "
     "(scripts/local_hub.py) read with HF_HUB_OFFLINE=1, and PyPI is the real one",
 ]
@@ -739,7 +741,7 @@ NOT_EMULATED = [
 def markdown(data: dict) -> str:
     """reports/colab_software.md from the JSON."""
     fx = data["fixture"]
-    lines = ["# The course under Colab's software (issue 21)", "",
+    lines = ["# The course under Colab's software (issues 21 and 38)", "",
              f"Colab's package list: `{'`, `'.join(fx['files'])}` of {fx['repository']} at commit "
              f"`{fx['commit'][:10]}` ({fx['date']}): {fx['os']}, Python {fx['python']}. Made by "
              "`python scripts/colab_software.py report` (see its docstring); the JSON beside this file has every "
@@ -753,7 +755,17 @@ def markdown(data: dict) -> str:
                   "Differs from Colab's list: " + (", ".join(f"{n} {d['here']} (Colab {d['colab']})"
                                                             for n, d in env["differs_from_colab"].items()) or "nothing")
                   + ".", ""]
-        if env.get("beside_installed") is not None:
+        if env.get("beside") == "all":
+            why: dict[str, list[str]] = {}
+            for n, reason in env["beside_not_installed"].items():
+                why.setdefault(reason, []).append(n)
+            lines += [f"Beside the course's packages: every other package of Colab's list that has a wheel for Python "
+                      f"{env['python']}, at Colab's versions, without their dependencies (Colab's list holds them): "
+                      f"{len(env['beside_installed'])} installed, among them "
+                      + ", ".join(f"{n} {env['beside_installed'][n]}" for n in COLAB_BESIDE
+                                  if n in env["beside_installed"]) + ". Not installed:", ""]
+            lines += [f"- {reason}: {', '.join(sorted(names))}" for reason, names in why.items()] + [""]
+        elif env.get("beside_installed") is not None:
             lines += ["Beside the course's packages (what its imports reach on Colab when present), at Colab's versions: "
                       + (", ".join(f"{n} {v}" for n, v in env["beside_installed"].items()) or "none") + ". Not installed: "
                       + ("; ".join(f"{n} ({why})" for n, why in env["beside_not_installed"].items()) or "none")
@@ -782,7 +794,7 @@ def markdown(data: dict) -> str:
             lines += ["Imported after the install: " + ", ".join(f"{k} {v}" for k, v in ins["loaded"].items()
                                                                   if k != "helpers") + ".", ""]
         if run["notebooks"]:
-            lines += ["| notebook | result | seconds (CPU, smoke-sized) | branch | Colab's packages beside the course "
+            lines += ["| notebook | result | seconds (CPU, smoke-sized) | branch | COLAB_BESIDE packages "
                       "it imported | asked for, Colab has, missing here |", "|---|---|---|---|---|---|"]
             lines += [f"| {n} | {'passed' if e['passed'] else 'FAILED'} | {e['seconds']:.0f} | {e['branch'] or '-'} | "
                       f"{', '.join(e.get('beside_imported', [])) or '-'} | "

@@ -38,7 +38,7 @@ ARGS=()
 for a in "$@"; do
   if [ "$a" = "--quick" ]; then QUICK=1; else ARGS+=("$a"); fi
 done
-WORKERS=(-n "${DS_COURSE_TEST_WORKERS:-auto}" --dist loadgroup)  # one worker per core; cgroup tests share one
+WORKERS=(-n "${DS_COURSE_TEST_WORKERS:-auto}" --dist worksteal)  # a worker per core; an idle one takes queued tests
 if [ "$QUICK" = 1 ]; then
   .venv/bin/python -m pytest tests -m "not slow" "${WORKERS[@]}" --durations=10 "${ARGS[@]}"
   phase "quick tier: unit tests not marked slow (pytest -m 'not slow')"

@@ -76,3 +76,9 @@ def interrupt_save_after_config(monkeypatch):
 
     monkeypatch.setattr(PreTrainedModel, "save_pretrained", half)
     return real
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked slow first (stable: module order kept within each group): with pytest-xdist's work stealing
+    (scripts/test.sh) the long ones start early and the short ones fill the cores at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -111,8 +111,15 @@ def pytest_configure(config: pytest.Config) -> None:
     items.NotebookRun = LearnerHabitsRun
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Notebook 02's memory cgroup runs beside the other cgroup tests, on one xdist worker (`--dist loadgroup`)."""
-    for item in items:
-        if getattr(item, "nbmake", False) and Path(item.filename).name in RAM_LIMIT_BYTES:
-            item.add_marker(pytest.mark.xdist_group("cgroup"))
+    """Notebooks with the most heavy cells first: with pytest-xdist the longest should not start last."""
+    import nbformat
+
+    def heavy_cells(item: pytest.Item) -> int:
+        if not getattr(item, "nbmake", False):
+            return 0
+        nb = nbformat.read(item.filename, as_version=4)
+        return sum("heavy" in c.metadata.get("tags", []) for c in nb.cells)
+
+    items.sort(key=heavy_cells, reverse=True)

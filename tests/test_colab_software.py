@@ -51,6 +51,7 @@ def test_the_committed_full_run_is_colabs_python_torch_and_neighbours_and_all_no
     seven notebooks passed there; nothing a notebook asked for that Colab ships was missing."""
     env = FULL["environment"]
     assert env["python"].startswith("3.13") and env["torch_mode"] == "colab" and env["torch"].startswith("2.11")
+    assert env["beside"] == "all" and len(env["beside_installed"]) > 500  # Colab's list, not only the course's
     assert {"torchvision", "pillow", "timm"} <= set(env["beside_installed"]), env["beside_installed"]
     assert env["beside_installed"]["torchvision"] == colab_software.colab_pins()["torchvision"]
     notebooks = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -145,10 +146,12 @@ def test_a_first_colab_session_in_colabs_versions(tmp_path_factory):
 
 def test_the_readme_says_what_the_report_measured():
     readme = " ".join((ROOT / "README.md").read_text().split())
-    ins = REPORT["runs"]["after_fix"]["install"]
+    ins = FULL["install"]
     before = REPORT["runs"]["before_fix"]["install"]["counts"]
-    notebooks = REPORT["runs"]["after_fix"]["notebooks"].values()
+    notebooks = FULL["notebooks"].values()
     assert (f"the install adds {ins['counts']['added']} packages ({', '.join(ins['changes']['added'])}) and changes "
             f"none, in {ins['bootstrap_seconds']:.0f} s") in readme
     assert f"before the fix it added {before['added']} and upgraded {before['upgraded']}" in readme
     assert f"then {sum(e['passed'] for e in notebooks)} of {len(notebooks)} notebooks passed there" in readme
+    assert f"{len(FULL['environment']['beside_installed'])} of Colab's other packages installed" in readme
+    assert f"on Python {FULL['environment']['python'][:4]}" in readme
