@@ -1,0 +1,104 @@
+"""The shape of each notebook as a learner meets it (issue 40): how much there is to read on the main path, how much of
+the code on the page is DeepSpeed's and how much the course's `helpers`, jargon on the main path, and how long the
+saved outputs are.
+
+    python scripts/course_shape.py            # notebooks/ and their executed copies in reports/executed/
+    python scripts/course_shape.py --json     # the same as JSON
+
+The main path is every cell before the `## Going deeper` heading (the whole notebook where there is none). Words are
+markdown words (code spans included, code cells not). Outputs are read from reports/executed/ (the GPU check's copies):
+a printed output's lines, and progress bars saved as more than one line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parent.parent
+GOING_DEEPER = re.compile(r"^##\s+Going deeper", re.MULTILINE)
+# internals a learner does not need on the main path (issue 40's list); each may appear once explained, in one line
+JARGON = ("Psi", "roofline", "has_overflow", "stage3.py", "glibc", "mmap threshold", "cgroup", "enclosure",
+          "step on host", "staging", "1F1B", "AutoEP")
+# DeepSpeed's own API, as a learner would copy it into a project without helpers
+DEEPSPEED_API = ("deepspeed.initialize", ".backward(", ".step(", "save_checkpoint", "load_checkpoint",
+                 "zero_to_fp32", "get_fp32_state_dict_from_zero_checkpoint", "HfDeepSpeedConfig", "TiledMLP",
+                 "TiledFusedLogitsLoss", "deepspeed.moe", "deepspeed.zero.Init", "offload_optimizer", "offload_param",
+                 "DeepSpeedPlugin", "PipelineModule", "deepspeed.checkpointing")
+HELPERS_CALL = re.compile(r"\bhelpers\.[A-Za-z_]\w*\(")
+PROGRESS_LINE = re.compile(r"\d+%\|")
+
+
+def main_path(nb: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
+    """The cells before `## Going deeper` (all of them where there is no such heading)."""
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "markdown" and GOING_DEEPER.search(cell.source):
+            return nb.cells[:i]
+    return list(nb.cells)
+
+
+def words(text: str) -> int:
+    return len(re.findall(r"\S+", text))
+
+
+def shape(path: Path, executed: Path | None = None) -> dict:
+    nb = nbformat.read(path, as_version=4)
+    main = main_path(nb)
+    md = [c.source for c in main if c.cell_type == "markdown"]
+    code = [c.source for c in main if c.cell_type == "code"]
+    all_code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    text = "\n".join(md)
+    row = {"notebook": path.name, "cells": len(nb.cells), "main_path_cells": len(main),
+           "main_path_words": words(text), "longest_markdown_cell_words": max((words(m) for m in md), default=0),
+           "has_going_deeper": len(main) < len(nb.cells),
+           "helpers_calls_main_path": sum(len(HELPERS_CALL.findall(c)) for c in code),
+           "helpers_calls": len(HELPERS_CALL.findall(all_code)),
+           "deepspeed_api_main_path": {a: n for a in DEEPSPEED_API if (n := "\n".join(code).count(a))},
+           "jargon_main_path": {j: n for j in JARGON if (n := len(re.findall(rf"\b{re.escape(j)}", text)))},
+           "code_lines_main_path": sum(len(c.strip().splitlines()) for c in code)}
+    if executed is not None and executed.exists():
+        ex = nbformat.read(executed, as_version=4)
+        longest, bars, outputs = 0, 0, 0
+        for cell in ex.cells:
+            if cell.cell_type != "code":
+                continue
+            for o in cell.get("outputs", []):
+                outputs += 1
+                out = o.get("text", "") + o.get("data", {}).get("text/plain", "")
+                lines = [ln for ln in out.replace("\r", "\n").splitlines() if ln.strip()]
+                longest = max(longest, sum(not PROGRESS_LINE.search(ln) for ln in lines))
+                bars += max(0, sum(bool(PROGRESS_LINE.search(ln)) for ln in lines) - 1)
+        row.update({"saved_outputs": outputs, "longest_printed_output_lines": longest,
+                    "extra_progress_bar_lines": bars})
+    return row
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| notebook | main-path words | longest md cell | helpers calls (main / all) | DeepSpeed API on the page "
+             "| jargon on the main path | saved outputs | longest output (lines) |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        api = ", ".join(f"{a.strip('.(')} {n}" for a, n in r["deepspeed_api_main_path"].items()) or "-"
+        jargon = ", ".join(f"{j} {n}" for j, n in r["jargon_main_path"].items()) or "-"
+        lines.append(f"| {r['notebook']} | {r['main_path_words']} | {r['longest_markdown_cell_words']} | "
+                     f"{r['helpers_calls_main_path']} / {r['helpers_calls']} | {api} | {jargon} | "
+                     f"{r.get('saved_outputs', '-')} | {r.get('longest_printed_output_lines', '-')} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("notebooks", nargs="*", type=Path)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    paths = args.notebooks or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    rows = [shape(p, ROOT / "reports" / "executed" / p.name) for p in paths]
+    print(json.dumps(rows, indent=1) if args.json else markdown(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
