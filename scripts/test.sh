@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Set up and run the tests (the README's second command; CI runs it on a fresh clone):
-#   bash scripts/test.sh          lint (ruff), every test in tests/, then every notebook through nbmake as a learner
-#                                 runs it (tests/learner_habits.py: heavy cells interrupted and run again, a second
-#                                 pass in the same kernel). Both pytest runs spread over the cores (pytest-xdist).
+#   bash scripts/test.sh          lint (ruff), then one pytest run over every core (pytest-xdist): every test in
+#                                 tests/ and every notebook through nbmake as a learner runs it (tests/learner_habits.py:
+#                                 heavy cells interrupted and run again, a second pass in the same kernel).
 #   bash scripts/test.sh --quick  lint and the fast unit tests of helpers (not marked `slow`): no notebook, no
 #                                 DeepSpeed engine, no op build, no Colab venv. For contributors, between full runs.
 # A single notebook as CI runs it: DS_COURSE_SAVED_RUN=1 .venv/bin/python -m pytest --nbmake -p tests.learner_habits \
 #   notebooks/0N_*.ipynb   (without `-p tests.learner_habits`: plain nbmake, one pass)
-# Time is printed: pytest's 30 slowest tests, every notebook's seconds, and each phase's seconds at the end.
+# Time is printed: pytest's 30 slowest tests, the seconds spent in tests and in notebooks, each phase's seconds.
 # Other arguments go to pytest (e.g. -q, -x, -k NAME).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,9 +44,7 @@ if [ "$QUICK" = 1 ]; then
   phase "quick tier: unit tests not marked slow (pytest -m 'not slow')"
   exit 0
 fi
-.venv/bin/python -m pytest tests "${WORKERS[@]}" --durations=30 "${ARGS[@]}"
-phase "tests (pytest tests)"
-echo "== every notebook through nbmake, as a learner runs it (tests/learner_habits.py)"
-DS_COURSE_SAVED_RUN=1 .venv/bin/python -m pytest --nbmake --nbmake-timeout=1800 -p tests.learner_habits \
-  -p no:cacheprovider "${WORKERS[@]}" --durations=0 "${ARGS[@]}" notebooks/[0-9][0-9]_*.ipynb
-phase "notebooks (pytest --nbmake -p tests.learner_habits)"
+echo "== the tests and every notebook through nbmake as a learner runs it (tests/learner_habits.py), one pytest run"
+.venv/bin/python -m pytest --nbmake --nbmake-timeout=1800 -p tests.learner_habits "${WORKERS[@]}" --durations=30 \
+  "${ARGS[@]}" notebooks/[0-9][0-9]_*.ipynb tests
+phase "tests and notebooks (one pytest run; its summary splits the time between them)"

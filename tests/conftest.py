@@ -78,7 +78,37 @@ def interrupt_save_after_config(monkeypatch):
     return real
 
 
+# the longest tests, measured (scripts/test.sh's log): started first so that no core waits on one at the end
+LONGEST = ("test_a_first_colab_session_in_colabs_versions", "test_02_teaches_on_what_fits_when_the_ram_is_too_small")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked slow first (stable: module order kept within each group): with pytest-xdist's work stealing
-    (scripts/test.sh) the long ones start early and the short ones fill the cores at the end."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """The longest first, then notebooks (nbmake), then tests marked slow, then the rest (stable: collection order
+    within each group), so that the long ones start early and the short ones fill the cores at the end. pytest-xdist's
+    work stealing (scripts/test.sh) hands each worker a contiguous share of this order first: with two workers, the
+    long ones alternate between the two halves, so each starts with its share of them."""
+    def rank(item: pytest.Item) -> int:
+        if item.name.startswith(LONGEST):
+            return 0
+        if getattr(item, "nbmake", False):
+            return 1
+        return 2 if item.get_closest_marker("slow") else 3
+
+    items.sort(key=rank)
+    long, rest = [i for i in items if rank(i) <= 1], [i for i in items if rank(i) > 1]
+    first = long[0::2]
+    fill = max(0, len(items) // 2 - len(first))
+    items[:] = first + rest[:fill] + long[1::2] + rest[fill:]
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Where the time went: seconds of notebooks (nbmake) and of tests, summed over the workers."""
+    spent = {"notebooks (nbmake, as a learner runs them)": 0.0, "tests": 0.0}
+    for reports in terminalreporter.stats.values():
+        for rep in reports:
+            if getattr(rep, "when", None) in ("setup", "call", "teardown") and hasattr(rep, "duration"):
+                notebook = rep.nodeid.split("::")[0].endswith(".ipynb")
+                spent["notebooks (nbmake, as a learner runs them)" if notebook else "tests"] += rep.duration
+    terminalreporter.write_sep("=", "time spent, summed over the workers")
+    for what, seconds in spent.items():
+        terminalreporter.write_line(f"{what}: {seconds:.0f} s")
