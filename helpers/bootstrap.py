@@ -145,6 +145,9 @@ def install_libaio() -> bool:
 NOISE_LOG_MESSAGES = {
     "DeepSpeed": ("Attempting to get learning rate from scheduler before it has started",),
     "transformers.modeling_utils": ("`loss_type=None` was set in the config but it is unrecognized",),
+    # offline, datasets says twice where it found the cached corpus; helpers.hub_or_local has said it once already
+    "datasets.load": ("Using the latest cached version of the dataset since",),
+    "datasets.packaged_modules.cache.cache": ("Found the latest cached dataset configuration",),
 }
 # DeepSpeed's ZeRO-3 step warns, in a paragraph meant for multi-rank jobs, when PyTorch's allocator had to flush its
 # cache to find memory (stage3.py): that is memory pressure, worth one plain line for a learner, not nothing.
@@ -236,5 +239,5 @@ def start_notebook() -> None:
 
     lines = [f"course code: {root}" + (" (DeepSpeed and what Colab lacks installed now)" if installed else ""),
              f"torch {torch.__version__} | deepspeed {deepspeed.__version__} | DeepSpeed warmed up in {warm_s:.1f} s"]
-    how = launched_programs_import(root)
-    print("\n".join(lines + ([how] if how != "installed" else [])))
+    launched_programs_import(root)  # how launched programs find helpers: a developer's detail, not printed
+    print("\n".join(lines))

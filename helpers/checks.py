@@ -10,7 +10,7 @@ import math
 from typing import Any
 
 __all__ = ["OFFLOAD_DEVICES", "ConfigError", "check_model_size", "check_number", "check_offload_device",
-           "check_runtime"]
+           "check_run_lengths", "check_runtime"]
 
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 
@@ -83,3 +83,25 @@ def check_runtime(runtime: Any, where: str) -> None:
     raise ConfigError(f"{where} needs runtime=helpers.detect_runtime() (got {runtime!r}, a {type(runtime).__name__})."
                       f"{hint} Fix: runtime=helpers.detect_runtime() (or helpers.colab_t4_profile() for a what-if "
                       "of a free Colab T4).")
+
+
+def check_run_lengths(*, steps: Any, eval_every: Any = None, compare_steps: Any = None) -> None:
+    """A notebook's step counts, checked in the cell after its parameters, before anything trains (notebook 01):
+    STEPS a positive integer giving at least two validation losses at EVAL_EVERY (the loss must be seen to fall), and
+    COMPARE_STEPS at least 4 (each comparison run leaves 2 steps untimed and needs 2 timed ones for a spread). Each
+    refusal names the notebook's variable and a fix that passes."""
+    check_number("STEPS", steps, positive=True, integer=True, example=120, hint=" (optimizer steps to train)")
+    if compare_steps is not None and not (isinstance(compare_steps, int) and not isinstance(compare_steps, bool)
+                                          and compare_steps >= 4):
+        raise ValueError(f"COMPARE_STEPS = {compare_steps!r}: each comparison run leaves its first 2 steps untimed and "
+                         "needs at least 2 timed steps for a speed and its spread. Fix: COMPARE_STEPS = 4 or more (10 "
+                         "on CPU, 20 on Colab).")
+    if eval_every is not None and not (isinstance(eval_every, int) and not isinstance(eval_every, bool)
+                                       and 0 < eval_every and steps >= 2 * eval_every):
+        valid_every = isinstance(eval_every, int) and not isinstance(eval_every, bool) and eval_every > 0
+        if steps >= 2:  # each fix below passes this check
+            fix = f"EVAL_EVERY = {steps // 2}" + (f" (or STEPS = {2 * eval_every} or more)" if valid_every else "")
+        else:
+            fix = f"STEPS = {2 * eval_every} or more" if valid_every else "STEPS = 2 or more with EVAL_EVERY = 1"
+        raise ValueError(f"STEPS = {steps!r} with EVAL_EVERY = {eval_every!r} gives fewer than 2 validation losses, "
+                         f"and the fine-tune checks that the validation loss falls. Fix: {fix}.")

@@ -5,17 +5,19 @@ built with, no nvcc or ninja for the just-in-time op builds, or no libaio for NV
 """
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from helpers.hardware import Runtime
 
-__all__ = ["HealthCheck", "async_io_available", "health_checks", "health_table", "parse_ds_report", "run_ds_report",
-           "verdict"]
+__all__ = ["CudaMismatch", "HealthCheck", "async_io_available", "health_checks", "health_table", "parse_ds_report",
+           "reproduce_cuda_mismatch", "run_ds_report", "verdict"]
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 OP_LINE = re.compile(r"^(?P<op>[A-Za-z0-9_]+) \.+ \[(?P<installed>YES|NO)\] \.+ \[(?P<compatible>OKAY|NO)\]")
@@ -87,8 +89,11 @@ def _major(version: str | None) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def health_checks(report: dict[str, Any], runtime: "Runtime | None" = None) -> list[HealthCheck]:
-    """Verdicts for torch, CUDA, nvcc, deepspeed, ninja, ops, libaio, GPU and precision."""
+def health_checks(report: dict[str, Any] | str, runtime: "Runtime | None" = None) -> list[HealthCheck]:
+    """Verdicts for torch, CUDA, nvcc, deepspeed, ninja, ops, libaio, GPU and precision; `report` is ds_report's text
+    or `parse_ds_report`'s dict of it."""
+    if isinstance(report, str):
+        report = parse_ds_report(report)
     info, ops = report["info"], report["ops"]
     has_gpu = runtime.has_gpu if runtime is not None else "torch cuda version" in info
     checks: list[HealthCheck] = []
@@ -194,3 +199,76 @@ def health_table(checks: list[HealthCheck]) -> str:
     lines.append("")
     lines.append("verdict: " + verdict(checks))
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ the classic install failure, reproduced (notebook 00)
+
+# what runs in the child: ds_report's two version lines (its own nvcc_version()), then the check DeepSpeed makes before
+# it compiles any CUDA op. argv[1], when given, stands in for torch's CUDA version (tests on a CPU build of torch only).
+_MISMATCH_CHILD = """
+import os, sys, torch, torch.utils.cpp_extension
+if len(sys.argv) > 1:
+    torch.version.cuda = sys.argv[1]
+    torch.utils.cpp_extension.CUDA_HOME = os.environ["CUDA_HOME"]  # a CPU build of torch looks for no CUDA_HOME
+from deepspeed.env_report import nvcc_version
+print("torch cuda version ...............", torch.version.cuda)
+print("nvcc version .....................", nvcc_version())
+from deepspeed.ops.op_builder.builder import assert_no_cuda_mismatch
+try:
+    assert_no_cuda_mismatch("fused_adam")
+    print("RESULT: DeepSpeed's op builder accepted it")
+except Exception as exc:
+    print(f"RESULT: {type(exc).__name__}: {exc}")
+"""
+
+
+@dataclass(frozen=True)
+class CudaMismatch:
+    """What `reproduce_cuda_mismatch` saw: both versions, ds_report's two lines, DeepSpeed's error, the course's row."""
+
+    torch_cuda: str
+    nvcc: str
+    report_lines: list[str]
+    deepspeed_error: str
+    check: HealthCheck
+
+    def __str__(self) -> str:
+        return "\n".join([f"CUDA_HOME -> a stand-in nvcc that reports CUDA {self.nvcc}; torch was built with CUDA "
+                          f"{self.torch_cuda}. In a child process with that CUDA_HOME:",
+                          "  ds_report:  " + "  |  ".join(self.report_lines),
+                          "  DeepSpeed, before compiling an op:  " + self.deepspeed_error,
+                          f"  the health table's row:  {self.check.item} {self.check.found}  {self.check.status}",
+                          f"  its fix:  {self.check.fix}"])
+
+
+def reproduce_cuda_mismatch(work_dir: str | os.PathLike[str], *, torch_cuda: str | None = None,
+                            timeout_s: float = 300.0) -> CudaMismatch | None:
+    """The most common DeepSpeed install failure, made on purpose and safely (notebook 00): in a child process whose
+    CUDA_HOME points at a stand-in `nvcc` reporting a CUDA major one below torch's, print ds_report's version lines
+    and run DeepSpeed's own pre-build check (`assert_no_cuda_mismatch`, what every JIT op build calls first), then read that ds_report with
+    `health_checks`. Nothing is installed or changed in this process. Returns None on a torch without CUDA (there is
+    nothing to mismatch); `torch_cuda` stands in for torch's CUDA version (tests on a CPU build)."""
+    import torch
+
+    cuda = torch_cuda or torch.version.cuda
+    if not cuda:
+        return None
+    major, minor = (int(x) for x in cuda.split(".")[:2])
+    fake = f"{major - 1}.8"
+    home = Path(work_dir) / "cuda-stand-in"
+    (home / "bin").mkdir(parents=True, exist_ok=True)
+    nvcc = home / "bin" / "nvcc"
+    nvcc.write_text("#!/bin/sh\necho 'nvcc: NVIDIA (R) Cuda compiler driver (a stand-in, notebook 00)'\n"
+                    f"echo 'Cuda compilation tools, release {fake}, V{fake}.89'\n")
+    nvcc.chmod(0o755)
+    env = {**os.environ, "CUDA_HOME": str(home), "DS_SKIP_CUDA_CHECK": "0"}
+    argv = [sys.executable, "-c", _MISMATCH_CHILD] + ([torch_cuda] if torch_cuda else [])
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=env)
+    text = ANSI.sub("", proc.stdout + proc.stderr)
+    lines = [ln.strip() for ln in text.splitlines()]
+    report_lines = [" ".join(ln.split()) for ln in lines if ln.startswith(("torch cuda version", "nvcc version"))]
+    error = next((ln.removeprefix("RESULT: ") for ln in lines if ln.startswith("RESULT: ")), text.strip()[-300:])
+    report = parse_ds_report(text)
+    report["info"].setdefault("torch cuda version", cuda)
+    check = next(c for c in health_checks(report) if c.item == "nvcc")
+    return CudaMismatch(torch_cuda=cuda, nvcc=fake, report_lines=report_lines, deepspeed_error=error, check=check)

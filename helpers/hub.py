@@ -26,7 +26,7 @@ from helpers.hardware import in_colab
 
 __all__ = ["HUB_DEFAULTS", "HUB_LOOKUP_TIMEOUT_S", "HubUnreachableError", "cached_hub_names", "check_hub_name",
            "datasets_cache", "datasets_offline", "hub_available", "hub_cache", "hub_offline", "hub_or_local",
-           "hub_source", "hub_unreachable", "in_hub_cache"]
+           "hub_source", "hub_stand_in", "hub_unreachable", "in_hub_cache"]
 
 # what notebooks 01 and 04 load on Colab: GPT-2 (124M) and WikiText-2 ("name:config", helpers.load_text_dataset)
 HUB_DEFAULTS = {"model": "gpt2", "dataset": "Salesforce/wikitext:wikitext-2-raw-v1"}
@@ -119,10 +119,22 @@ def hub_or_local(model: str, dataset: str) -> tuple[str, str]:
     return model, dataset
 
 
+def hub_stand_in() -> bool:
+    """The local Hugging Face cache is the course's stand-in (scripts/local_hub.py leaves local_hub.json in HF_HOME):
+    `gpt2` holds course-initialised weights and the course's tokenizer, `Salesforce/wikitext` the Shakespeare corpus
+    in WikiText's layout. The code path is Colab's; the numbers are not what the real model and corpus give."""
+    return (_hf_home() / "local_hub.json").is_file()
+
+
 def hub_source() -> str:
     """Where the Colab branch's downloads come from, for the notebook to print."""
     if hub_offline():
-        return f"the local Hugging Face cache in {_hf_home()} (HF_HUB_OFFLINE=1: no download)"
+        where = f"the local Hugging Face cache in {_hf_home()} (HF_HUB_OFFLINE=1: no download)"
+        if hub_stand_in():
+            where += (": the course's STAND-IN (scripts/local_hub.py), random-initialised GPT-2 weights and the "
+                      "Shakespeare corpus under the Hub's names, so losses and generated text are not GPT-2's on "
+                      "WikiText; on Colab they will differ")
+        return where
     return "the Hugging Face Hub"
 
 

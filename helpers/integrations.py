@@ -242,6 +242,12 @@ class StepRecorder:
             self.losses.append(float(loss))
 
     @property
+    def step_seconds(self) -> list[float]:
+        """Seconds of each timed step (after the first `untimed_steps`), end to end: `RunResult.step_seconds`."""
+        first = max(self.untimed_steps, 1)
+        return [round(b - a, 5) for a, b in zip(self.times[first - 1:], self.times[first:])]
+
+    @property
     def tokens_per_s(self) -> float:
         done = len(self.times) - self.untimed_steps
         if done <= 0:
@@ -280,6 +286,7 @@ def recorded_result(name: str, recorder: StepRecorder, mem: Any, *, runtime: "Ru
         grad_accum=int(ds_config.get("gradient_accumulation_steps", 1)),
         seq_len=int(dataset[0]["input_ids"].shape[-1]), steps=len(recorder.times), checkpointing=checkpointing,
         runtime=runtime.label, losses=list(recorder.losses), tokens_per_s=round(recorder.tokens_per_s, 1),
+        step_seconds=recorder.step_seconds,
         peak_vram_gib=round((mem.peak_gpu_allocated - mem.baseline_gpu_allocated) / GiB, 3),
         peak_reserved_gib=round(mem.peak_gpu_reserved / GiB, 3), peak_rss_gb=round(mem.peak_rss / GB, 3),
         baseline_rss_gb=round(mem.baseline_rss / GB, 3), estimated_vram_gib=round(estimated_bytes / GiB, 3),

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from helpers.step_time import StepTimeEstimate
     from helpers.train import RunResult
 
-__all__ = ["figure_html", "plot_peak_vram", "plot_step_time", "plot_memory_breakdown", "plot_memory_timeline",
+__all__ = ["show_folded", "figure_html", "plot_peak_vram", "plot_step_time", "plot_memory_breakdown", "plot_memory_timeline",
            "plot_losses", "plot_plan", "plot_plans", "plot_speed_vs_memory", "plot_expert_load", "plot_capacity_sweep", "plot_balance",
            "plot_params", "plot_zero_scaling", "plot_activation_growth", "plot_longest_sequence",
            "plot_long_context_memory"]
@@ -207,6 +207,20 @@ def plot_plans(plans: Sequence["Plan"], title: str | None = None, show: bool | N
     """Several plans side by side (notebook 00): one bar per plan in each budget's panel, as `plot_plan` draws one.
     Refused configs (no estimate) are left out."""
     return _show(_plan_figure(plans, title), show)
+
+
+def show_folded(text: str, summary: str) -> None:
+    """Show a long printed text folded under a one-line `summary` a reader clicks to open (an HTML <details>), so a
+    cell's output stays short (notebook 00's raw ds_report). Where no HTML is shown, the summary alone is printed."""
+    import html
+
+    body = f"<details><summary>{html.escape(summary)}</summary><pre>{html.escape(text)}</pre></details>"
+    if _in_notebook():
+        from IPython.display import display
+
+        display({"text/html": body, "text/plain": f"{summary} (folded: open it in Jupyter or Colab)"}, raw=True)
+    else:
+        print(summary)
 
 
 def figure_html(fig: "Figure", alt: str = "", css_class: str = "", dpi: int = 100, scroll: bool = False) -> str:

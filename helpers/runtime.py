@@ -602,7 +602,8 @@ def live_engines() -> list[Any]:
             and type(o).__module__.startswith("deepspeed.") and callable(getattr(o, "destroy", None))]
 
 
-def clean_slate(namespace: dict[str, Any], *names: str, hf: bool = False) -> list[str]:
+def clean_slate(namespace: dict[str, Any], *names: str, hf: bool = False, needs: tuple[str, ...] = (),
+                where: str = "the cells above", single_process: bool = False) -> list[str]:
     """Start a training cell from nothing, whatever ran (or was interrupted) before it; returns what it cleaned.
 
     From a notebook: ``helpers.clean_slate(globals(), "engine", "optimizer", "model", "losses")`` as the first line of
@@ -610,11 +611,17 @@ def clean_slate(namespace: dict[str, Any], *names: str, hf: bool = False) -> lis
     half-trained model, and a later cell cannot read a stale result), drops the traceback of the last error (an
     interrupted cell's frames keep its engine and model alive, and their GPU memory with them), destroys every
     DeepSpeed engine that nothing in `namespace` uses any more, clears transformers' global ZeRO-3 config, and gives
-    the memory back; `hf=True` also resets transformers' and Accelerate's global state (notebook 04). Prints one
-    line when it found something to clean.
+    the memory back (peak counters reset); `hf=True` also resets transformers' and Accelerate's global state (notebook
+    04). `needs`: names the cell reads, checked first (`require`, naming `where` they come from) so nothing is dropped
+    when the cell cannot run; `single_process=True` also sets the five distributed variables for a world of one
+    process (`setup_single_process`, written out in notebook 00). Prints one line when it found something to clean.
     """
     import sys
 
+    if needs:
+        require(namespace, *needs, where=where)
+    if single_process:
+        setup_single_process()
     cleaned: list[str] = []
     if _drop_last_traceback():
         cleaned.append("the last error's traceback")

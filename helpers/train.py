@@ -13,12 +13,13 @@ budgets' unit, `helpers.hardware`).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
 import traceback
 from dataclasses import asdict, dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from helpers.memory import GB, GiB, measure_peak
 from helpers.runtime import reset_peak_stats, setup_single_process, teardown
@@ -122,11 +123,12 @@ class RunResult:
         """One line of a fixed-width table (see `results_table`); `gpu=False`: the RAM layout of a CPU run."""
         losses = (f"{self.losses[0] if self.losses else math.nan:>8.3f}"
                   f"{self.losses[-1] if self.losses else math.nan:>8.3f}")
+        speed = self.speed_spread()[1]  # the median step, as speed_text says it: one tokens/s per run on the page
         if not gpu:
             growth = max(self.peak_rss_gb - self.baseline_rss_gb, 0.0)
-            return f"{self.name:<{width}}{growth:>15.2f}{self.peak_rss_gb:>13.2f}{self.tokens_per_s:>10.0f}" + losses
+            return f"{self.name:<{width}}{growth:>15.2f}{self.peak_rss_gb:>13.2f}{speed:>10.0f}" + losses
         return (f"{self.name:<{width}}{self.peak_vram_gib:>9.2f}{self.estimated_vram_gib:>9.2f}{self.ratio:>7.2f}"
-                f"{self.tokens_per_s:>10.0f}{self.peak_rss_gb:>9.2f}" + losses)
+                f"{speed:>10.0f}{self.peak_rss_gb:>9.2f}" + losses)
 
 
 def stage0_fp16_loss(engine: Any, loss: Any) -> Any:
@@ -202,7 +204,8 @@ def compare_speed(a: RunResult, b: RunResult) -> SpeedComparison:
 
 
 def results_table(results: list[RunResult]) -> str:
-    """Measured peak VRAM, estimate, ratio, tokens/s, RSS and first/last loss per run.
+    """Measured peak VRAM, estimate, ratio, tokens/s (of the median step, as `speed_text`), RSS and first/last loss
+    per run.
 
     Runs without a GPU (no VRAM measured) get the RAM layout instead: RAM the run added over its start (the model,
     its optimizer states and activations all live there) and the process's peak RSS, never a column of zeros."""
@@ -349,6 +352,24 @@ def _too_long(seq_len: int, positions: int, what: str) -> Any:
                        f"made: helpers.pack_blocks(dataset, tokenizer, block_size={positions}).")
 
 
+@contextlib.contextmanager
+def _no_loading_bars() -> Iterator[None]:
+    """transformers' "Loading weights" bar off while a run builds its model (a local or cached one: nothing downloads
+    there), so a notebook comparing five runs prints five run bars, not ten (issue 40); its setting is restored."""
+    import importlib
+    import sys
+
+    logging_ = importlib.import_module("transformers.utils.logging") if "transformers" in sys.modules else None
+    was_on = logging_ is not None and logging_.is_progress_bar_enabled()
+    if was_on:
+        logging_.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            logging_.enable_progress_bar()
+
+
 def _check_run_inputs(steps: Any, train_blocks: Any, model_factory: Callable[[], Any],
                       model_name: str) -> tuple[int, Callable[[], Any]]:
     """train_run's inputs, before anything is built: `steps` a positive integer; and blocks no longer than the model's
@@ -362,7 +383,8 @@ def _check_run_inputs(steps: Any, train_blocks: Any, model_factory: Callable[[],
     seq_len = int(train_blocks[0]["input_ids"].shape[-1])
 
     def checked_factory() -> Any:
-        made = model_factory()
+        with _no_loading_bars():
+            made = model_factory()
         model = made[0] if isinstance(made, tuple) else made
         positions = _positions(model)
         if positions and seq_len > positions:
@@ -739,11 +761,9 @@ class _Loop:
                 result.step_seconds.append(round(time.perf_counter() - step_started, 5))
             result.losses.append(step_loss)
             self.on_step(step, step_loss)
-            postfix = {"loss": f"{step_loss:.3f}", **self.hooks.after_step(step, result)}
-            if timed_from is not None and step > untimed_steps:
-                rate = (step - untimed_steps) * tokens_per_step / (time.perf_counter() - timed_from)
-                postfix["tok_s"] = f"{rate:,.0f}"
-            bar.set_postfix(postfix)
+            # the loss only: a running tokens/s here would be a third speed beside the median step and the mean the
+            # table prints (issue 40: two tokens/s for one run in one cell)
+            bar.set_postfix({"loss": f"{step_loss:.3f}", **self.hooks.after_step(step, result)})
             if val_blocks is not None and eval_every and ((step + 1) % eval_every == 0 or step + 1 == steps):
                 result.val_losses.append((step + 1, self.hooks.evaluate(net, val_blocks, runtime, eval_batches,
                                                                         s.micro_batch, autocast=self.plain)))

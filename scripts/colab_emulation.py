@@ -589,8 +589,11 @@ def _run_nbmake(path: Path, enc: Enclosure, *, out_dir: Path | None, figures_fil
         out += f"\nnbmake did not finish within {timeout_s + 60} s"
     seconds = round(time.perf_counter() - start, 1)
     if out_dir is not None:
+        from run_notebooks import tidy_executed  # scripts/ is on sys.path (script folder or pytest)
+
         out_dir.mkdir(parents=True, exist_ok=True)
         shutil.copy(copy, out_dir / path.name)
+        tidy_executed(out_dir / path.name)
     shutil.rmtree(work, ignore_errors=True)
     passed = proc.returncode == 0
     return {"passed": passed, "seconds": seconds, "error": "" if passed else out[-4000:], "runner": nbmake_version(),

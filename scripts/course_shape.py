@@ -31,6 +31,24 @@ DEEPSPEED_API = ("deepspeed.initialize", ".backward(", ".step(", "save_checkpoin
                  "DeepSpeedPlugin", "PipelineModule", "deepspeed.checkpointing")
 HELPERS_CALL = re.compile(r"\bhelpers\.[A-Za-z_]\w*\(")
 PROGRESS_LINE = re.compile(r"\d+%\|")
+# state bookkeeping and records: at most one call of each kind per main-path cell (issue 40 item 2)
+BOOKKEEPING = re.compile(r"\bhelpers\.(clean_slate|require|setup_single_process|reset_peak_stats)\(")
+RECORDS = re.compile(r"\bhelpers\.record_figures?\(")
+# the intro's time line: "**Time:** about 6-9 minutes on a Colab T4"
+TIME_LINE = re.compile(r"\*\*Time:\*\* about (\d+)-(\d+) minutes on a Colab T4")
+
+# The budget a learner-shaped notebook keeps (issue 40); notebooks join EDITED as the edit reaches them
+MAX_MAIN_PATH_WORDS = 1300
+MAX_OUTPUT_LINES = 25
+EDITED = ("00_setup_and_ds_report.ipynb", "01_zero2_finetune_and_stages.ipynb", "04_hf_trainer_and_accelerate.ipynb")
+
+
+def t4_minutes(estimate: dict) -> tuple[int, int]:
+    """A report's T4 estimate (`low_s`, `high_s`) as the whole minutes an intro names: low rounded, high rounded up."""
+    import math
+
+    low = max(1, round(estimate["low_s"] / 60))
+    return low, max(low + 1, math.ceil(estimate["high_s"] / 60))
 
 
 def main_path(nb: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
@@ -59,10 +77,15 @@ def shape(path: Path, executed: Path | None = None) -> dict:
            "helpers_calls": len(HELPERS_CALL.findall(all_code)),
            "deepspeed_api_main_path": {a: n for a in DEEPSPEED_API if (n := "\n".join(code).count(a))},
            "jargon_main_path": {j: n for j in JARGON if (n := len(re.findall(rf"\b{re.escape(j)}", text)))},
-           "code_lines_main_path": sum(len(c.strip().splitlines()) for c in code)}
+           "code_lines_main_path": sum(len(c.strip().splitlines()) for c in code),
+           "max_bookkeeping_calls_per_cell": max((len(BOOKKEEPING.findall(c)) for c in code), default=0),
+           "max_record_calls_per_cell": max((len(RECORDS.findall(c)) for c in code), default=0),
+           "sections_before_going_deeper": [h for h in ("## Summary", "## Exercises") if h in text],
+           "time_line": [int(x) for x in m.groups()] if (m := TIME_LINE.search(text)) else None}
     if executed is not None and executed.exists():
         ex = nbformat.read(executed, as_version=4)
-        longest, bars, outputs = 0, 0, 0
+        longest, longest_main, bars, outputs = 0, 0, 0, 0
+        main_ids = {c.get("id") for c in main}
         for cell in ex.cells:
             if cell.cell_type != "code":
                 continue
@@ -70,10 +93,15 @@ def shape(path: Path, executed: Path | None = None) -> dict:
                 outputs += 1
                 out = o.get("text", "") + o.get("data", {}).get("text/plain", "")
                 lines = [ln for ln in out.replace("\r", "\n").splitlines() if ln.strip()]
-                longest = max(longest, sum(not PROGRESS_LINE.search(ln) for ln in lines))
-                bars += max(0, sum(bool(PROGRESS_LINE.search(ln)) for ln in lines) - 1)
+                printed = sum(not PROGRESS_LINE.search(ln) for ln in lines)
+                longest = max(longest, printed)
+                if cell.get("id") in main_ids:
+                    longest_main = max(longest_main, printed)
+                # a bar saved as more than its final line: its refreshes kept behind carriage returns (what
+                # run_notebooks.save_executed folds away)
+                bars += out.count("\r")
         row.update({"saved_outputs": outputs, "longest_printed_output_lines": longest,
-                    "extra_progress_bar_lines": bars})
+                    "longest_main_path_output_lines": longest_main, "extra_progress_bar_lines": bars})
     return row
 
 

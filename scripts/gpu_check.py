@@ -23,8 +23,11 @@ from pathlib import Path
 from colab_emulation import ColabLimits, probe, run_notebook  # scripts/ (this file's folder) is on sys.path
 from run_notebooks import ROOT, execute
 
-# A T4 computes fp16 at ~65 TFLOP/s and reads memory at 320 GB/s; an H200 ~990 TFLOP/s (dense) and 4.8 TB/s: both ~15x.
-H200_OVER_T4 = 15.0
+# How many times a T4's work each GPU does per second, from the datasheets: (fp16 tensor throughput, memory bandwidth).
+# A T4 computes fp16 at ~65 TFLOP/s and reads memory at 320 GB/s; an H200 ~990 TFLOP/s (dense) and 4.8 TB/s (both
+# ~15x); an H100 SXM ~990 TFLOP/s and 3.35 TB/s (15x compute, 10.5x bandwidth). A T4 estimate takes the lower ratio
+# for its low end and the higher for its high end.
+GPU_OVER_T4 = {"H200": (15.0, 15.0), "H100": (15.2, 10.5)}
 # Colab's 2 vCPUs are two hyper-threads of one ~2.2 GHz Xeon core: CPU-bound work there is up to ~2x slower than on
 # two cores of the GPU machine.
 COLAB_CPU_SLOWDOWN = 2.0
@@ -48,14 +51,26 @@ def machine_facts() -> dict:
     return json.loads(lines[-1]) if out.returncode == 0 and lines else {"cuda": False, "error": out.stderr[-500:]}
 
 
-def t4_estimate(wall_s: float, gpu_busy_s: float | None) -> dict | None:
-    """Seconds a T4 might take: GPU-busy time x H200_OVER_T4, the rest x 1-COLAB_CPU_SLOWDOWN."""
+def gpu_over_t4(gpu: str) -> tuple[float, float]:
+    """(lower, higher) of GPU_OVER_T4's two ratios for the GPU named `gpu` (e.g. 'NVIDIA H100 80GB HBM3')."""
+    key = next((k for k in GPU_OVER_T4 if k in gpu), None)
+    if key is None:
+        raise ValueError(f"no T4 ratio for GPU {gpu!r}; known: {', '.join(GPU_OVER_T4)}. Fix: add its datasheet fp16 "
+                         "throughput and memory bandwidth over a T4's to GPU_OVER_T4 in scripts/gpu_check.py.")
+    return min(GPU_OVER_T4[key]), max(GPU_OVER_T4[key])
+
+
+def t4_estimate(wall_s: float, gpu_busy_s: float | None, gpu: str = "NVIDIA H200") -> dict | None:
+    """Seconds a T4 might take: GPU-busy time x the GPU's ratios over a T4 (gpu_over_t4), the rest x
+    1-COLAB_CPU_SLOWDOWN."""
     if gpu_busy_s is None:
         return None
+    low, high = gpu_over_t4(gpu)
     rest = max(wall_s - gpu_busy_s, 0.0)
-    return {"low_s": round(gpu_busy_s * H200_OVER_T4 + rest), "high_s": round(gpu_busy_s * H200_OVER_T4
-                                                                          + rest * COLAB_CPU_SLOWDOWN),
-            "how": f"GPU-busy seconds (nvidia-smi utilisation) x {H200_OVER_T4:g} (H200/T4 fp16 throughput and memory "
+    short = gpu.replace("NVIDIA ", "").split()[0]
+    ratio = f"{low:g}" if low == high else f"{low:g}-{high:g}"
+    return {"low_s": round(gpu_busy_s * low + rest), "high_s": round(gpu_busy_s * high + rest * COLAB_CPU_SLOWDOWN),
+            "how": f"GPU-busy seconds (nvidia-smi utilisation) x {ratio} ({short}/T4 fp16 throughput and memory "
                    f"bandwidth) + the other seconds x 1-{COLAB_CPU_SLOWDOWN:g} (Colab's 2 vCPUs are one core's two "
                    "hyper-threads); disk and PCIe speed not modelled"}
 
@@ -113,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
                 result = execute(path, out_dir=args.out_dir, figures_file=figures_file)
             figures = json.loads(figures_file.read_text()) if figures_file.exists() else {}
         entry = {"passed": result["passed"], "runner": result.get("runner", "nbclient"), "wall_seconds": result["seconds"],
-                 "runtime": figures.get("runtime", "not recorded"), "figures": figures}
+                 "runtime": figures.get("runtime", "not recorded"), "gpu": facts["gpu"], "date": dt.date.today().isoformat(),
+                 "figures": figures}
         if emulate:
             enc = result["enclosure"]
             entry.update(peak_ram_gb=enc["peak_ram_gb"], peak_anon_gb=enc["peak_anon_gb"], oom_kills=enc["oom_kills"],
@@ -123,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                 entry["gpu_busy_source"] = enc.get("gpu_busy_source", "")
                 alone = args.concurrent <= 1 and not args.beside
                 if not entry["gpu_busy_source"].startswith("whole GPU") or alone:
-                    entry["t4_estimate"] = t4_estimate(result["seconds"], enc["gpu_busy_seconds"])
+                    entry["t4_estimate"] = t4_estimate(result["seconds"], enc["gpu_busy_seconds"], facts["gpu"])
             if enc.get("notes"):
                 entry["notes"] = enc["notes"]
         beside = ([f"{args.concurrent - 1} other notebook(s)"] if args.concurrent > 1 else []) + (

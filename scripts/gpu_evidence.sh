@@ -6,7 +6,11 @@
 #   source .gpu-bundle/setup.sh && bash scripts/gpu_evidence.sh /tmp/evidence [NOTEBOOK ...]   # default: every notebook
 #   LADDER_ARGS="--sizes gpt2-large gpt2-xl ..." bash scripts/gpu_evidence.sh ...   # ladder options; LADDER_ARGS=none: no ladder
 #   bash scripts/gpu_evidence.sh --collect /tmp/evidence $OUT                        # tars what is there
-#   LOCAL_HUB=0 bash scripts/gpu_evidence.sh ...   # notebooks 01/04 without the Hub cache: their offline branch
+#   LOCAL_HUB=0 bash scripts/gpu_evidence.sh ...   # no Hub cache built here (01/04 take their offline branch unless
+#       HF_HOME and HF_HUB_OFFLINE=1 already point at one: a second run beside the first reads the first one's)
+#   FIRST_CPU=6 CONCURRENT=6 BUILD_OPS="" LOCAL_HUB=0 bash scripts/gpu_evidence.sh ...   # a second run of the same
+#       notebooks beside a first (from another copy of the checkout: each notebook's build/ folder is its own), on
+#       the cores after the first run's, for issue 40's two-run verdict check (scripts/verdicts.py)
 #   HOST_MEMORY_ARGS="--sizes gpt2-xl gpt2-2.7b --seq-len 512" bash scripts/gpu_evidence.sh ...  # also the host byte
 #       account (benchmarks/host_memory.py, issue 25) on the cores left, not enclosed: it measures the need. Mind the
 #       64 GB disk: a 2.7B NVMe optimizer writes ~42 GB beside notebook 02's NVMe folder
@@ -55,9 +59,11 @@ if asked HOST_MEMORY_ARGS; then beside="${beside:+$beside, }benchmarks/host_memo
 if asked LONG_CONTEXT_ARGS; then beside="${beside:+$beside, }benchmarks/long_context.py"; fi
 pids=()
 k=0
+first_cpu=${FIRST_CPU:-0}                        # FIRST_CPU=6: this run's enclosures from core 6 on (another run beside)
+concurrent=${CONCURRENT:-${#notebooks[@]}}        # CONCURRENT=6: notebooks on the GPU at once, this run's and others'
 for nb in "${notebooks[@]}"; do
   name=$(basename "$nb" .ipynb)
-  python3 scripts/gpu_check.py "$nb" --cpus "$((2 * k)),$((2 * k + 1))" --concurrent "${#notebooks[@]}" \
+  python3 scripts/gpu_check.py "$nb" --cpus "$((first_cpu + 2 * k)),$((first_cpu + 2 * k + 1))" --concurrent "$concurrent" \
     --beside "$beside" --report "$out/parts/$name.json" --out-dir "$out/nb" >"$out/logs/$name.log" 2>&1 &
   pids+=($!)
   k=$((k + 1))

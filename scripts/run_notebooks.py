@@ -33,6 +33,40 @@ def kernel_env() -> dict[str, str]:
 KERNEL_ARGS = ["--IPKernelApp.log_level=ERROR"]
 
 
+def save_executed(nb: nbformat.NotebookNode, path: Path) -> None:
+    """Write an executed notebook as a reader sees it: each cell's consecutive stream outputs joined and every line a
+    carriage return overwrote dropped (nbconvert's CoalesceStreamsPreprocessor), so a progress bar is saved as its
+    final line, not as one output per refresh (notebook 03 had 1,809)."""
+    from nbconvert.preprocessors import CoalesceStreamsPreprocessor
+
+    nb, _ = CoalesceStreamsPreprocessor().preprocess(nb, {})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
+
+
+def tidy_executed(path: Path) -> None:
+    """`save_executed` for a notebook file already written (nbmake's --overwrite copy)."""
+    save_executed(nbformat.read(path, as_version=4), path)
+
+
+def sync_markdown(executed: Path, source: Path) -> int:
+    """Give an executed copy the markdown of the notebook it ran (a text edited after the run: an intro's T4 time
+    from that very run), cell by cell; its code and outputs are kept. Refuses when the code cells differ (the copy
+    would show outputs of other code). Returns how many markdown cells changed."""
+    ran, now = nbformat.read(executed, as_version=4), nbformat.read(source, as_version=4)
+    code = [c.source for c in ran.cells if c.cell_type == "code"]
+    if code != [c.source for c in now.cells if c.cell_type == "code"] or len(ran.cells) != len(now.cells):
+        raise ValueError(f"{executed} did not run {source}'s code: run it again (scripts/gpu_evidence.sh) instead")
+    changed = 0
+    for old, new in zip(ran.cells, now.cells):
+        if old.cell_type == "markdown" and old.source != new.source:
+            old.source = new.source
+            changed += 1
+    if changed:
+        nbformat.write(ran, executed)
+    return changed
+
+
 def execute(path: Path, *, twice: bool = False, timeout_s: int = 1800, out_dir: Path | None = None,
             figures_file: Path | None = None, kernel_name: str = "python3",
             on_kernel_start: Callable[[int], None] | None = None) -> dict:
@@ -68,8 +102,7 @@ def execute(path: Path, *, twice: bool = False, timeout_s: int = 1800, out_dir: 
                 os.environ["DS_COURSE_FIGURES"] = env_before
     seconds = time.perf_counter() - start
     if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        nbformat.write(nb, out_dir / path.name)
+        save_executed(nb, out_dir / path.name)
     return {"passed": not error, "seconds": round(seconds, 1), "error": error}
 
 
@@ -153,8 +186,7 @@ def execute_with_habits(path: Path, *, interrupt_after_s: float = 3.0, timeout_s
     except Exception as exc:  # CellExecutionError carries the traceback text
         error = f"{type(exc).__name__}: {exc}"[-4000:]
     if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        nbformat.write(nb, out_dir / path.name)
+        save_executed(nb, out_dir / path.name)
     return {"passed": not error, "seconds": round(time.perf_counter() - start, 1), "error": error, "log": log}
 
 
@@ -200,7 +232,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--twice", action="store_true", help="run every cell twice in one kernel")
     parser.add_argument("--out-dir", type=Path, default=ROOT / "build" / "notebooks")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
+    parser.add_argument("--tidy", action="store_true",
+                        help="only rewrite the given executed notebooks as save_executed would, and stop")
+    parser.add_argument("--markdown-from", type=Path, default=None,
+                        help="only give the given executed notebooks the markdown of the same-named notebooks in "
+                             "this folder (sync_markdown), and stop")
     args = parser.parse_args(argv)
+    if args.tidy or args.markdown_from:
+        for path in args.notebooks:
+            if args.tidy:
+                tidy_executed(path)
+            if args.markdown_from:
+                print(f"{path.name}: {sync_markdown(path, args.markdown_from / path.name)} markdown cell(s) updated")
+        return 0
     paths = args.notebooks or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
     results = {}
     for path in paths:

@@ -597,3 +597,19 @@ def test_a_run_s_precision_is_the_config_s(cpu, clean_dist_env):
     assert cpu.precision == "fp32"
     assert train_run("bf16", factory, tiny_blocks(16), ds_config=config, **kw).precision == "bf16"
     assert train_run("plain", factory, tiny_blocks(16), ds_config=config, plain_pytorch=True, **kw).precision == "fp32"
+
+
+@pytest.mark.parametrize("kwargs, fix", [
+    (dict(steps=120, eval_every=20, compare_steps=3), dict(steps=120, eval_every=20, compare_steps=4)),
+    (dict(steps=10, eval_every=20), dict(steps=10, eval_every=5)),
+    (dict(steps=1, eval_every=20), dict(steps=40, eval_every=20)),
+    (dict(steps=1, eval_every=0), dict(steps=2, eval_every=1)),
+    (dict(steps="5"), dict(steps=5)),
+])
+def test_notebook_01s_step_counts_are_refused_with_a_fix_that_passes(kwargs, fix):
+    """helpers.check_run_lengths (notebook 01's settings cell): every refusal names the fix, and the fix passes."""
+    from helpers.checks import check_run_lengths
+
+    with pytest.raises(ValueError, match="Fix:"):
+        check_run_lengths(**kwargs)
+    check_run_lengths(**fix)

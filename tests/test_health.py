@@ -114,3 +114,23 @@ def test_async_io_check_in_a_fresh_python_agrees_with_deepspeeds_own():
     from helpers.health import async_io_available
 
     assert async_io_available() == AsyncIOBuilder().is_compatible()
+
+
+@pytest.mark.slow
+def test_a_cuda_mismatch_is_reproduced_with_deepspeeds_own_error_and_the_fix(tmp_path):
+    """Notebook 00 (issue 40 item 7): a stand-in nvcc one CUDA major below torch's, in a child process; its ds_report
+    lines, DeepSpeed's CUDAMismatchException before any op build, and the health row's FAIL with the fix. On this CPU
+    build of torch, torch's CUDA version is stood in too (the notebook passes nothing and gets None here)."""
+    from helpers.health import reproduce_cuda_mismatch
+
+    assert reproduce_cuda_mismatch(tmp_path) is None  # a CPU torch: nothing to mismatch
+    got = reproduce_cuda_mismatch(tmp_path, torch_cuda="12.8")
+    assert got.nvcc == "11.8" and got.torch_cuda == "12.8"
+    assert any(line.startswith("nvcc version") and line.endswith("11.8") for line in got.report_lines), got.report_lines
+    assert got.deepspeed_error.startswith("CUDAMismatchException") and "11.8 does not match" in got.deepspeed_error
+    assert got.check.status == FAIL and "install CUDA toolkit 12.x" in got.check.fix
+    assert "CUDA_HOME" in str(got) and str(got).count("\n") < 8
+
+
+def test_health_checks_read_ds_reports_text_as_its_parsed_dict():
+    assert health_checks(gpu_report(nvcc="11.8")) == health_checks(parse_ds_report(gpu_report(nvcc="11.8")))

@@ -75,7 +75,10 @@ def test_branch_follows_colab_and_the_offline_cache(hub_home, monkeypatch, capsy
     assert not hub.hub_available("local") and not hub.hub_available(str(home))  # a folder is not a Hub name
     assert hub.hub_or_local("gpt2", "Salesforce/wikitext:wikitext-2-raw-v1") == (
         "gpt2", "Salesforce/wikitext:wikitext-2-raw-v1")
-    assert "Colab's branch: gpt2 and Salesforce/wikitext:wikitext-2-raw-v1" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "Colab's branch: gpt2 and Salesforce/wikitext:wikitext-2-raw-v1" in out
+    # the course's own cache is a stand-in, and the line says so (issue 40: not shown as the real GPT-2 / WikiText)
+    assert hub.hub_stand_in() and "STAND-IN" in out and "not GPT-2's on WikiText" in out
     monkeypatch.setenv("HF_HUB_CACHE", str(home / "nothing-here"))
     monkeypatch.setenv("HF_DATASETS_CACHE", str(home / "nothing-here"))
     assert hub.hub_or_local("gpt2", "Salesforce/wikitext:wikitext-2-raw-v1") == ("local", "local")

@@ -310,3 +310,14 @@ def test_benchmark_smoke(tmp_path):
         assert row["runtime"] == report["runtime"] and row["final_loss"] > 0 and row["tokens_per_s"] > 0
     assert report["agreement"]["zero2"]["max_loss_diff"] < 1e-3
     assert out.with_suffix(".md").read_text().startswith("#")
+
+
+def test_the_step_recorder_times_each_step_for_the_runs_spread():
+    """Issue 40: Trainer's and Accelerate's runs carry their step times, so notebook 04 compares them with the raw
+    engine by the spread of their steps as train_run's runs are."""
+    from helpers.integrations import StepRecorder
+
+    rec = StepRecorder(tokens_per_step=100, untimed_steps=2)
+    rec.times = [1.0, 2.0, 3.0, 3.5, 4.5]
+    assert rec.step_seconds == [1.0, 0.5, 1.0]
+    assert abs(rec.tokens_per_s - 300 / 2.5) < 1e-9

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from helpers.records import FIGURES_ENV, record_figure, recorded_figures
+from helpers.records import FIGURES_ENV, record_figure, record_figures, recorded_figures
 
 
 def test_record_figure_keeps_and_writes(tmp_path, monkeypatch):
@@ -49,3 +49,11 @@ def test_reports_are_printed_to_learners_without_the_projects_targets():
     assert report_for_learners("largest / plain: 4.39 (target >= 4: met)\n| a | b |") == "largest / plain: 4.39\n| a | b |"
     oom = "| plain | CUDA out of memory: CUDA out of memory. Tried to allocate 26.00 MiB. GPU 0 has a total capacity of 139.80 GiB |"
     assert report_for_learners(oom) == "| plain | CUDA out of memory: tried to allocate 26.00 MiB |"
+
+
+def test_record_figures_keeps_several_in_one_call(tmp_path, monkeypatch):
+    target = tmp_path / "figures.json"
+    monkeypatch.setenv(FIGURES_ENV, str(target))
+    record_figures(a_loss=1.5, b_steps=3)
+    assert json.loads(target.read_text()) == {"a_loss": 1.5, "b_steps": 3}
+    assert recorded_figures()["b_steps"] == 3

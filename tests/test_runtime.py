@@ -289,3 +289,21 @@ def test_a_build_lock_left_by_a_killed_build_is_removed_and_a_live_one_kept(tmp_
     assert remove_stale_build_lock(tmp_path) and not lock.exists()
     assert "stale build lock" in capsys.readouterr().out
     assert not remove_stale_build_lock(tmp_path)  # nothing left to remove
+
+
+def test_clean_slate_checks_what_the_cell_needs_before_it_drops_anything(monkeypatch):
+    """Issue 40: one call at the top of a training cell. A missing name is refused with the cell to run, and the
+    cell's old results are still there; with everything present it forgets them and, when asked, sets the five
+    distributed variables for one process."""
+    from helpers.runtime import clean_slate
+
+    for k in DIST_ENV_VARS:
+        monkeypatch.delenv(k, raising=False)
+    namespace = {"losses": [1.0], "model_path": "x"}
+    with pytest.raises(NameError, match="train_blocks not defined.*Fix: run sections 1-3 first"):
+        clean_slate(namespace, "losses", needs=("model_path", "train_blocks"), where="sections 1-3",
+                    single_process=True)
+    assert namespace["losses"] == [1.0] and "RANK" not in os.environ
+    namespace["train_blocks"] = []
+    clean_slate(namespace, "losses", needs=("model_path", "train_blocks"), single_process=True)
+    assert "losses" not in namespace and os.environ["WORLD_SIZE"] == "1" and os.environ["MASTER_PORT"]
