@@ -8,9 +8,10 @@
 #   bash scripts/gpu_evidence.sh --collect /tmp/evidence $OUT                        # tars what is there
 #   LOCAL_HUB=0 bash scripts/gpu_evidence.sh ...   # no Hub cache built here (01/04 take their offline branch unless
 #       HF_HOME and HF_HUB_OFFLINE=1 already point at one: a second run beside the first reads the first one's)
-#   FIRST_CPU=6 CONCURRENT=6 BUILD_OPS="" LOCAL_HUB=0 bash scripts/gpu_evidence.sh ...   # a second run of the same
-#       notebooks beside a first (from another copy of the checkout: each notebook's build/ folder is its own), on
-#       the cores after the first run's, for issue 40's two-run verdict check (scripts/verdicts.py)
+#   TWICE=1 LADDER_ARGS=none bash scripts/gpu_evidence.sh /tmp/ev NOTEBOOK ...   # each notebook twice, side by side
+#       (the second run from a copy of the checkout, on the next cores, into /tmp/ev/run_b), then scripts/verdicts.py
+#       compares the two runs' verdict lines into /tmp/ev/verdicts.md (issue 40). At most 4 notebooks (2 x 2 x 4 cores)
+#   FIRST_CPU, CONCURRENT: the first core of this run's enclosures and how many notebooks share the GPU (TWICE sets them)
 #   HOST_MEMORY_ARGS="--sizes gpt2-xl gpt2-2.7b --seq-len 512" bash scripts/gpu_evidence.sh ...  # also the host byte
 #       account (benchmarks/host_memory.py, issue 25) on the cores left, not enclosed: it measures the need. Mind the
 #       64 GB disk: a 2.7B NVMe optimizer writes ~42 GB beside notebook 02's NVMe folder
@@ -36,6 +37,7 @@ shift
 notebooks=("$@")
 [ ${#notebooks[@]} -gt 0 ] || notebooks=(notebooks/[0-9][0-9]_*.ipynb)
 mkdir -p "$out/nb" "$out/parts" "$out/logs"
+out=$(cd "$out" && pwd)  # absolute: TWICE's second run starts from another folder
 export DS_COURSE_T4_BUDGET=1 PYTHONUNBUFFERED=1
 start=$(date +%s)
 
@@ -53,6 +55,16 @@ if [ "${LOCAL_HUB:-1}" = 1 ]; then
 fi
 
 asked() { [ -n "${!1:-}" ] && [ "${!1}" != "none" ]; }  # HOST_MEMORY_ARGS, LONG_CONTEXT_ARGS: set and not "none"
+if [ "${TWICE:-0}" = 1 ]; then
+  # issue 40's two-run check: the same notebooks again, side by side with this run, from a copy of the checkout (each
+  # notebook's build/ folder is its own), on the cores after this run's; scripts/verdicts.py compares the two
+  copy=/tmp/ds-course-run-b
+  rm -rf "$copy" && mkdir -p "$copy" && tar --exclude=./build --exclude=./.gpu-bundle -cf - . | tar -xf - -C "$copy"
+  export CONCURRENT=$((2 * ${#notebooks[@]}))
+  (cd "$copy" && TWICE=0 BUILD_OPS="" LOCAL_HUB=0 LADDER_ARGS=none FIRST_CPU=$((2 * ${#notebooks[@]})) \
+    bash scripts/gpu_evidence.sh "$out/run_b" "${notebooks[@]}") &
+  run_b=$!
+fi
 beside=""  # the benchmarks started below, named in each notebook's entry (they share the GPU)
 [ "${LADDER_ARGS:-}" = "none" ] || beside="benchmarks/ladder.py"
 if asked HOST_MEMORY_ARGS; then beside="${beside:+$beside, }benchmarks/host_memory.py"; fi
@@ -88,5 +100,10 @@ if asked LONG_CONTEXT_ARGS; then
   pids+=($!)
 fi
 for p in "${pids[@]}"; do wait "$p"; done
+if [ -n "${run_b:-}" ]; then
+  wait "$run_b"
+  python3 scripts/verdicts.py "$out/nb" "$out/run_b/nb" --out "$out/verdicts.md" >"$out/logs/verdicts.log" 2>&1
+  echo "verdicts compared (exit $?: 0 = no flip)" >>"$out/logs/progress.log"
+fi
 echo "all done after $(( $(date +%s) - start )) s" >>"$out/logs/progress.log"
 touch "$out/DONE"

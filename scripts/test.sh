@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Set up and run the tests (the README's second command; CI runs it on a fresh clone):
 #   bash scripts/test.sh          lint (ruff), then one pytest run over every core (pytest-xdist): every test in
-#                                 tests/ and every notebook through nbmake as a learner runs it (tests/learner_habits.py:
-#                                 heavy cells interrupted and run again, a second pass in the same kernel).
+#                                 tests/ and every notebook (notebooks/drafts/ too) through nbmake as a learner runs it
+#                                 (tests/learner_habits.py: heavy cells interrupted and run again, a second pass in the
+#                                 same kernel).
 #   bash scripts/test.sh --quick  lint and the fast unit tests of helpers (not marked `slow`): no notebook, no
 #                                 DeepSpeed engine, no op build, no Colab venv. For contributors, between full runs.
 # A single notebook as CI runs it: DS_COURSE_SAVED_RUN=1 .venv/bin/python -m pytest --nbmake -p tests.learner_habits \
@@ -45,6 +46,9 @@ if [ "$QUICK" = 1 ]; then
   exit 0
 fi
 echo "== the tests and every notebook through nbmake as a learner runs it (tests/learner_habits.py), one pytest run"
+shopt -s nullglob
+NOTEBOOKS=(notebooks/[0-9][0-9]_*.ipynb notebooks/drafts/[0-9][0-9]_*.ipynb)  # drafts: edited, awaiting their GPU run
+shopt -u nullglob
 .venv/bin/python -m pytest --nbmake --nbmake-timeout=1800 -p tests.learner_habits "${WORKERS[@]}" --durations=30 \
-  "${ARGS[@]}" notebooks/[0-9][0-9]_*.ipynb tests
+  "${ARGS[@]}" "${NOTEBOOKS[@]}" tests
 phase "tests and notebooks (one pytest run; its summary splits the time between them)"

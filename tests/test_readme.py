@@ -136,3 +136,22 @@ def test_readme_offload_speed_numbers_are_the_committed_report():
     assert (f"peaked at {own['peak_rss_gb']:.2f} GB of the enforced {report['ram_budget_gb']:.2f} GB "
             f"({report['ram_budget_gb'] - own['peak_rss_gb']:.2f} GB to spare), with the course's check at "
             f"{chunked['peak_rss_gb']:.2f} GB") in text
+
+
+def test_notebook_table_t4_times_are_the_reports_estimates():
+    """The table's T4 column is each notebook's T4 estimate in reports/gpu_check.json, in the minutes its intro names
+    (scripts/course_shape.t4_minutes), and each card that measured the GPU column is named beside it."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import course_shape
+
+    rows = [line for line in README.splitlines() if re.match(r"\| \d\d \| \[", line)]
+    for row in rows:
+        cells = row.split(" | ")
+        name = re.search(r"\(notebooks/(\d\d_[^)]+\.ipynb)\)", cells[1]).group(1)
+        entry = REPORT["notebooks"][name]
+        low, high = course_shape.t4_minutes(entry["t4_estimate"])
+        assert cells[-2].startswith(f"{low}-{high} min"), (name, cells[-2])
+        card = entry.get("gpu", REPORT["gpu"]).replace("NVIDIA ", "").split()[0]
+        assert f"on an {card}" in cells[-1], (name, cells[-1])
