@@ -96,9 +96,8 @@ def check_run_lengths(*, steps: Any, eval_every: Any = None, compare_steps: Any 
         raise ValueError(f"COMPARE_STEPS = {compare_steps!r}: each comparison run leaves its first 2 steps untimed and "
                          "needs at least 2 timed steps for a speed and its spread. Fix: COMPARE_STEPS = 4 or more (10 "
                          "on CPU, 20 on Colab).")
-    if eval_every is not None and not (isinstance(eval_every, int) and not isinstance(eval_every, bool)
-                                       and 0 < eval_every and steps >= 2 * eval_every):
-        valid_every = isinstance(eval_every, int) and not isinstance(eval_every, bool) and eval_every > 0
+    valid_every = isinstance(eval_every, int) and not isinstance(eval_every, bool) and eval_every > 0
+    if eval_every is not None and not (valid_every and steps >= 2 * eval_every):
         if steps >= 2:  # each fix below passes this check
             fix = f"EVAL_EVERY = {steps // 2}" + (f" (or STEPS = {2 * eval_every} or more)" if valid_every else "")
         else:

@@ -245,16 +245,15 @@ def reproduce_cuda_mismatch(work_dir: str | os.PathLike[str], *, torch_cuda: str
                             timeout_s: float = 300.0) -> CudaMismatch | None:
     """The most common DeepSpeed install failure, made on purpose and safely (notebook 00): in a child process whose
     CUDA_HOME points at a stand-in `nvcc` reporting a CUDA major one below torch's, print ds_report's version lines
-    and run DeepSpeed's own pre-build check (`assert_no_cuda_mismatch`, what every JIT op build calls first), then read that ds_report with
-    `health_checks`. Nothing is installed or changed in this process. Returns None on a torch without CUDA (there is
+    and run DeepSpeed's own pre-build check (`assert_no_cuda_mismatch`, what every JIT op build calls first), then read
+    those lines with `health_checks`. Nothing is installed or changed in this process. Returns None on a torch without CUDA (there is
     nothing to mismatch); `torch_cuda` stands in for torch's CUDA version (tests on a CPU build)."""
     import torch
 
     cuda = torch_cuda or torch.version.cuda
     if not cuda:
         return None
-    major, minor = (int(x) for x in cuda.split(".")[:2])
-    fake = f"{major - 1}.8"
+    fake = f"{int(cuda.split('.')[0]) - 1}.8"
     home = Path(work_dir) / "cuda-stand-in"
     (home / "bin").mkdir(parents=True, exist_ok=True)
     nvcc = home / "bin" / "nvcc"

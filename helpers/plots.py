@@ -281,15 +281,15 @@ def plot_losses(losses: Sequence[float], title: str = "Training loss", show: boo
     (validation every k steps: ``val=[(10, 3.2), (20, 2.9)]``), drawn at those steps."""
     fig = _figure(6, 3.5)
     ax = fig.add_subplot()
-    per_step = [n for n, v in named.items() if not (list(v) and isinstance(list(v)[0], (tuple, list)))]
+    named = {name: list(values) for name, values in named.items()}  # each series read once (an iterator too)
+    per_step = [n for n, v in named.items() if not (v and isinstance(v[0], (tuple, list)))]
     # where other per-step series may lie on this one (the same run through other drivers), this one is drawn wide
     # and pale and each other one in a line style of its own, so a reader sees them agree instead of one line
     ax.plot(range(1, len(losses) + 1), losses, label=label, marker=".",
             **({"linewidth": 5, "alpha": 0.45} if per_step else {}))
     styles = iter(["--", ":", "-."] * len(named))
     for name, values in named.items():
-        values = list(values)
-        if values and isinstance(values[0], (tuple, list)):
+        if name not in per_step:
             ax.plot([v[0] for v in values], [v[1] for v in values], label=name, marker="o")
         else:
             ax.plot(range(1, len(values) + 1), values, label=name, linestyle=next(styles), linewidth=2)

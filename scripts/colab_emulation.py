@@ -592,10 +592,10 @@ def _run_nbmake(path: Path, enc: Enclosure, *, out_dir: Path | None, figures_fil
         from run_notebooks import tidy_executed  # scripts/ is on sys.path (script folder or pytest)
 
         out_dir.mkdir(parents=True, exist_ok=True)
-        shutil.copy(copy, out_dir / path.name)
         try:
-            tidy_executed(out_dir / path.name)
+            tidy_executed(copy, out_dir / path.name)
         except ImportError as exc:  # no nbconvert here: the copy is kept as nbmake saved it
+            shutil.copy(copy, out_dir / path.name)
             print(f"{path.name}: saved untidied ({exc}); fix: python scripts/run_notebooks.py --tidy {out_dir / path.name}",
                   file=sys.stderr)
     shutil.rmtree(work, ignore_errors=True)

@@ -44,9 +44,9 @@ def save_executed(nb: nbformat.NotebookNode, path: Path) -> None:
     nbformat.write(nb, path)
 
 
-def tidy_executed(path: Path) -> None:
-    """`save_executed` for a notebook file already written (nbmake's --overwrite copy)."""
-    save_executed(nbformat.read(path, as_version=4), path)
+def tidy_executed(path: Path, to: Path | None = None) -> None:
+    """`save_executed` for a notebook file already written (nbmake's --overwrite copy), into `to` (default: itself)."""
+    save_executed(nbformat.read(path, as_version=4), to or path)
 
 
 def sync_markdown(executed: Path, source: Path) -> int:
