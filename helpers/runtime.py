@@ -424,7 +424,10 @@ def _op_cached(name: str) -> bool:
     A library that another checkout or virtual environment compiled into the same cache (`~/.cache/torch_extensions`
     is shared by every Python of one version on the machine) is not: its build.ninja names the other installation's
     torch and deepspeed, so the first process here that loads the op recompiles it, silently and wherever it runs
-    (a CI run's 3 GB memory group OOM-killed that g++ 16 times). Such a cache counts as not built."""
+    (a CI run's 3 GB memory group OOM-killed that g++ 16 times). Such a cache counts as not built. So does a library
+    older than its inputs (the op's sources named in build.ninja, torch's extension header): a venv made again at the
+    same path leaves build.ninja naming this installation, but its freshly installed sources are newer, and torch's
+    loader (ninja, by file times) recompiles (a fresh-clone run here compiled the ops inside notebook 02's 3 GB group)."""
     try:
         from importlib.util import find_spec
 
@@ -435,9 +438,22 @@ def _op_cached(name: str) -> bool:
             return False
         ninja = Path(folder, "build.ninja").read_text()
         deepspeed_dir = (find_spec("deepspeed").submodule_search_locations or [""])[0]  # type: ignore[union-attr]
-        return include_paths()[0] in ninja and str(deepspeed_dir) in ninja
+        return include_paths()[0] in ninja and str(deepspeed_dir) in ninja and _built_after_its_inputs(folder, ninja)
     except (OSError, ImportError, AttributeError, IndexError):
         return False
+
+
+def _built_after_its_inputs(folder: str, ninja: str) -> bool:
+    """Whether the op library in `folder` is newer than every source its build.ninja (`ninja`) compiles and than
+    torch's extension header: what ninja's file-time check needs for it to rebuild nothing."""
+    import re
+
+    from torch.utils.cpp_extension import include_paths
+
+    library = max(Path(folder, f).stat().st_mtime for f in os.listdir(folder) if f.endswith(".so"))
+    inputs = [Path(m) for m in re.findall(r"^build \S+\.o: \w+ (\S+)", ninja, flags=re.MULTILINE)]
+    inputs.append(Path(include_paths()[0]) / "torch" / "extension.h")
+    return all(library >= p.stat().st_mtime for p in inputs if p.exists())
 
 
 def build_ops(*names: str, timeout_s: float = 1800.0) -> dict[str, str]:

@@ -243,6 +243,26 @@ def test_an_op_another_installation_compiled_into_the_shared_cache_counts_as_not
     assert not rt._op_cached("theirs") and not rt._op_cached("unfinished") and not rt._op_cached("absent")
 
 
+def test_an_op_older_than_its_sources_counts_as_not_built(monkeypatch, tmp_path):
+    """A fresh-clone run's failure: a venv made again at the same path leaves build.ninja naming this installation,
+    but the library is older than its freshly installed sources, so torch's loader (ninja) recompiled the op inside
+    notebook 02's 3 GB group. build_ops must call it not built, and build it outside."""
+    import os
+
+    import torch.utils.cpp_extension as cpp
+
+    import helpers.runtime as rt
+
+    monkeypatch.setattr(cpp, "_get_build_directory", lambda name, verbose: str(tmp_path / name))
+    source = tmp_path / "op.cpp"
+    source.write_text("source")
+    _fake_cached_op(tmp_path / "ours", f"{_this_installation()}\nbuild op.o: compile {source}")
+    assert rt._op_cached("ours")
+    later = (tmp_path / "ours" / "ours.so").stat().st_mtime + 10
+    os.utime(source, (later, later))  # the source installed again after the library was built
+    assert not rt._op_cached("ours")
+
+
 def test_build_ops_refuses_an_unknown_op_with_the_names_it_knows():
     from helpers.runtime import OP_BUILDERS, build_ops
 
