@@ -76,7 +76,12 @@ def t4_estimate(wall_s: float, gpu_busy_s: float | None, gpu: str = "NVIDIA H200
 
 
 def merge(report: dict, parts: list[dict]) -> dict:
-    """Fold partial reports (one per notebook run in parallel) into `report`."""
+    """Fold partial reports (one per notebook run in parallel) into `report`. An entry kept from an earlier run keeps
+    the card and date it ran on (the report's own, before the parts replace them)."""
+    for entry in report.get("notebooks", {}).values():
+        for key in ("gpu", "date"):
+            if key in report:
+                entry.setdefault(key, report[key])
     for part in parts:
         report.setdefault("notebooks", {}).update(part.get("notebooks", {}))
         for k, v in part.items():

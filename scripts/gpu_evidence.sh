@@ -26,6 +26,9 @@
 # would hold the build lock while the others wait); the notebooks then load them from the cache.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# The GPU machine has no editable install of helpers (the bundle holds only third-party wheels): this checkout's
+# helpers go first on the path of every script, kernel and launched program (run B's copy puts its own first)
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 
 if [ "${1:-}" = "--collect" ]; then
   tar czf "$3/evidence.tgz" -C "$2" . 2>/dev/null
@@ -103,7 +106,7 @@ for p in "${pids[@]}"; do wait "$p"; done
 if [ -n "${run_b:-}" ]; then
   wait "$run_b"
   python3 scripts/verdicts.py "$out/nb" "$out/run_b/nb" --out "$out/verdicts.md" >"$out/logs/verdicts.log" 2>&1
-  echo "verdicts compared (exit $?: 0 = no flip)" >>"$out/logs/progress.log"
+  echo "verdicts compared (exit $?: 0 = no flip, 1 = flips, 2 = nothing to compare)" >>"$out/logs/progress.log"
 fi
 echo "all done after $(( $(date +%s) - start )) s" >>"$out/logs/progress.log"
 touch "$out/DONE"

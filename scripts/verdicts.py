@@ -82,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.write_text(text)
     print(text)
+    if not any((args.run_b / p.name).exists() for p in args.run_a.glob("*.ipynb")):
+        print(f"no notebook executed in both {args.run_a} and {args.run_b}: nothing was compared", file=sys.stderr)
+        return 2
     return 1 if flips else 0
 
 

@@ -61,3 +61,17 @@ def test_a_failing_notebook_fails_with_nbmakes_report_of_the_cell(tmp_path):
     assert "1 failed" in result["error"]
     with pytest.raises(ValueError, match="one plain pass"):
         emu.run_notebook(path, runner="nbmake", habits=True)
+
+
+def test_merging_a_new_run_keeps_each_earlier_entrys_card_and_date():
+    """A notebook re-run on another card replaces only its own entry: the others keep the card and date they ran on
+    (the README names the card beside each time)."""
+    import gpu_check
+
+    report = {"gpu": "NVIDIA H200", "date": "2026-12-04", "notebooks": {"02_x.ipynb": {"passed": True}}}
+    part = {"gpu": "NVIDIA H100 80GB HBM3", "date": "2026-12-06",
+            "notebooks": {"01_x.ipynb": {"passed": True, "gpu": "NVIDIA H100 80GB HBM3", "date": "2026-12-06"}}}
+    merged = gpu_check.merge(report, [part])
+    assert merged["notebooks"]["02_x.ipynb"]["gpu"] == "NVIDIA H200"
+    assert merged["notebooks"]["02_x.ipynb"]["date"] == "2026-12-04"
+    assert merged["notebooks"]["01_x.ipynb"]["gpu"] == merged["gpu"] == "NVIDIA H100 80GB HBM3"
