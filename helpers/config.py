@@ -27,8 +27,9 @@ from helpers.memory import estimate_for_config
 if TYPE_CHECKING:
     from helpers.hardware import Runtime
 
-__all__ = ["COURSE_CONFIGS", "COURSE_CONFIG_PRECISION", "LADDER_CONFIGS", "NAMED_CONFIGS", "NVME_MIN_FREE_BYTES",
-           "OFFLOAD_KINDS", "NamedConfig", "activation_checkpointing_hint", "build_ds_config", "check_nvme_buffers",
+__all__ = ["AUTO_FIELDS", "COURSE_CONFIGS", "COURSE_CONFIG_PRECISION", "HIDDEN_SIZE_AUTO", "LADDER_CONFIGS",
+           "NAMED_CONFIGS", "NVME_MIN_FREE_BYTES", "OFFLOAD_KINDS", "TRAINER_CONFIGS", "NamedConfig",
+           "activation_checkpointing_hint", "trainer_ds_config", "build_ds_config", "check_nvme_buffers",
            "check_nvme_path", "course_config", "named_config", "nvme_buffer_size_for", "offload_config",
            "validate_ds_config", "write_course_configs"]
 
@@ -251,7 +252,7 @@ def build_ds_config(
     runtime: "Runtime | None" = None,
     micro_batch_size: int = 4,
     grad_accum_steps: int = 1,
-    world_size: int = 1,
+    world_size: int | None = None,
     offload_optimizer: str = "none",
     offload_param: str = "none",
     nvme_path: str | None = None,
@@ -285,10 +286,13 @@ def build_ds_config(
     With NVMe, the folder's free space is checked against `nvme_bytes_needed`, else against the estimate for
     `n_params` parameters, else against NVME_MIN_FREE_BYTES; parameter swap buffers must hold `largest_param`
     elements (the model's largest tensor) when it is given (`check_nvme_buffers`).
+    `train_batch_size` is left out unless `world_size` is given: DeepSpeed then derives it as micro-batch x
+    accumulation x data-parallel world size (runtime/config.py `_set_batch_related_parameters`), so the same config
+    runs on any number of GPUs; with `world_size` it is written, and DeepSpeed checks it against that world.
     """
     _check_stage(stage)
     for name, value in (("micro_batch_size", micro_batch_size), ("grad_accum_steps", grad_accum_steps),
-                        ("world_size", world_size)):
+                        ("world_size", 1 if world_size is None else world_size)):
         _check_int(name, value)
     check_number("lr", lr, positive=True, integer=False, example=1e-4)
     check_number("weight_decay", weight_decay, positive=False, integer=False, example=0.01)
@@ -342,13 +346,14 @@ def build_ds_config(
         check_nvme_buffers(nvme_buffer_count, nvme_buffer_size, largest_param=largest_param,
                            element_bytes=4 if resolved == "fp32" else 2)
 
-    config: dict[str, Any] = {
-        "train_batch_size": micro_batch_size * grad_accum_steps * world_size,
+    config: dict[str, Any] = {} if world_size is None else {
+        "train_batch_size": micro_batch_size * grad_accum_steps * world_size}
+    config.update({
         "train_micro_batch_size_per_gpu": micro_batch_size,
         "gradient_accumulation_steps": grad_accum_steps,
         "steps_per_print": steps_per_print,
         "wall_clock_breakdown": False,
-    }
+    })
     optimizer_params: dict[str, Any] = {"lr": lr, "betas": list(betas), "eps": 1e-8,
                                         "weight_decay": weight_decay}
     if offload_optimizer == "none":
@@ -416,7 +421,9 @@ class NamedConfig:
 
     `plain`: plain PyTorch AMP, no DeepSpeed engine (train_run gets ds_config=None); its kwargs build the stage-0
     config whose batch and schedule fields a plain run reads. `in_configs_dir`: written to configs/<name>.json.
-    `ladder`: a column of benchmarks/ladder.py and of notebook 02's pre-flight tables.
+    `ladder`: a column of benchmarks/ladder.py and of notebook 02's pre-flight tables. `trainer`: also written as
+    configs/<name>_trainer.json, the same config with "auto" where Trainer's arguments own the value
+    (`trainer_ds_config`), the file a Trainer program is given (notebook 04).
     """
 
     name: str
@@ -425,6 +432,7 @@ class NamedConfig:
     plain: bool = False
     in_configs_dir: bool = False
     ladder: bool = False
+    trainer: bool = False
 
     @property
     def offload(self) -> bool:
@@ -447,9 +455,9 @@ class NamedConfig:
 
 
 def _named(name: str, label: str, plain: bool = False, in_configs_dir: bool = False, ladder: bool = False,
-           **kwargs: Any) -> tuple[str, NamedConfig]:
+           trainer: bool = False, **kwargs: Any) -> tuple[str, NamedConfig]:
     return name, NamedConfig(name, label, MappingProxyType(kwargs), plain=plain, in_configs_dir=in_configs_dir,
-                             ladder=ladder)
+                             ladder=ladder, trainer=trainer)
 
 
 # THE list of the course's named configs (notebooks 00-05, configs/, benchmarks/ladder.py), cheapest first.
@@ -459,8 +467,9 @@ NAMED_CONFIGS: dict[str, NamedConfig] = dict([
     _named("plain", "plain PyTorch AMP", plain=True, ladder=True, stage=0),
     _named("zero0", "ZeRO-0 (data parallel, nothing partitioned)", in_configs_dir=True, stage=0),
     _named("zero1", "ZeRO-1 (optimizer states partitioned)", in_configs_dir=True, stage=1),
-    _named("zero2", "ZeRO-2 (optimizer states and gradients partitioned)", in_configs_dir=True, stage=2),
-    _named("zero3", "ZeRO-3 (optimizer states, gradients and parameters partitioned)", in_configs_dir=True, stage=3),
+    _named("zero2", "ZeRO-2 (optimizer states and gradients partitioned)", in_configs_dir=True, trainer=True, stage=2),
+    _named("zero3", "ZeRO-3 (optimizer states, gradients and parameters partitioned)", in_configs_dir=True,
+           trainer=True, stage=3),
     _named("zero2_offload_cpu", "ZeRO-2 + CPU optimizer", in_configs_dir=True, ladder=True,
            stage=2, offload_optimizer="cpu"),
     _named("zero3_offload_cpu", "ZeRO-3 + CPU params+optimizer", in_configs_dir=True, ladder=True,
@@ -480,6 +489,7 @@ COURSE_CONFIG_PRECISION = "fp16"
 # views of NAMED_CONFIGS in its order, not lists of their own: the configs/ files, the ladder's columns, and the
 # offload configs (name -> build_ds_config arguments) that `offload_config` sizes and pre-flight suggests
 COURSE_CONFIGS: tuple[str, ...] = tuple(n for n, c in NAMED_CONFIGS.items() if c.in_configs_dir)
+TRAINER_CONFIGS: tuple[str, ...] = tuple(n for n, c in NAMED_CONFIGS.items() if c.in_configs_dir and c.trainer)
 LADDER_CONFIGS: tuple[str, ...] = tuple(n for n, c in NAMED_CONFIGS.items() if c.ladder)
 OFFLOAD_KINDS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
     {n: NAMED_CONFIGS[n].kwargs for n in LADDER_CONFIGS if NAMED_CONFIGS[n].offload})
@@ -553,6 +563,75 @@ def activation_checkpointing_hint(config: dict[str, Any]) -> str:
             "about 1/3 more compute for far less activation memory")
 
 
+# DeepSpeed config key -> the TrainingArguments field transformers' Trainer writes there when the value is "auto"
+# (transformers/integrations/deepspeed.py, HfTrainerDeepSpeedConfig.trainer_config_process; notebook 04)
+AUTO_FIELDS: dict[str, str] = {
+    "train_micro_batch_size_per_gpu": "per_device_train_batch_size",
+    "gradient_accumulation_steps": "gradient_accumulation_steps",
+    "train_batch_size": "world_size x per_device_train_batch_size x gradient_accumulation_steps",
+    "gradient_clipping": "max_grad_norm",
+    "optimizer.params.lr": "learning_rate",
+    "optimizer.params.betas": "[adam_beta1, adam_beta2]",
+    "optimizer.params.eps": "adam_epsilon",
+    "optimizer.params.weight_decay": "weight_decay",
+    "scheduler.params.warmup_min_lr": "0 (no TrainingArguments field)",
+    "scheduler.params.warmup_max_lr": "learning_rate",
+    "scheduler.params.warmup_num_steps": "warmup_steps",
+    "scheduler.params.total_num_steps": "max_steps (computed when training starts)",
+    "fp16.enabled": "fp16",
+    "bf16.enabled": "bf16",
+}
+# keys Trainer and Accelerate size from the model's hidden size when they are "auto"
+HIDDEN_SIZE_AUTO: dict[str, str] = {
+    "zero_optimization.reduce_bucket_size": "hidden x hidden",
+    "zero_optimization.stage3_prefetch_bucket_size": "0.9 x hidden x hidden",
+    "zero_optimization.stage3_param_persistence_threshold": "10 x hidden",
+}
+_MISSING = object()
+
+
+def _dotted_get(config: dict[str, Any], dotted: str, default: Any = _MISSING) -> Any:
+    """config["a"]["b"] for "a.b"; `default` where a part is missing."""
+    node: Any = config
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def _dotted_set(config: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    node = config
+    for part in parents:
+        node = node[part]
+    node[last] = value
+
+
+def trainer_ds_config(ds_config: dict[str, Any], *, auto_buckets: bool = False) -> dict[str, Any]:
+    """A copy of a course config with "auto" wherever TrainingArguments owns the value (notebook 04; written as
+    configs/<name>_trainer.json). `train_batch_size` is "auto" even where the config leaves it out (the course's
+    do: DeepSpeed derives it), as in Hugging Face's example configs: Trainer then writes world size x micro-batch x
+    accumulation into it, and the engine's config shows it. A config in fp16 (or bf16) gets the other half-precision
+    switch too, both "auto", so one file runs in fp16 on a T4, bf16 on Ampere or newer and fp32 on CPU.
+
+    `auto_buckets` also lets Trainer size the ZeRO buckets from the model's hidden size (`HIDDEN_SIZE_AUTO`);
+    the course keeps its own sizes by default (DeepSpeed's 5e8-element bucket costs ~1 GB in fp16).
+    """
+    if not isinstance(ds_config, dict) or "zero_optimization" not in ds_config:
+        raise ConfigError("expected a DeepSpeed config dict with a 'zero_optimization' section. "
+                          "Fix: build one with helpers.course_config('zero2', runtime) or helpers.build_ds_config().")
+    out = {"train_batch_size": "auto", **copy.deepcopy(ds_config)}
+    for half, other in (("fp16", "bf16"), ("bf16", "fp16")):
+        if half in out and other not in out:  # both switches "auto": TrainingArguments' fp16/bf16 picks one (or fp32)
+            out[other] = {"enabled": "auto"}
+    keys = list(AUTO_FIELDS) + (list(HIDDEN_SIZE_AUTO) if auto_buckets else [])
+    for key in keys:
+        if _dotted_get(out, key) is not _MISSING:
+            _dotted_set(out, key, "auto")
+    return out
+
+
 def validate_ds_config(config: dict[str, Any]) -> dict[str, Any]:
     """Run DeepSpeed's own pydantic config classes over `config`; raise ConfigError with the reason."""
     from deepspeed.runtime.config import DeepSpeedConfig
@@ -565,13 +644,16 @@ def validate_ds_config(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_course_configs(directory: str | os.PathLike[str] = "configs") -> list[Path]:
-    """Write every `in_configs_dir` entry of NAMED_CONFIGS as configs/<name>.json (run: python -m helpers.config)."""
+    """Write every `in_configs_dir` entry of NAMED_CONFIGS as configs/<name>.json, and the `trainer` ones also as
+    configs/<name>_trainer.json, their "auto" form for Trainer (run: python -m helpers.config)."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
+    files = {f"{name}.json": course_config(name) for name in COURSE_CONFIGS}
+    files.update({f"{name}_trainer.json": trainer_ds_config(course_config(name)) for name in TRAINER_CONFIGS})
     written = []
-    for name in COURSE_CONFIGS:
-        text = json.dumps(course_config(name), indent=2) + "\n"
-        written.append(write_atomically(out / f"{name}.json", lambda tmp, text=text: tmp.write_text(text)))
+    for file_name, config in files.items():
+        text = json.dumps(config, indent=2) + "\n"
+        written.append(write_atomically(out / file_name, lambda tmp, text=text: tmp.write_text(text)))
     return written
 
 

@@ -2,9 +2,10 @@
 
 - Trainer takes the config through ``TrainingArguments(deepspeed=...)``. Values it also owns (batch sizes,
   learning rate, Adam betas/eps, weight decay, clipping, warm-up, fp16/bf16) may be written ``"auto"``: Trainer
-  fills them from its arguments (`trainer_ds_config`, `AUTO_FIELDS`). A concrete value that disagrees with the
-  arguments is refused when training starts. Create the arguments *before* the model: for ZeRO-3 they register
-  the config globally, so ``from_pretrained`` builds the model partitioned.
+  fills them from its arguments (`trainer_ds_config`, `AUTO_FIELDS`, both in helpers.config, which writes that form
+  as configs/<name>_trainer.json). A concrete value that disagrees with the arguments is refused when training
+  starts. Create the arguments *before* the model: for ZeRO-3 they register the config globally, so
+  ``from_pretrained`` builds the model partitioned.
 - Accelerate takes the same dict through ``DeepSpeedPlugin(hf_ds_config=...)``; optimizer and scheduler come
   from the config (``DummyOptim`` / ``DummyScheduler`` stand in for them). ``Accelerator(cpu=True)`` silently
   drops DeepSpeed, so `run_accelerate` checks that the model really became a ``DeepSpeedEngine``.
@@ -24,7 +25,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from helpers.config import ConfigError
+from helpers.config import AUTO_FIELDS, HIDDEN_SIZE_AUTO, ConfigError, trainer_ds_config
+from helpers.config import _MISSING, _dotted_get as _get  # the dotted-key reader trainer_ds_config uses
 from helpers.memory import GB, GiB, measure_peak
 from helpers.runtime import (destroy_engine, reset_hf_deepspeed_state, reset_peak_stats, setup_single_process,
                              teardown)
@@ -33,52 +35,10 @@ from helpers.train import RunResult
 if TYPE_CHECKING:
     from helpers.hardware import Runtime
 
-__all__ = ["AUTO_FIELDS", "HIDDEN_SIZE_AUTO", "trainer_ds_config", "auto_table", "config_differences",
+__all__ = ["auto_table", "config_differences",
            "training_arguments", "ordered_blocks", "causal_lm_collator", "fix_causal_lm_loss", "loss_token_count",
            "StepRecorder", "recorded_result", "driver_extras", "run_trainer", "run_accelerate", "accelerate_precision",
            "teardown_hf", "agreement"]
-
-# DeepSpeed config key -> the TrainingArguments field Trainer writes there when the value is "auto"
-AUTO_FIELDS: dict[str, str] = {
-    "train_micro_batch_size_per_gpu": "per_device_train_batch_size",
-    "gradient_accumulation_steps": "gradient_accumulation_steps",
-    "train_batch_size": "world_size x per_device_train_batch_size x gradient_accumulation_steps",
-    "gradient_clipping": "max_grad_norm",
-    "optimizer.params.lr": "learning_rate",
-    "optimizer.params.betas": "[adam_beta1, adam_beta2]",
-    "optimizer.params.eps": "adam_epsilon",
-    "optimizer.params.weight_decay": "weight_decay",
-    "scheduler.params.warmup_min_lr": "0 (no TrainingArguments field)",
-    "scheduler.params.warmup_max_lr": "learning_rate",
-    "scheduler.params.warmup_num_steps": "warmup_steps",
-    "scheduler.params.total_num_steps": "max_steps (computed when training starts)",
-    "fp16.enabled": "fp16",
-    "bf16.enabled": "bf16",
-}
-# keys Trainer and Accelerate size from the model's hidden size when they are "auto"
-HIDDEN_SIZE_AUTO: dict[str, str] = {
-    "zero_optimization.reduce_bucket_size": "hidden x hidden",
-    "zero_optimization.stage3_prefetch_bucket_size": "0.9 x hidden x hidden",
-    "zero_optimization.stage3_param_persistence_threshold": "10 x hidden",
-}
-_MISSING = object()
-
-
-def _get(config: dict[str, Any], dotted: str, default: Any = _MISSING) -> Any:
-    node: Any = config
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
-    return node
-
-
-def _set(config: dict[str, Any], dotted: str, value: Any) -> None:
-    *parents, last = dotted.split(".")
-    node = config
-    for part in parents:
-        node = node[part]
-    node[last] = value
 
 
 def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -95,21 +55,6 @@ def _check_config(ds_config: Any) -> None:
     if not isinstance(ds_config, dict) or "zero_optimization" not in ds_config:
         raise ConfigError("expected a DeepSpeed config dict with a 'zero_optimization' section. "
                           "Fix: build one with helpers.course_config('zero2', runtime) or helpers.build_ds_config().")
-
-
-def trainer_ds_config(ds_config: dict[str, Any], *, auto_buckets: bool = False) -> dict[str, Any]:
-    """A copy of a helpers config with "auto" wherever TrainingArguments owns the value (notebook 04).
-
-    `auto_buckets` also lets Trainer size the ZeRO buckets from the model's hidden size (`HIDDEN_SIZE_AUTO`);
-    the course keeps its own sizes by default (DeepSpeed's 5e8-element bucket costs ~1 GB in fp16).
-    """
-    _check_config(ds_config)
-    out = copy.deepcopy(ds_config)
-    keys = list(AUTO_FIELDS) + (list(HIDDEN_SIZE_AUTO) if auto_buckets else [])
-    for key in keys:
-        if _get(out, key) is not _MISSING:
-            _set(out, key, "auto")
-    return out
 
 
 def auto_table(ds_config: dict[str, Any], trainer_config: dict[str, Any],

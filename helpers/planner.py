@@ -521,12 +521,23 @@ class Plan:
         stage = int((self.config or {}).get("zero_optimization", {}).get("stage", 0))
         return text + (", model built under zero.Init" if self.zero_init and stage == 3 else "")
 
+    @property
+    def checkpointing_note(self) -> str:
+        """How the activation checkpointing this plan counts on is switched on: not by its JSON ('' without it)."""
+        if not self.checkpointing:
+            return ""
+        return ("activation checkpointing, which this plan assumes, is switched on in the model, not in the JSON:\n"
+                "model.gradient_checkpointing_enable() on a Hugging Face model (DeepSpeed's \"activation_checkpointing\" "
+                "section configures only its own deepspeed.checkpointing API)")
+
     def __str__(self) -> str:
         head = f"model {self.shape.name}: {self.shape.n_params / 1e6:,.1f}M params, {self.settings}"
         if self.error:
             return f"{head}\nconfig refused: {self.error}"
         assert self.report is not None
         text = [head, self.report.table(), str(self.report)]
+        if self.checkpointing_note:
+            text.append(self.checkpointing_note)
         if _measured_text(self):
             text.append(_measured_text(self))
         if _step_time_text(self):
@@ -578,8 +589,9 @@ def plan(model: "str | ModelShape" = "gpt2", stage: int = 2, *, offload_optimize
         config = build_ds_config(stage, precision=precision, runtime=runtime, micro_batch_size=micro_batch_size,
                                  offload_optimizer=offload_optimizer, offload_param=offload_param,
                                  nvme_path=nvme_path, check_paths=False, largest_param=shape.largest_layer_params,
-                                 nvme_buffer_size=nvme_buffer_size_for(shape.largest_layer_params),
-                                 activation_checkpointing=checkpointing)
+                                 nvme_buffer_size=nvme_buffer_size_for(shape.largest_layer_params))
+        # no "activation_checkpointing" section: it configures deepspeed.checkpointing, which a Hugging Face model
+        # does not call; checkpointing is switched on in the model (`Plan.checkpointing_note`)
     except ConfigError as exc:
         return Plan(shape, None, None, 0, error=str(exc), **settings)
     if "nvme" in (offload_optimizer, offload_param) and explicit_nvme_path and not _what_if(runtime):

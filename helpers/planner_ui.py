@@ -205,7 +205,9 @@ def _json_actions_html(p: "Plan | None") -> str:
             f'<a class="ds-plan-download" download="ds_config.json" href="data:application/json;charset=utf-8,{quoted}"'
             f' style="{_BUTTON_STYLE}">download ds_config.json</a>'
             f'<button class="ds-plan-copy" type="button" data-json="{quoted}" onclick="{html.escape(_COPY_JS)}" '
-            f'style="{_BUTTON_STYLE}">copy JSON</button></div>')
+            f'style="{_BUTTON_STYLE}">copy JSON</button>'
+            + (f'<div class="ds-plan-checkpointing" style="font-size:90%">{html.escape(p.checkpointing_note)}</div>'
+               if p.checkpointing_note else "") + '</div>')
 
 
 _PRE = '<pre style="line-height:1.3">'  # ipywidgets 7's HTML widget (Colab's) sets a 28px line-height on its content

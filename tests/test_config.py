@@ -1,3 +1,4 @@
+import copy
 import json
 import os
 import shutil
@@ -11,7 +12,7 @@ from helpers.config import (COURSE_CONFIGS, ConfigError, build_ds_config, check_
 
 def test_stage2_fp16_contents(t4):
     c = build_ds_config(2, runtime=t4, micro_batch_size=8, grad_accum_steps=4)
-    assert c["train_batch_size"] == 32 and c["train_micro_batch_size_per_gpu"] == 8
+    assert "train_batch_size" not in c and c["train_micro_batch_size_per_gpu"] == 8  # DeepSpeed derives it
     assert c["gradient_accumulation_steps"] == 4
     assert c["fp16"]["enabled"] is True and c["fp16"]["loss_scale"] == 0 and "bf16" not in c
     assert c["zero_optimization"]["stage"] == 2 and "offload_optimizer" not in c["zero_optimization"]
@@ -211,3 +212,74 @@ def test_offload_config_refuses_a_name_that_is_not_an_offload_config(t4):
 
     with pytest.raises(ConfigError, match="unknown offload config 'zero2'"):
         offload_config("zero2", t4)
+
+
+# ---- the configs/ files run on any number of GPUs (issue 52): no train_batch_size written for one GPU
+
+class _DataParallelStandIn:
+    """The one thing DeepSpeedConfig asks a model-parallel unit (mpu) for here: the data-parallel world size."""
+
+    def __init__(self, world):
+        self.world = world
+
+    def get_data_parallel_world_size(self):
+        return self.world
+
+
+def deepspeed_batch_check(config, world, monkeypatch):
+    """DeepSpeed 0.19.8's own DeepSpeedConfig as on `world` data-parallel ranks: _configure_train_batch_size derives
+    the batch sizes a config leaves out, then _batch_assertion checks train_batch_size = micro x accumulation x world."""
+    import deepspeed.comm
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    # without a process group DeepSpeedConfig takes world 1 whatever the mpu says: give it a rank
+    monkeypatch.setattr(deepspeed.comm, "get_rank", lambda *args, **kwargs: 0)
+    return DeepSpeedConfig(copy.deepcopy(config), mpu=_DataParallelStandIn(world))
+
+
+def trainer_filled(config, world, monkeypatch, tmp_path, micro_batch=4, steps=10):
+    """What transformers' Trainer hands DeepSpeed on `world` GPUs: HfTrainerDeepSpeedConfig filled from
+    TrainingArguments (world size patched); its ValueError lists every concrete value that disagrees."""
+    from transformers import TrainingArguments
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    from helpers.runtime import reset_hf_deepspeed_state
+
+    monkeypatch.setattr(TrainingArguments, "world_size", property(lambda self: world))
+    args = TrainingArguments(output_dir=str(tmp_path / "trainer"), per_device_train_batch_size=micro_batch,
+                             max_steps=steps, warmup_steps=1, report_to="none")
+    try:
+        hf = HfTrainerDeepSpeedConfig(copy.deepcopy(config))
+        hf.trainer_config_process(args)
+        hf.trainer_config_finalize(args, None, steps)
+        return hf.config
+    finally:
+        reset_hf_deepspeed_state()  # the config object registers itself globally
+
+
+@pytest.mark.parametrize("world", [1, 2, 8])
+def test_every_configs_file_passes_deepspeeds_batch_check_on_any_number_of_gpus(world, monkeypatch, tmp_path):
+    files = sorted((ROOT / "configs").glob("*.json"))
+    assert [p.name for p in files if p.stem.endswith("_trainer")] == ["zero2_trainer.json", "zero3_trainer.json"]
+    for path in files:
+        config = json.loads(path.read_text())
+        if path.stem.endswith("_trainer"):  # Trainer's form: DeepSpeed gets it once Trainer has filled the "auto"s
+            assert config["train_batch_size"] == "auto", path.name
+            config = trainer_filled(config, world, monkeypatch, tmp_path)
+            assert config["train_batch_size"] == world * config["train_micro_batch_size_per_gpu"], path.name
+        else:
+            assert "train_batch_size" not in config, path.name  # DeepSpeed derives it for the world it runs in
+        ds = deepspeed_batch_check(config, world, monkeypatch)
+        assert ds.world_size == world, path.name
+        assert ds.train_batch_size == ds.train_micro_batch_size_per_gpu * ds.gradient_accumulation_steps * world
+
+
+def test_the_batch_check_sees_the_world_size(monkeypatch):
+    """The stand-in really sets DeepSpeed's world: a train_batch_size written for one GPU (configs/ before issue 52)
+    passes on one and fails on two; build_ds_config writes it only when told the world size."""
+    config = build_ds_config(2, precision="fp32", micro_batch_size=4, world_size=1)
+    assert config["train_batch_size"] == 4
+    assert deepspeed_batch_check(config, 1, monkeypatch).train_batch_size == 4
+    with pytest.raises(AssertionError, match="train_batch_size is not equal"):
+        deepspeed_batch_check(config, 2, monkeypatch)
+    assert deepspeed_batch_check(build_ds_config(2, precision="fp32"), 2, monkeypatch).train_batch_size == 8

@@ -9,12 +9,12 @@ import torch
 
 from conftest import ROOT
 from helpers.checkpoints import check_saved_weights, logits_for, placeholder_tensors
-from helpers.config import ConfigError, course_config
+from helpers.config import AUTO_FIELDS, ConfigError, course_config, trainer_ds_config
 from helpers.data import load_text_dataset, pack_blocks, train_tokenizer
 from helpers.hardware import detect_runtime
-from helpers.integrations import (AUTO_FIELDS, agreement, auto_table, causal_lm_collator, config_differences,
-                                  fix_causal_lm_loss, loss_token_count, ordered_blocks, run_accelerate,
-                                  run_trainer, teardown_hf, trainer_ds_config, training_arguments)
+from helpers.integrations import (agreement, auto_table, causal_lm_collator, config_differences, fix_causal_lm_loss,
+                                  loss_token_count, ordered_blocks, run_accelerate, run_trainer, teardown_hf,
+                                  training_arguments)
 from helpers.runtime import hf_deepspeed_state, reset_hf_deepspeed_state
 from helpers.launch import PROGRAMS, accelerate_config_yaml, launch_commands, run_ranks
 from helpers.models import load_causal_lm, save_model_from_config
@@ -70,6 +70,12 @@ def test_trainer_config_marks_exactly_the_trainer_owned_keys_auto():
     assert "per_device_train_batch_size" in auto_table(cfg, auto)
     with pytest.raises(ConfigError, match="zero_optimization"):
         trainer_ds_config({"train_batch_size": 4})
+    # the T4's fp16 config in Trainer's form (configs/zero2_trainer.json): the batch and both half-precision switches
+    # "auto", so the one file runs in fp16, bf16 or fp32 as TrainingArguments say, on any number of GPUs
+    t4_form = trainer_ds_config(course_config("zero2"))
+    assert list(t4_form)[0] == "train_batch_size" and t4_form["train_batch_size"] == "auto"
+    assert t4_form["fp16"]["enabled"] == t4_form["bf16"]["enabled"] == "auto"
+    assert t4_form["fp16"]["loss_scale"] == 0  # the rest of the section as it was
 
 
 def test_training_arguments_fill_the_auto_values_with_the_config_values(work):
@@ -78,9 +84,10 @@ def test_training_arguments_fill_the_auto_values_with_the_config_values(work):
     cfg = config("zero2")
     args = training_arguments(root / "out", cfg, rt, steps=STEPS)
     filled = args.hf_deepspeed_config.config
-    for key in ("train_micro_batch_size_per_gpu", "train_batch_size", "gradient_clipping", "optimizer",
-                "gradient_accumulation_steps"):
+    for key in ("train_micro_batch_size_per_gpu", "gradient_clipping", "optimizer", "gradient_accumulation_steps"):
         assert filled[key] == cfg[key], key
+    # the course's config leaves train_batch_size to DeepSpeed; Trainer's form has it "auto", filled for this world
+    assert "train_batch_size" not in cfg and filled["train_batch_size"] == MB * args.world_size
     assert filled["scheduler"]["params"]["warmup_max_lr"] == LR
     reset_hf_deepspeed_state()
 
@@ -283,7 +290,7 @@ def test_launch_commands_and_accelerate_config(tmp_path):
 @pytest.mark.parametrize("launcher", ["deepspeed", "accelerate"])
 def test_trainer_program_runs_under_the_launch_command(work, tmp_path, launcher):
     root, _, model_dir = work
-    cfg_path = ROOT / "configs" / "zero2.json"
+    cfg_path = ROOT / "configs" / "zero2_trainer.json"  # the file notebook 04's commands pass, as it is
     yaml_path = tmp_path / "accelerate.yaml"
     yaml_path.write_text(accelerate_config_yaml(cfg_path, 1))
     args = ["--deepspeed", cfg_path, "--model", model_dir, "--tokenizer", root / "tok", "--data", "local",
@@ -295,6 +302,7 @@ def test_trainer_program_runs_under_the_launch_command(work, tmp_path, launcher)
                                         "accelerate launch --config_file ")
     assert report["engine"] == "DeepSpeedEngine" and report["world_size"] == 1 and report["train_loss"] > 0
     assert report["train_batch_size"] == 4  # "auto": world size x micro-batch x accumulation
+    assert report["filled"] == {"train_batch_size": 4, "train_micro_batch_size_per_gpu": 4}
 
 
 @pytest.mark.slow

@@ -766,3 +766,20 @@ def test_a_course_config_at_a_smaller_batch_comes_before_a_smaller_model(cpu, mo
     apply.click()
     assert controls["micro_batch_size"].value == batch and controls["model"].value == "gpt2-xl"
     assert "fits" in verdict.value and "does NOT fit" not in verdict.value
+
+
+def test_the_planners_json_leaves_checkpointing_to_the_model_and_the_batch_to_deepspeed(t4, monkeypatch):
+    """Issue 52: the downloadable JSON carried an all-false "activation_checkpointing" section (DeepSpeed's own
+    deepspeed.checkpointing API, which a Hugging Face model does not call) while the plan counted on checkpointing;
+    it now has none, and the plan and the widget say how checkpointing is switched on. No train_batch_size either:
+    DeepSpeed derives it, so the file runs on any number of GPUs."""
+    monkeypatch.delenv("DS_COURSE_SAVED_RUN", raising=False)
+    on, off = plan("gpt2", runtime=t4), plan("gpt2", runtime=t4, checkpointing=False)
+    for p in (on, off):
+        assert "activation_checkpointing" not in p.config and "train_batch_size" not in p.config
+    assert "model.gradient_checkpointing_enable()" in on.checkpointing_note and on.checkpointing_note in str(on)
+    assert off.checkpointing_note == "" and "gradient_checkpointing_enable" not in str(off)
+    d = _dashboard(planner_widget(t4, model="gpt2"))
+    assert "model.gradient_checkpointing_enable()" in d["actions"].value
+    d["controls"]["checkpointing"].value = False
+    assert "gradient_checkpointing_enable" not in d["actions"].value

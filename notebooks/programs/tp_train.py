@@ -58,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
 
     config = build_ds_config(0, precision=run.precision, micro_batch_size=args.micro_batch, lr=args.lr,
                              scheduler=None, gradient_clipping=0.0)
-    del config["train_batch_size"]  # with it DeepSpeed checks batch = micro x accumulation x world, and fails
+    # no train_batch_size (build_ds_config writes none without world_size): DeepSpeed derives it for the ranks of one
+    # tensor-parallel group, which form one data-parallel replica; written for the world, its batch check would fail
+    assert "train_batch_size" not in config
     config["tensor_parallel"] = scale_out.autotp_config(run.world)
     model = copy.deepcopy(reference)
     report = {"rank": run.rank, "world": run.world, "device": run.device, "backend": run.backend,
