@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from helpers.atomic import write_atomically
 from helpers.checks import ConfigError, check_number, check_offload_device, check_runtime
@@ -31,7 +31,7 @@ __all__ = ["AUTO_FIELDS", "COURSE_CONFIGS", "COURSE_CONFIG_PRECISION", "HIDDEN_S
            "NAMED_CONFIGS", "NVME_MIN_FREE_BYTES", "OFFLOAD_KINDS", "TRAINER_CONFIGS", "NamedConfig",
            "activation_checkpointing_hint", "trainer_ds_config", "build_ds_config", "check_nvme_buffers",
            "check_nvme_path", "course_config", "named_config", "nvme_buffer_size_for", "offload_config",
-           "validate_ds_config", "write_course_configs"]
+           "validate_ds_config", "write_course_configs", "CONFIG_KEYS", "CONFIG_REFERENCE", "explain_config"]
 
 PRECISIONS = ("auto", "fp16", "bf16", "fp32")
 OPTIMIZERS = ("AdamW", "Adam")
@@ -630,6 +630,120 @@ def trainer_ds_config(ds_config: dict[str, Any], *, auto_buckets: bool = False) 
         if _dotted_get(out, key) is not _MISSING:
             _dotted_set(out, key, "auto")
     return out
+
+
+CONFIG_REFERENCE = "https://www.deepspeed.ai/docs/config-json/"
+# every key the course's configs use (configs/*.json, build_ds_config's options) -> one line of what it does, after
+# DeepSpeed's config reference and its pydantic config classes (runtime/zero/config.py, offload_config.py)
+_OFFLOAD_KEYS = {
+    "device": "where they live: cpu (RAM) or nvme (a fast disk)",
+    "nvme_path": "the folder on the fast disk that holds the swapped tensors",
+    "pin_memory": "page-locked host buffers (direct copies to the GPU; RAM the OS can never page out)",
+    "buffer_count": "swap buffers in the pool (NVMe)",
+    "buffer_size": "elements per swap buffer (NVMe)",
+    "max_in_cpu": "parameter elements kept in CPU RAM besides NVMe",
+    "fast_init": "initialise the optimizer states on NVMe quickly",
+}
+CONFIG_KEYS: dict[str, str] = {
+    "train_batch_size": "samples per optimizer step over all GPUs = micro-batch x accumulation x GPUs (DeepSpeed "
+                        "derives it when left out)",
+    "train_micro_batch_size_per_gpu": "samples one GPU runs through one forward and backward (the micro-batch)",
+    "gradient_accumulation_steps": "micro-batches whose gradients are summed before each optimizer step",
+    "steps_per_print": "DeepSpeed logs progress every this many optimizer steps",
+    "wall_clock_breakdown": "true: DeepSpeed times forward, backward and step and logs them",
+    "optimizer.type": "the optimizer DeepSpeed builds (AdamW: Adam with decoupled weight decay)",
+    "optimizer.params.lr": "learning rate (a scheduler, when there is one, sets it at every step)",
+    "optimizer.params.betas": "Adam's decay rates for the running mean of the gradients and of their squares",
+    "optimizer.params.eps": "added to Adam's denominator to keep the division finite",
+    "optimizer.params.weight_decay": "AdamW's weight decay, applied apart from the gradient",
+    "optimizer.params.torch_adam": "true: PyTorch's own AdamW rather than DeepSpeed's fused CUDA Adam (no kernel to "
+                                   "compile first)",
+    "scheduler.type": "the learning-rate schedule DeepSpeed builds (WarmupLR: warm up, then hold; WarmupDecayLR: "
+                      "then decay to 0)",
+    "scheduler.params.warmup_min_lr": "learning rate at the start of the warm-up (DeepSpeed's first two steps use it)",
+    "scheduler.params.warmup_max_lr": "learning rate reached at the end of the warm-up",
+    "scheduler.params.warmup_num_steps": "optimizer steps of warm-up (DeepSpeed uses at least 2)",
+    "scheduler.params.warmup_type": "the warm-up's curve from min to max: linear or log",
+    "scheduler.params.total_num_steps": "WarmupDecayLR: the step at which the learning rate has decayed to 0",
+    "gradient_clipping": "the gradients are scaled down whenever their global norm exceeds this",
+    "fp16.enabled": "fp16 (16-bit floating point) mixed precision: 16-bit weights, gradients and activations, fp32 "
+                    "master weights in the optimizer",
+    "fp16.auto_cast": "cast the model's inputs to fp16",
+    "fp16.loss_scale": "0: dynamic loss scaling (the loss is multiplied so small fp16 gradients do not round to 0); "
+                       "a number: that fixed scale",
+    "fp16.initial_scale_power": "the dynamic loss scale starts at 2**this (16: 65,536)",
+    "fp16.loss_scale_window": "optimizer steps without overflow before the loss scale is doubled",
+    "fp16.hysteresis": "overflowing steps (each one skipped) before the loss scale is halved",
+    "fp16.min_loss_scale": "the loss scale never drops below this",
+    "bf16.enabled": "bf16 (bfloat16: fp32's range in 16 bits, no loss scaling) mixed precision; Ampere GPUs or newer, "
+                    "not a T4",
+    "zero_optimization.stage": "ZeRO (Zero Redundancy Optimizer) stage: 0 nothing, 1 optimizer states, 2 also "
+                               "gradients, 3 also parameters partitioned across the data-parallel GPUs",
+    "zero_optimization.overlap_comm": "true: reduce gradients while backward still runs (a second bucket of GPU "
+                                      "memory)",
+    "zero_optimization.contiguous_gradients": "copy gradients into one contiguous buffer as they are produced "
+                                              "(no fragmentation in backward)",
+    "zero_optimization.reduce_bucket_size": "gradient elements reduced at a time: a GPU buffer of that many "
+                                            "elements (5e7 in fp16: 0.1 GB)",
+    "zero_optimization.allgather_bucket_size": "elements gathered at a time when the updated parameter partitions "
+                                               "are shared after the step",
+    "zero_optimization.reduce_scatter": "average gradients with reduce-scatter (each GPU gets its partition) rather "
+                                        "than all-reduce",
+    "zero_optimization.sub_group_size": "ZeRO-3: parameter elements the optimizer steps at a time (with NVMe, what "
+                                        "is swapped in at once)",
+    "zero_optimization.stage3_gather_16bit_weights_on_model_save": "ZeRO-3: gather the whole 16-bit weights when "
+                                                                   "the model is saved",
+    "zero_optimization.stage3_prefetch_bucket_size": "ZeRO-3: parameter elements fetched ahead of use",
+    "zero_optimization.stage3_param_persistence_threshold": "ZeRO-3: parameters smaller than this stay whole on "
+                                                            "every GPU",
+    "zero_optimization.stage3_max_live_parameters": "ZeRO-3: the most parameter elements gathered on a GPU at once",
+    "zero_optimization.stage3_max_reuse_distance": "ZeRO-3: a parameter needed again within this many elements is "
+                                                   "kept rather than released",
+    **{f"zero_optimization.offload_optimizer.{k}": f"optimizer states: {v}" for k, v in _OFFLOAD_KEYS.items()},
+    **{f"zero_optimization.offload_param.{k}": f"parameters: {v}" for k, v in _OFFLOAD_KEYS.items()},
+    "aio.block_size": "bytes per asynchronous disk request (NVMe offload)",
+    "aio.queue_depth": "disk requests in flight at once",
+    "aio.intra_op_parallelism": "threads submitting disk requests",
+    "aio.single_submit": "true: submit requests one by one rather than in batches",
+    "aio.overlap_events": "overlap submitting requests with waiting for them",
+    "activation_checkpointing.partition_activations": "split checkpointed activations across model-parallel GPUs",
+    "activation_checkpointing.cpu_checkpointing": "keep the checkpointed activations in CPU RAM",
+    "activation_checkpointing.contiguous_memory_optimization": "copy checkpoints into one contiguous buffer",
+    "activation_checkpointing.synchronize_checkpoint_boundary": "wait for the GPU at each checkpoint boundary",
+}
+
+
+def _leaves(config: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) of every non-dict value of `config`, in its order."""
+    for key, value in config.items():
+        if isinstance(value, dict) and value:
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def explain_config(config: dict[str, Any]) -> str:
+    """Every key of a DeepSpeed config with its value and one line of what it does (`CONFIG_KEYS`), one block per
+    section, headed by DeepSpeed's config reference (notebook 01 shows configs/zero2.json so). A key the course does
+    not know is named as such, with the reference to look it up in."""
+    if not isinstance(config, dict):
+        raise ConfigError(f"explain_config takes a DeepSpeed config dict (got {type(config).__name__}). Fix: "
+                          "helpers.explain_config(json.loads(Path('configs/zero2.json').read_text())).")
+    rows: list[tuple[str, str]] = []  # (left column, meaning); a section's heading has no meaning
+    section = None
+    for key, value in _leaves(config):
+        parent, _, leaf = key.rpartition(".")
+        if parent != section:
+            section = parent
+            if parent:
+                rows.append((f"{parent}:", ""))
+        indent = "  " if parent else ""
+        rows.append((f"{indent}{leaf} = {json.dumps(value)}",
+                     CONFIG_KEYS.get(key, f"not one of the course's keys: see {CONFIG_REFERENCE}")))
+    width = max([10] + [len(left) + 2 for left, meaning in rows if meaning])
+    lines = [f"each key, its value and what it does (DeepSpeed's reference: {CONFIG_REFERENCE})"]
+    lines += [f"{left:<{width}}{meaning}" if meaning else left for left, meaning in rows]
+    return "\n".join(lines)
 
 
 def validate_ds_config(config: dict[str, Any]) -> dict[str, Any]:

@@ -130,13 +130,22 @@ def as_tensors(batch: dict[str, list]) -> dict[str, Any]:
 
 
 def pack_blocks(dataset: Any, tokenizer: Any, block_size: int, max_blocks: int | None = None) -> Any:
-    """Tokenize, join with EOS and cut into `block_size`-token blocks (the run_clm 'group_texts' recipe); indexing the
-    result gives torch tensors (`as_tensors`), as `with_format("torch")` would, on Colab's datasets too."""
+    """Tokenize, end every row that has text with EOS, and cut the joined stream into `block_size`-token blocks.
+
+    The cut is run_clm's `group_texts` (Hugging Face's examples), which concatenates rows without a separator; the
+    end-of-text token between texts is GPT-2's own pretraining habit (its documents were joined with
+    <|endoftext|>). Empty and whitespace-only rows (WikiText's blank lines) add nothing: no token, no EOS. Indexing
+    the result gives torch tensors (`as_tensors`), as `with_format("torch")` would, on Colab's datasets too."""
     eos = tokenizer.eos_token_id
 
     def tokenize(batch: dict[str, list[str]]) -> dict[str, Any]:
-        ids = tokenizer(batch["text"], add_special_tokens=False)["input_ids"]
-        return {"input_ids": [x + [eos] for x in ids]}
+        texts = batch["text"]
+        kept = [i for i, t in enumerate(texts) if t and not t.isspace()]
+        ids = tokenizer([texts[i] for i in kept], add_special_tokens=False)["input_ids"] if kept else []
+        rows: list[list[int]] = [[] for _ in texts]
+        for i, x in zip(kept, ids):
+            rows[i] = x + [eos]
+        return {"input_ids": rows}
 
     def group(batch: dict[str, list[list[int]]]) -> dict[str, Any]:
         flat = [t for ids in batch["input_ids"] for t in ids]

@@ -494,6 +494,14 @@ def estimate_peak(config: dict[str, Any] | None, n_params: int, *, precision: st
 
     `config` None means plain PyTorch (AMP) + AdamW. Returns (peak bytes, the model-state breakdown).
     """
+    states, transient = _states_and_transient(config, n_params, precision=precision, n_gpus=n_gpus,
+                                              largest_layer_params=largest_layer_params)
+    return states.gpu_total + max(activation_bytes, transient), states
+
+
+def _states_and_transient(config: dict[str, Any] | None, n_params: int, *, precision: str, n_gpus: int,
+                          largest_layer_params: int) -> tuple[ModelStateEstimate, int]:
+    """The model-state breakdown of `config` (None: plain PyTorch) and its optimizer step's temporaries (bytes)."""
     if config is None:
         states = estimate_model_states(n_params, None, precision=precision, n_gpus=n_gpus)
         stage, offload = None, "none"
@@ -502,7 +510,7 @@ def estimate_peak(config: dict[str, Any] | None, n_params: int, *, precision: st
         zero = config.get("zero_optimization", {})
         stage, offload = int(zero.get("stage", 0)), zero.get("offload_optimizer", {}).get("device", "none")
     transient = estimate_step_transient(n_params, stage, precision=precision, n_gpus=n_gpus, offload_optimizer=offload)
-    return states.gpu_total + max(activation_bytes, transient), states
+    return states, transient
 
 
 @dataclass(frozen=True)
@@ -512,6 +520,40 @@ class RunEstimate:
     peak_bytes: int  # GPU: model states + max(activations, optimizer-step temporaries)
     activation_bytes: int
     states: ModelStateEstimate
+    step_transient_bytes: int = 0  # the optimizer step's temporaries (`estimate_step_transient`)
+
+    def rows(self) -> list[tuple[str, int]]:
+        """(component, GPU bytes) that add up to `peak_bytes`: the model states' components, then the larger of the
+        activations and the optimizer step's temporaries (they are never alive at once: backward has freed the
+        activations before the optimizer steps)."""
+        rows = [(c, b) for c in COMPONENTS if (b := self.states.gpu.get(c, 0))]
+        if self.step_transient_bytes > self.activation_bytes:
+            rows.append(("step temporaries", self.step_transient_bytes))
+        elif self.activation_bytes:
+            rows.append(("activations", self.activation_bytes))
+        return rows
+
+    def table(self) -> str:
+        """The predicted peak on one GPU as rows that add up to it (GiB, as torch counts GPU memory), with the bytes
+        per parameter of the model states and the smaller of activations / step temporaries named (not added)."""
+        rows = self.rows()
+        gpus = f"on each of {self.states.n_gpus} GPUs" if self.states.n_gpus > 1 else "on one GPU"
+        per_param = sum(self.states.gpu.get(c, 0) for c in ("params", "grads", "optimizer")) / max(self.states.n_params, 1)
+        lines = [f"{self.states.label}  ({self.states.n_params / 1e6:.1f}M params, {gpus}): predicted peak",
+                 f"{'component':<18}{'GPU GiB':>9}"]
+        shown = round_to_total([b / GiB for _, b in rows], 3)  # the printed rows add up to the printed peak
+        notes = {"params": f"  model states: {per_param:.0f} bytes per parameter",
+                 "buffers": "  DeepSpeed's gradient bucket"}
+        larger = rows[-1][0] if rows and rows[-1][0] in ("activations", "step temporaries") else ""
+        if larger:
+            other = ("the optimizer step's temporaries", self.step_transient_bytes) if larger == "activations" else \
+                ("activations", self.activation_bytes)
+            notes[larger] = (f"  the larger of {'activations' if larger == 'activations' else 'the step temporaries'}"
+                             f" and {other[0]} ({other[1] / GiB:.3f}): never alive at once")
+        for (name, _), value in zip(rows, shown):
+            lines.append(f"{name:<18}{value:>9.3f}{notes.get(name, '')}")
+        lines.append(f"{'peak':<18}{self.peak_bytes / GiB:>9.3f}")
+        return "\n".join(lines)
 
 
 def estimate_run(config: dict[str, Any] | None, shape: Any, *, seq_len: int, precision: str,
@@ -532,6 +574,7 @@ def estimate_run(config: dict[str, Any] | None, shape: Any, *, seq_len: int, pre
         raise ValueError("estimate_run(None, ...) is plain PyTorch: pass micro_batch=.")
     act = estimate_activations(micro_batch, seq_len, shape.hidden, shape.n_layers, shape.vocab,
                                n_heads=shape.n_heads, precision=precision, checkpointing=checkpointing)
-    peak, states = estimate_peak(config, shape.n_params, precision=precision, activation_bytes=act, n_gpus=n_gpus,
-                                 largest_layer_params=shape.largest_layer_params)
-    return RunEstimate(peak_bytes=peak, activation_bytes=act, states=states)
+    states, transient = _states_and_transient(config, shape.n_params, precision=precision, n_gpus=n_gpus,
+                                              largest_layer_params=shape.largest_layer_params)
+    return RunEstimate(peak_bytes=states.gpu_total + max(act, transient), activation_bytes=act, states=states,
+                       step_transient_bytes=transient)

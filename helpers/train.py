@@ -19,7 +19,7 @@ import os
 import time
 import traceback
 from dataclasses import asdict, dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Sequence
 
 from helpers.memory import GB, GiB, measure_peak
 from helpers.runtime import reset_peak_stats, setup_single_process, teardown
@@ -27,8 +27,9 @@ from helpers.runtime import reset_peak_stats, setup_single_process, teardown
 if TYPE_CHECKING:
     from helpers.hardware import Runtime
 
-__all__ = ["RunResult", "RunSettings", "SpeedComparison", "TrainHooks", "compare_speed", "train_run", "oom_summary",
-           "evaluate", "results_table", "stage0_fp16_loss"]
+__all__ = ["RunResult", "RunSettings", "SpeedComparison", "SpeedRatio", "SpeedRatios", "TrainHooks", "compare_speed",
+           "speed_ratios", "train_run", "oom_summary",
+           "evaluate", "lr_scheduler_from_config", "results_table", "stage0_fp16_loss"]
 
 # fields written in GiB by reports before issue 14, now in GB (what `RunResult.from_dict` converts)
 _GIB_TO_GB = {"peak_rss_gib": "peak_rss_gb", "baseline_rss_gib": "baseline_rss_gb", "disk_gib": "disk_gb"}
@@ -66,12 +67,20 @@ class RunResult:
     rss_by_phase: dict[str, float] = field(default_factory=dict)
     # what one kind of run adds (MoE routing, a Trainer's or Accelerate's own numbers), JSON-serialisable
     extras: dict[str, Any] = field(default_factory=dict)
+    # the learning rate each optimizer step applied (read before the step: DeepSpeed's engine.get_lr(), or plain's)
+    lrs: list[float] = field(default_factory=list)
 
     @property
     def ratio(self) -> float:
         """measured / estimated peak VRAM (nan without both)."""
         return self.peak_vram_gib / self.estimated_vram_gib if self.estimated_vram_gib and self.peak_vram_gib \
             else math.nan
+
+    def applied_lrs(self) -> list[float]:
+        """The learning rate of each update the run applied: `lrs` less the steps fp16 overflow skipped (a skipped step
+        updates nothing, and DeepSpeed's scheduler does not advance on it), so runs with other skips compare."""
+        skipped = set(self.extras.get("skipped_at_steps", []))
+        return [lr for step, lr in enumerate(self.lrs) if step not in skipped]
 
     @property
     def val_loss(self) -> float:
@@ -203,6 +212,123 @@ def compare_speed(a: RunResult, b: RunResult) -> SpeedComparison:
     return SpeedComparison(a.name, b.name, a_mid / b_mid, separated, a_lo / b_hi, a_hi / b_lo)
 
 
+class TimedRun(Protocol):
+    """What `speed_ratios` reads of a run: a `RunResult`, or anything with these (notebook 04's drivers)."""
+
+    name: str
+    tokens_per_s: float
+
+    def step_tokens_per_s(self) -> list[float]: ...
+
+
+@dataclass(frozen=True)
+class SpeedRatio:
+    """One run's tokens/s against the reference's (`speed_ratios`)."""
+
+    name: str
+    ratio: float  # the run's median step / the reference's median step (its runs' steps pooled)
+    low: float  # the run's lower quartile / the reference's upper quartile (the middle halves of the steps)
+    high: float  # the run's upper quartile / the reference's lower quartile
+    # further from the nearer reference run than the reference's runs lie apart, AND the middle halves of the steps apart
+    beyond_noise: bool
+
+
+@dataclass(frozen=True)
+class SpeedRatios:
+    """Speed ratios against a reference that ran more than once, judged against how far its runs moved apart.
+
+    The step-to-step spread inside one run does not bound how far the same config moves from run to run (notebook 01
+    measured its reference x1.04 and x1.09 apart in two runs): running the reference first and last in the same
+    cell measures that drift where the ratios are measured, and a ratio means something only beyond it."""
+
+    reference: str
+    reference_medians: tuple[float, ...]  # each reference run's median step tokens/s, in the order they ran
+    rows: tuple[SpeedRatio, ...]
+
+    @property
+    def noise(self) -> float:
+        """How far the reference's runs moved apart (max/min of their median steps, >= 1); nan after one run."""
+        mids = [m for m in self.reference_medians if m > 0]
+        return max(mids) / min(mids) if len(mids) > 1 else math.nan
+
+    def noise_text(self) -> str:
+        if math.isnan(self.noise):
+            return f"{self.reference} ran once: no run-to-run noise measured, so no ratio is judged"
+        return f"reference ran x{self.noise:.2f} apart"
+
+    def table(self, note: str = "") -> str:
+        """The printable lines: the reference's runs (the noise), then each ratio with the middle halves of the steps,
+        its meaning only beyond the noise. `note` is added to the heading (a CPU run says what its numbers are)."""
+        mids = " and ".join(f"{m:,.0f}" for m in self.reference_medians)
+        runs = {1: "once", 2: "twice, first and last"}.get(len(self.reference_medians),
+                                                           f"{len(self.reference_medians)} times")
+        noise = "" if math.isnan(self.noise) else f", x{self.noise:.2f} apart: the noise"
+        head = [f"tokens/s against {self.reference} (ratios of median steps; in brackets, between the middle halves "
+                f"of the steps){note}:",
+                f"  {self.reference} ran {runs}: median steps {mids} tokens/s{noise}"]
+        width = max([8] + [len(r.name) + 1 for r in self.rows])
+        lines = []
+        for r in self.rows:
+            if math.isnan(r.ratio):
+                lines.append(f"  {r.name:<{width}}not measured (no timed steps)")
+                continue
+            if r.beyond_noise:
+                meaning = f"{abs(r.ratio - 1):.0%} {'more' if r.ratio > 1 else 'fewer'} tokens/s, beyond the noise"
+            elif math.isnan(self.noise):
+                meaning = "not judged: " + self.noise_text()
+            else:
+                meaning = f"within the noise ({self.noise_text()})"
+            lines.append(f"  {r.name:<{width}}{f'x{r.ratio:.2f} (x{r.low:.2f}-x{r.high:.2f})':<22}{meaning}")
+        return "\n".join(head + lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def _spread(rates: list[float], fallback: float) -> tuple[float, float, float]:
+    """(lower quartile, median, upper quartile) of sorted per-step rates; all `fallback` with fewer than 2."""
+    if len(rates) < 2:
+        return fallback, fallback, fallback
+    return _quantile(rates, 0.25), _quantile(rates, 0.5), _quantile(rates, 0.75)
+
+
+def speed_ratios(results: Sequence[TimedRun], reference: str, repeat: str | None = None) -> SpeedRatios:
+    """Every run of `results` against the reference in tokens/s of median steps, judged against run-to-run noise.
+
+    `reference` and `repeat` name two runs of the same config (run first and last, so the drift over the cell
+    shows); their steps are pooled into the reference. The noise is how far their median steps moved apart (x n).
+    A ratio is beyond the noise only when the run's median step lies further from the nearer of the reference's runs
+    than those two lie apart (below the lower one / n or above the higher one x n) and the middle halves of the run's
+    and the pooled reference's steps do not overlap. Without `repeat` nothing is judged (no noise measured)."""
+    names = [r.name for r in results]
+    if repeat == reference:
+        raise ValueError(f"speed_ratios: reference and repeat are both {reference!r}. Fix: give the repeat run a name "
+                         f"of its own (e.g. {reference + ' (again)'!r}).")
+    for wanted, what in ((reference, "reference"), (repeat, "repeat")):
+        if wanted is not None and wanted not in names:
+            raise ValueError(f"speed_ratios: no run named {wanted!r} (the {what}) among {names}. Fix: "
+                             f"{what}= one of those names (the reference config run first, its repeat last).")
+    refs = [r for r in results if r.name in (reference, repeat)]
+    pooled = sorted(x for r in refs for x in r.step_tokens_per_s())
+    ref_lo, ref_mid, ref_hi = _spread(pooled, sum(r.tokens_per_s for r in refs) / len(refs))
+    medians = tuple(_spread(r.step_tokens_per_s(), r.tokens_per_s)[1] for r in refs)
+    noise = max(medians) / min(medians) if repeat is not None and min(medians) > 0 else math.nan
+    rows = []
+    for r in results:
+        if r.name in (reference, repeat):
+            continue
+        lo, mid, hi = _spread(r.step_tokens_per_s(), r.tokens_per_s)
+        if not (ref_mid > 0 and ref_lo > 0 and mid > 0):
+            rows.append(SpeedRatio(r.name, math.nan, math.nan, math.nan, False))
+            continue
+        ratio, low, high = mid / ref_mid, lo / ref_hi, hi / ref_lo
+        steps_apart = len(r.step_tokens_per_s()) >= 2 and len(pooled) >= 2 and (low > 1 or high < 1)
+        beyond = (not math.isnan(noise) and steps_apart
+                  and (mid > max(medians) * noise or mid < min(medians) / noise))
+        rows.append(SpeedRatio(r.name, ratio, low, high, beyond))
+    return SpeedRatios(reference, medians, tuple(rows))
+
+
 def results_table(results: list[RunResult]) -> str:
     """Measured peak VRAM, estimate, ratio, tokens/s (of the median step, as `speed_text`), RSS and first/last loss
     per run.
@@ -244,6 +370,25 @@ class RunSettings:
                    lr=float(opt.get("lr", 1e-3)), warmup_steps=int(sched.get("warmup_num_steps", 0)),
                    weight_decay=float(opt.get("weight_decay", 0.01)),
                    gradient_clipping=config.get("gradient_clipping"))
+
+
+def lr_scheduler_from_config(optimizer: Any, config: dict[str, Any]) -> Any:
+    """The learning-rate scheduler DeepSpeed's engine builds from `config`'s "scheduler" block, on a torch `optimizer`
+    (None without one): `deepspeed.runtime.lr_schedules.<type>(optimizer, **params)`, else torch's scheduler of that
+    name, as `DeepSpeedEngine._scheduler_from_config` does. A plain PyTorch run with it follows DeepSpeed's schedule
+    step for step: WarmupLR warms up over at least 2 steps and its first two updates run at `warmup_min_lr`."""
+    block = config.get("scheduler") if isinstance(config, dict) else None
+    if not block:
+        return None
+    import torch
+    from deepspeed.runtime import lr_schedules
+
+    kind = block["type"]
+    scheduler = getattr(lr_schedules, kind, None) or getattr(torch.optim.lr_scheduler, kind, None)
+    if scheduler is None:
+        raise ValueError(f"DeepSpeed does not recognize LR scheduler {kind!r}. Fix: one of "
+                         f"{sorted(lr_schedules.VALID_LR_SCHEDULES)} in the config's \"scheduler\".")
+    return scheduler(optimizer, **block.get("params", {}))
 
 
 class TrainHooks:
@@ -482,8 +627,11 @@ def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *,
     """Train a fresh model for `steps` optimizer steps with `ds_config` and measure it.
 
     Micro-batch, gradient accumulation, learning rate, weight decay, clipping and warm-up come from
-    `ds_config` (`RunSettings`). `plain_pytorch=True` trains the same numbers without DeepSpeed: torch AdamW,
-    a linear warm-up, AMP with a GradScaler (the baseline). `model_factory()` returns the model, or
+    `ds_config` (`RunSettings`). `plain_pytorch=True` trains the same numbers without DeepSpeed: torch AdamW with the
+    config's parameters, the very learning-rate scheduler DeepSpeed builds from the config's "scheduler" block
+    (`lr_scheduler_from_config`: WarmupLR's first two updates run at warmup_min_lr, and a step fp16 overflow skipped
+    does not advance it, as in DeepSpeed's engine), AMP with a GradScaler (the baseline). `RunResult.lrs` is the
+    learning rate of each step, for either. `model_factory()` returns the model, or
     (model, keep_alive) for a model built under ZeRO-3 (`helpers.build_zero3_model`). Peak GPU memory is
     measured above the idle baseline, tokens/s after the first `untimed_steps` steps, bytes in `nvme_path`
     while it runs (the config's NVMe folder when `nvme_path` is None), above what the folder held at the start.
@@ -594,12 +742,16 @@ class _Loop:
         if self.plain:
             device = "cuda" if self.runtime.has_gpu else "cpu"
             model.to(device)
-            ns["optimizer"] = torch.optim.AdamW(self.hooks.param_groups(model), lr=s.lr, weight_decay=s.weight_decay)
-            warmup = s.warmup_steps
-            # the same linear warm-up as DeepSpeed's WarmupLR in the config
-            ns["scheduler"] = torch.optim.lr_scheduler.LambdaLR(
-                ns["optimizer"], lambda step: min(1.0, step / warmup) if warmup else 1.0)
-            ns["scaler"] = torch.amp.GradScaler(device, enabled=self.runtime.precision == "fp16")
+            opt = self.ds_config.get("optimizer", {}).get("params", {})
+            ns["optimizer"] = torch.optim.AdamW(self.hooks.param_groups(model), lr=s.lr, weight_decay=s.weight_decay,
+                                                **{k: (tuple(opt[k]) if k == "betas" else float(opt[k]))
+                                                   for k in ("betas", "eps") if k in opt})
+            # the very scheduler DeepSpeed's engine builds from the config (WarmupLR: its warm-up and first steps)
+            ns["scheduler"] = lr_scheduler_from_config(ns["optimizer"], self.ds_config)
+            fp16 = self.ds_config.get("fp16") or {}  # DeepSpeed's dynamic loss scale: its start and growth window
+            ns["scaler"] = torch.amp.GradScaler(device, enabled=self.runtime.precision == "fp16",
+                                                init_scale=2.0 ** fp16.get("initial_scale_power", 16),
+                                                growth_interval=int(fp16.get("loss_scale_window", 1000)))
         else:
             import deepspeed
 
@@ -718,9 +870,17 @@ class _Loop:
             scaler.unscale_(optimizer)
             if self.settings.gradient_clipping:
                 torch.nn.utils.clip_grad_norm_(net.parameters(), self.settings.gradient_clipping)
+            scale = scaler.get_scale() if scaler.is_enabled() else 1.0
             scaler.step(optimizer)
             scaler.update()
-            self.ns["scheduler"].step()
+            # a step the GradScaler skipped (inf/nan gradients: it lowered the scale) does not advance the schedule,
+            # as DeepSpeed's engine does not step its scheduler on an fp16 overflow
+            skipped = scaler.is_enabled() and scaler.get_scale() < scale
+            if skipped:
+                self.result.extras["skipped_steps"] = self.result.extras.get("skipped_steps", 0) + 1
+                self.result.extras.setdefault("skipped_at_steps", []).append(len(self.result.losses))
+            elif self.ns["scheduler"] is not None:
+                self.ns["scheduler"].step()
             optimizer.zero_grad(set_to_none=True)
         return step_loss
 
@@ -752,6 +912,9 @@ class _Loop:
                 timed_from = time.perf_counter()
             step_started = time.perf_counter()
             skipped_before = getattr(net, "skipped_steps", None)  # DeepSpeed engines count fp16 overflow skips
+            # the learning rate this step applies: DeepSpeed's engine.get_lr(), the plain optimizer's group
+            lrs = net.get_lr() if hasattr(net, "get_lr") else [g["lr"] for g in self.ns["optimizer"].param_groups]
+            result.lrs.append(float(lrs[0]) if lrs else math.nan)
             step_loss = self.step(net, batches, device)
             if skipped_before is not None and getattr(net, "skipped_steps", skipped_before) > skipped_before:
                 result.extras.setdefault("skipped_at_steps", []).append(step)

@@ -283,3 +283,26 @@ def test_the_batch_check_sees_the_world_size(monkeypatch):
     with pytest.raises(AssertionError, match="train_batch_size is not equal"):
         deepspeed_batch_check(config, 2, monkeypatch)
     assert deepspeed_batch_check(build_ds_config(2, precision="fp32"), 2, monkeypatch).train_batch_size == 8
+
+
+def test_every_key_of_the_course_configs_has_a_one_line_meaning(tmp_path):
+    """Issue 52 item 7: notebook 01 shows configs/zero2.json key by key (helpers.explain_config); every key any of the
+    course's configs uses (configs/*.json, and build_ds_config's options: offload, NVMe, bf16, checkpointing,
+    WarmupDecayLR) has its line, and an unknown key points to DeepSpeed's reference instead of passing unnoticed."""
+    from helpers.config import CONFIG_KEYS, CONFIG_REFERENCE, NAMED_CONFIGS, _leaves, course_config, explain_config
+
+    configs = [json.loads(p.read_text()) for p in sorted((ROOT / "configs").glob("*.json"))]
+    assert len(configs) >= 7
+    for name in NAMED_CONFIGS:
+        configs.append(course_config(name, None, nvme_path=str(tmp_path), activation_checkpointing=True))
+    configs.append(course_config("zero2", None, precision="bf16", scheduler="WarmupDecayLR", total_steps=100))
+    missing = sorted({k for c in configs for k, _ in _leaves(c)} - set(CONFIG_KEYS))
+    assert missing == [], missing
+    text = explain_config(configs[0])
+    assert "not one of the course's keys" not in text and CONFIG_REFERENCE in text
+    shown = explain_config(json.loads((ROOT / "configs" / "zero2.json").read_text()))
+    for key in ("overlap_comm = false", "contiguous_gradients = true", "reduce_bucket_size = 50000000",
+                "allgather_bucket_size", "initial_scale_power = 16", "hysteresis = 2", "warmup_num_steps"):
+        assert key in shown, key
+    assert "made_up = 1" in explain_config({"zero_optimization": {"made_up": 1}})
+    assert f"not one of the course's keys: see {CONFIG_REFERENCE}" in explain_config({"made_up": 1})

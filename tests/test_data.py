@@ -53,6 +53,21 @@ def test_blocks_are_full_and_keep_every_token_in_order(corpus, tokenizer):
     assert len(pack_blocks(small, tokenizer, 32, max_blocks=3)) == 3
 
 
+def test_blank_rows_add_no_token_and_no_end_of_text(tokenizer):
+    """Issue 52 item 5: WikiText's blank lines ('' and ' \n') made `<|endoftext|><|endoftext|>` pairs; a row with
+    text ends with one EOS, a blank row adds nothing, whatever batch of the map it falls in."""
+    from datasets import Dataset
+
+    texts = ["ROMEO: hello\n", "", " \n", "\t", "JULIET: good night\n", "  ", "ROMEO: farewell"] * 6
+    blocks = pack_blocks(Dataset.from_dict({"text": texts}), tokenizer, 8)
+    eos = tokenizer.eos_token_id
+    ids = [t for text in texts if text.strip() for t in tokenizer(text, add_special_tokens=False)["input_ids"] + [eos]]
+    got = blocks[:]["input_ids"].flatten().tolist()
+    assert got == ids[:len(got)] and len(got) == len(ids) // 8 * 8
+    assert all(not (a == b == eos) for a, b in zip(got, got[1:]))  # never two EOS in a row
+    assert got.count(eos) >= 10  # one after each row with text that the blocks reached
+
+
 def test_block_loader_cycles_and_refuses_a_batch_too_big(corpus, tokenizer):
     blocks = pack_blocks(corpus["validation"].select(range(20)), tokenizer, 16)
     loader = block_loader(blocks, 2)

@@ -210,3 +210,32 @@ def test_the_breakdown_table_uses_the_course_units_and_its_rows_add_up():
     rows = [[float(x) for x in line.split()[-3:]] for line in lines[2:-1]]
     total = [float(x) for x in lines[-1].split()[-3:]]
     assert [round(sum(col), 3) for col in zip(*rows)] == total
+
+
+@pytest.mark.parametrize("precision, seq_len, checkpointing", [("fp32", 64, True), ("fp32", 512, False),
+                                                               ("fp16", 512, True), ("fp16", 64, True)])
+@pytest.mark.parametrize("name", ["plain", "zero0", "zero2", "zero3"])
+def test_the_run_estimates_rows_add_up_to_its_predicted_peak(name, precision, seq_len, checkpointing):
+    """Issue 52 item 2: the printed estimate (notebook 01, section 2) is rows that sum to the peak: the model states,
+    then the larger of activations and the optimizer step's temporaries, so a peak set by the step (fp32, short
+    sequences: 0.93 GiB of temporaries for GPT-2) is no longer in no row."""
+    from helpers.config import course_config
+    from helpers.memory import GiB, estimate_run
+    from helpers.models import model_shape
+
+    shape = model_shape("gpt2")
+    cfg = None if name == "plain" else course_config(name, None, precision=precision, micro_batch_size=4)
+    est = estimate_run(cfg, shape, seq_len=seq_len, precision=precision, checkpointing=checkpointing,
+                       micro_batch=4 if cfg is None else None)
+    rows = est.rows()
+    assert sum(b for _, b in rows) == est.peak_bytes
+    assert rows[-1] == (("step temporaries", est.step_transient_bytes) if est.step_transient_bytes > est.activation_bytes
+                        else ("activations", est.activation_bytes))
+    printed = est.table().splitlines()
+    body = printed[2:-1]
+    assert [line.split()[0] for line in body] == [n.split()[0] for n, _ in rows]
+    peak = float(printed[-1].split()[1])
+    assert peak == round(est.peak_bytes / GiB, 3)
+    assert sum(float(line[18:27]) for line in body) == pytest.approx(peak, abs=1e-9)
+    per_param = 16 if precision == "fp16" or name in ("plain", "zero0") else 20  # fp32 ZeRO-1..3: fp32 master copy
+    assert f"model states: {per_param} bytes per parameter" in est.table()
