@@ -1,6 +1,7 @@
 import copy
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -283,6 +284,30 @@ def test_the_batch_check_sees_the_world_size(monkeypatch):
     with pytest.raises(AssertionError, match="train_batch_size is not equal"):
         deepspeed_batch_check(config, 2, monkeypatch)
     assert deepspeed_batch_check(build_ds_config(2, precision="fp32"), 2, monkeypatch).train_batch_size == 8
+
+
+def test_the_trainer_file_notebook_04_passes_is_accepted_by_trainer_on_two_gpus(monkeypatch, tmp_path):
+    """Section 8 of notebook 04 hands a configs/<name>_trainer.json to the launched Trainer program, as it is: with
+    the notebook's micro-batch on 2 GPUs transformers fills it without a mismatch (the concrete file with its old
+    train_batch_size of 4 was refused there: 4 vs 8)."""
+    import nbformat
+
+    path = next(p for p in (ROOT / "notebooks" / "drafts" / "04_hf_trainer_and_accelerate.ipynb",
+                            ROOT / "notebooks" / "04_hf_trainer_and_accelerate.ipynb") if p.exists())
+    code = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
+    micro_batch = int(re.search(r"^MICRO_BATCH = (\d+)", code, re.MULTILINE).group(1))
+    passed = re.findall(r'"configs" / "(\w+\.json)"', code)
+    trainer_files = [name for name in passed if name.endswith("_trainer.json")]
+    assert trainer_files, f"{path.name} passes no configs/*_trainer.json to its launch commands: {passed}"
+    assert re.search(r'"--deepspeed", trainer_file', code), "the commands must pass the Trainer file"
+    for name in trainer_files:
+        filled = trainer_filled(json.loads((ROOT / "configs" / name).read_text()), 2, monkeypatch, tmp_path,
+                                micro_batch=micro_batch)
+        assert filled["train_batch_size"] == 2 * micro_batch
+        assert deepspeed_batch_check(filled, 2, monkeypatch).train_batch_size == 2 * micro_batch
+    old = {**json.loads((ROOT / "configs" / trainer_files[0]).read_text()), "train_batch_size": micro_batch}
+    with pytest.raises(ValueError, match="train_batch_size"):
+        trainer_filled(old, 2, monkeypatch, tmp_path, micro_batch=micro_batch)
 
 
 def test_every_key_of_the_course_configs_has_a_one_line_meaning(tmp_path):
