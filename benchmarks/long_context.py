@@ -1,7 +1,7 @@
 """Benchmark: the longest sequence that trains, technique by technique, for one Llama-shaped model (issue 26,
 notebook 06).
 
-    python benchmarks/long_context.py --emulate          # GPU: Colab enclosure (15 GiB, fp16, 12.1 GB RAM, 2 CPUs)
+    python benchmarks/long_context.py --emulate          # GPU: Colab enclosure (T4_VRAM_GIB, fp16, 12.1 GB RAM, 2 CPUs)
     python benchmarks/long_context.py --hidden 64 --intermediate 176 --layers 2 --heads 4 --kv-heads 2 \\
         --lengths 256 512 --out build/long_context_cpu.json    # CPU smoke: fixed lengths, no search
 
@@ -109,7 +109,7 @@ def warmed_base_rss(config: Any, warm_up_ds_config: dict[str, Any], technique: s
 def child(spec_path: Path) -> int:
     """One rung, in a process of its own: search (or measure the fixed lengths), one JSON line per length."""
     spec = json.loads(spec_path.read_text())
-    helpers.detect_runtime()  # in the enclosure (T4 budget mode): caps this process's GPU memory at 15 GiB
+    helpers.detect_runtime()  # in the enclosure (T4 budget mode): caps this process's allocator at T4_VRAM_GIB
     if spec.get("allocator") == "expandable":
         helpers.use_expandable_segments()  # before the first allocation: every segment of this process expands
     helpers.setup_single_process()
@@ -399,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         return child(args.child)
 
     started = time.perf_counter()
-    runtime = helpers.detect_runtime(t4_budget=True if args.emulate else None)  # the emulation: fp16, 15 GiB
+    runtime = helpers.detect_runtime(t4_budget=True if args.emulate else None)  # the emulation: fp16, T4_VRAM_GIB
     enclosure = limits = None
     cores = sorted(os.sched_getaffinity(0))
     cores_per_rung = 1

@@ -4,9 +4,9 @@ Used from notebook 00 onwards. RAM and CPUs are the ones this process may really
 or CPU quota (Kaggle, Docker, `scripts/colab_emulation.py`) counts, not only what the machine has.
 
 Two ways to stand in for a free Colab T4 on a bigger GPU:
-- *T4 budget mode* (``DS_COURSE_T4_BUDGET=1`` or ``detect_runtime(t4_budget=True)``): VRAM capped at 15 GiB,
-  fp16 forced (a T4 has no native bf16), attention on the SDPA kernel a T4 has (no flash, no cuDNN), CPU RAM judged
-  against Colab's budget but not enforced.
+- *T4 budget mode* (``DS_COURSE_T4_BUDGET=1`` or ``detect_runtime(t4_budget=True)``): PyTorch's allocator capped at
+  what a T4 leaves it (``T4_VRAM_GIB``: `t4_budget_account` says why), fp16 forced (a T4 has no native bf16),
+  attention on the SDPA kernel a T4 has (no flash, no cuDNN), CPU RAM judged against Colab's budget but not enforced.
 - *the Colab profile* (``DS_COURSE_COLAB=1``, set by ``scripts/colab_emulation.py``): T4 budget mode, and the
   notebooks take their Colab branches (Colab sizes, big runs in child processes, nothing over budget). The runner
   also enforces the RAM and the CPUs with a cgroup, which this module reads back. Without a GPU the profile keeps
@@ -23,14 +23,45 @@ from typing import Any, TypeVar
 
 __all__ = ["BF16_MIN_CAPABILITY", "COLAB_CPUS", "COLAB_NVME_BUDGET_BYTES", "COLAB_PROFILE_ENV",
            "COLAB_RAM_BUDGET_BYTES", "COLAB_RAM_GB", "COLAB_RESERVED_BYTES", "COLAB_VM_RAM_BYTES", "EMULATION_ENV",
-           "NVME_DIR_ENV", "T4_BUDGET_ENV", "T4_VRAM_GIB", "NoGPUError", "Runtime", "apply_t4_budget",
+           "NVME_DIR_ENV", "T4_BUDGET_ENV", "T4_CUDA_CONTEXT_GIB", "T4_DEEPSPEED_ALLOWANCE_GIB", "T4_TORCH_TOTAL_GIB",
+           "T4_TOTAL_BYTES", "T4_VRAM_GIB", "NoGPUError", "Runtime", "apply_t4_budget",
            "cgroup_cpu_limit", "cgroup_memory_limit", "choose_precision", "colab_profile_requested",
            "colab_ram_budget", "colab_t4_profile", "default_nvme_path", "detect_runtime", "emulation_mechanism",
-           "in_colab", "ram_limit", "require_gpu", "sized", "smoke_size", "t4_budget_requested", "usable_cpus"]
+           "in_colab", "ram_limit", "require_gpu", "sized", "smoke_size", "t4_budget_account", "t4_budget_requested",
+           "usable_cpus"]
 
 GiB = 1024**3
 GB = 1000**3
-T4_VRAM_GIB = 15.0  # what a Colab T4 lets PyTorch allocate
+# What a T4 leaves PyTorch's caching allocator: the card's memory less what sits outside the allocator in a course
+# process (issue 51). The emulation caps the allocator at T4_VRAM_GIB (`apply_t4_budget`); the estimator, `preflight`,
+# the planner and every chart judge against the same number. The planner's own safety margin is not in it: it is
+# planner.GPU_TIGHT_MARGIN, shown in each verdict and chart.
+# - The card: 15,843,721,216 bytes = 14.76 GiB (CUDA samples' deviceQuery on a Tesla T4: "Total amount of global
+#   memory: 15110 MBytes (15843721216 bytes)", 40 SMs, 1024 threads per SM). TensorFlow on Colab's T4 logs
+#   "deviceMemorySize: 14.73GiB" (googlecolab/colabtools#1749); torch.cuda.get_device_properties(0) there prints
+#   total_memory=15102MB.
+T4_TOTAL_BYTES = 15_843_721_216
+# - What PyTorch is given of it: cudaMemGetInfo's total, as PyTorch's out-of-memory message prints it on Colab and
+#   Kaggle T4s: "GPU 0 has a total capacity of 14.74 GiB".
+T4_TORCH_TOTAL_GIB = 14.74
+# - The CUDA context (driver state, the per-SM local-memory reservation, cuBLAS's workspace, loaded kernels) sits
+#   outside PyTorch's allocator, and set_per_process_memory_fraction caps only the allocator: on a bigger GPU the cap
+#   alone would hand the context out for free. Measured on real T4s (torch 2.x), from four public out-of-memory
+#   messages as "this process has X in use" less (allocated + reserved but unallocated by PyTorch): 14.74 - (14.31 +
+#   0.31) = 0.12 GiB (Kaggle), 14.37 - (12.77 + 1.45) = 0.15, 13.49 - (12.27 + 1.09) = 0.13, 11.75 - (11.35 + 0.25)
+#   = 0.15; the upper end is taken. An H100's context is larger (0.60 GiB outside the allocator after one small
+#   tensor, 0.67 after a cuBLAS matmul, torch 2.11: reports/cuda_context.json): the local-memory reservation scales
+#   with SMs x resident threads (T4 40 x 1024, H100 132 x 2048: 6.6x), so an H100's or H200's figure does not transfer
+#   to a T4. A T4's may differ with the CUDA and driver versions (lazy module loading, CUDA_MODULE_LOADING) and with libraries that keep caches outside the
+#   allocator (a cuFFT plan cache showed 1.67 GiB in one such message: not the context, and the course uses none).
+T4_CUDA_CONTEXT_GIB = 0.15
+# - A course process also runs DeepSpeed: an NCCL communicator even on one GPU, its ops' kernels, more CUDA modules
+#   loaded lazily. Provisional: on an H100 one ZeRO-2 fp16 step of GPT-2 through deepspeed.initialize added 0.62 GiB
+#   outside the allocator to a context of 0.67 (reports/cuda_context.json, 2026-12-06); how much of that is local
+#   memory, which a T4 reserves for 6.6x fewer threads, is what benchmarks/cuda_context.py's part-by-part rows (the
+#   stack limit at each part) are to tell. Raise this if the T4's share is larger.
+T4_DEEPSPEED_ALLOWANCE_GIB = 0.15
+T4_VRAM_GIB = round(T4_TORCH_TOTAL_GIB - T4_CUDA_CONTEXT_GIB - T4_DEEPSPEED_ALLOWANCE_GIB, 2)  # 14.44
 # Colab's RAM meter says "12.7 GB" and means GiB: psutil reports 13.6e9 bytes on a free VM (googlecolab/colabtools#2290).
 COLAB_VM_RAM_BYTES = int(12.7 * GiB)
 # Colab's own processes: a fresh VM shows 0.9-1.4 of those GB in use before a cell runs
@@ -62,7 +93,7 @@ class Runtime:
     gpu_name: str | None
     compute_capability: tuple[int, int] | None
     gpu_total_bytes: int  # physical VRAM of GPU 0 (0 on CPU)
-    vram_budget_bytes: int  # what this course lets itself use (15 GiB in T4 budget mode)
+    vram_budget_bytes: int  # what this course lets itself use (T4_VRAM_GIB in T4 budget mode)
     ram_total_bytes: int  # what this process may use: the machine's RAM, or its cgroup limit if smaller
     ram_budget_bytes: int  # what the course lets itself use (Colab's 12.1 GB on Colab and in T4 budget mode)
     disk_free_bytes: int
@@ -85,7 +116,8 @@ class Runtime:
 
     @property
     def label(self) -> str:
-        """Label written next to every measured number, e.g. 'H200 capped to T4 budget'."""
+        """Label written next to every measured number, e.g. 'H200 capped to T4 budget (14.44 GiB)' (reports
+        measured before issue 51 say 'H200 capped to T4 budget': the earlier 15 GiB cap)."""
         if not self.has_gpu:
             return f"CPU only ({self.cpu_cores} cores)"
         short = (self.gpu_name or "GPU").replace("NVIDIA ", "").replace("Tesla ", "")
@@ -96,7 +128,7 @@ class Runtime:
             return (f"{short} in Colab T4 emulation ({self.vram_budget_bytes / GiB:g} GiB VRAM, "
                     f"{self.ram_total_bytes / GB:.1f} GB RAM {how}, {self.cpu_cores} CPUs)")
         if self.t4_budget:
-            return f"{short} capped to T4 budget"
+            return f"{short} capped to T4 budget ({self.vram_budget_bytes / GiB:g} GiB)"
         return f"Colab {short}" if self.is_colab else short
 
     def as_dict(self) -> dict[str, Any]:
@@ -111,8 +143,8 @@ class Runtime:
         rows = [
             ("runtime", self.label),
             ("GPU", f"{self.gpu_name} x{self.gpu_count} (compute capability {cc})" if self.has_gpu else "none"),
-            ("VRAM budget", f"{self.vram_budget_bytes / GiB:.1f} GiB" + (
-                f" of {self.gpu_total_bytes / GiB:.1f} GiB physical" if self.has_gpu else "")),
+            ("VRAM budget", f"{self.vram_budget_bytes / GiB:.2f} GiB" + (
+                f" of {self.gpu_total_bytes / GiB:.2f} GiB physical" if self.has_gpu else "")),
             ("CPU RAM budget", f"{self.ram_budget_bytes / GB:.1f} GB of {self.ram_total_bytes / GB:.1f} GB"
              + ("" if self.ram_limit == "physical" else f" ({self.ram_limit} limit)")),
             ("CPUs", str(self.cpu_cores)),
@@ -277,8 +309,9 @@ def choose_precision(compute_capability: tuple[int, int] | None, t4_budget: bool
 
 
 def apply_t4_budget(device_index: int = 0) -> int:
-    """Cap this process's CUDA caching allocator at 15 GiB and give attention the kernels a T4 has; returns the cap
-    in bytes (0 on CPU).
+    """Cap this process's CUDA caching allocator at what a T4 leaves PyTorch (T4_VRAM_GIB: the T4's memory less the
+    CUDA context and DeepSpeed's share, `t4_budget_account`) and give attention the kernels a T4 has; returns the cap
+    in bytes (0 on CPU). The cap is on the allocator only: this GPU's own context sits outside it, as a T4's does.
 
     A T4 (compute capability 7.5) has neither PyTorch's FlashAttention nor its cuDNN attention (both need 8.0+):
     `scaled_dot_product_attention` runs the memory-efficient kernel there, whose backward needs other temporaries.
@@ -323,7 +356,8 @@ def colab_ram_budget(ram_total: int, colab: bool, t4_budget: bool) -> int:
 
 
 def detect_runtime(t4_budget: bool | None = None, disk_path: str = ".") -> Runtime:
-    """Look at this machine (notebook 00); in T4 budget mode (or the Colab profile) also cap VRAM at 15 GiB."""
+    """Look at this machine (notebook 00); in T4 budget mode (or the Colab profile) also cap PyTorch's allocator at
+    what a T4 leaves it (T4_VRAM_GIB)."""
     import torch
 
     emulation = emulation_mechanism()
@@ -344,8 +378,13 @@ def detect_runtime(t4_budget: bool | None = None, disk_path: str = ".") -> Runti
         cc = (props.major, props.minor)
         total = int(props.total_memory)
         vram_budget = apply_t4_budget(0) if budget else total
+        if not budget and cc == (7, 5) and "T4" in props.name:  # a real T4: its context is outside `total` too
+            vram_budget = min(total, int(T4_VRAM_GIB * GiB))
+            notes.append(f"T4: the budget is what it leaves PyTorch, {T4_VRAM_GIB:g} GiB of {total / GiB:.2f} "
+                         "(helpers.t4_budget_account())")
         if budget:
-            notes.append(f"T4 budget mode: VRAM capped at {T4_VRAM_GIB:g} GiB, fp16 forced"
+            notes.append(f"T4 budget mode: PyTorch's allocator capped at {T4_VRAM_GIB:g} GiB (what a T4's "
+                         f"{T4_TOTAL_BYTES / GiB:.2f} GiB leave it), fp16 forced"
                          + (", attention on the T4's SDPA kernel (memory-efficient; no flash, no cuDNN)"
                             if cc >= T4_MISSING_ATTENTION_KERNELS_FROM else "") + ", RAM budget "
                          f"{colab_ram_budget(ram_total, colab, budget) / GB:.1f} GB"
@@ -377,14 +416,24 @@ def detect_runtime(t4_budget: bool | None = None, disk_path: str = ".") -> Runti
 
 
 def colab_t4_profile(disk_free_gb: float = COLAB_NVME_BUDGET_BYTES / GB) -> Runtime:
-    """The free Colab T4 runtime as numbers, for what-if checks on any machine (notebooks 00 and 02); its disk is
-    the course's NVMe budget on Colab (60 GB of the ~78 GB a fresh VM has free), as the emulation enforces."""
+    """The free Colab T4 runtime as numbers, for what-if checks on any machine (notebooks 00 and 02): the card's
+    memory (T4_TOTAL_BYTES) and what it leaves PyTorch (T4_VRAM_GIB); its disk is the course's NVMe budget on Colab
+    (60 GB of the ~78 GB a fresh VM has free), as the emulation enforces."""
     return Runtime(device="cuda", gpu_name="Tesla T4", compute_capability=(7, 5),
-                   gpu_total_bytes=int(T4_VRAM_GIB * GiB), vram_budget_bytes=int(T4_VRAM_GIB * GiB),
+                   gpu_total_bytes=T4_TOTAL_BYTES, vram_budget_bytes=int(T4_VRAM_GIB * GiB),
                    ram_total_bytes=COLAB_VM_RAM_BYTES, ram_budget_bytes=COLAB_RAM_BUDGET_BYTES,
                    disk_free_bytes=int(disk_free_gb * GB), cpu_cores=COLAB_CPUS, gpu_count=1, is_colab=True,
                    t4_budget=False,
                    precision="fp16", notes=("what-if profile of a free Colab T4, not this machine",))
+
+
+def t4_budget_account() -> str:
+    """What a T4 gives PyTorch and why, in two lines (notebook 00's budget section prints it)."""
+    return (f"A T4 has {T4_TOTAL_BYTES / GiB:.2f} GiB (PyTorch sees {T4_TORCH_TOTAL_GIB:.2f}); the process's CUDA "
+            f"context (~{T4_CUDA_CONTEXT_GIB:.2f} GiB) and DeepSpeed's NCCL and kernels (~{T4_DEEPSPEED_ALLOWANCE_GIB:.2f} "
+            "GiB) sit outside PyTorch's allocator,\n"
+            f"so PyTorch may reserve {T4_VRAM_GIB:.2f} GiB: the course's T4 budget (the emulation caps the allocator "
+            "there; every estimate, plan and chart is judged against it).")
 
 
 def require_gpu(runtime: Runtime, what: str = "this step") -> None:

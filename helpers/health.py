@@ -155,7 +155,7 @@ def health_checks(report: dict[str, Any] | str, runtime: "Runtime | None" = None
     if runtime is not None:
         if runtime.has_gpu:
             cc = ".".join(map(str, runtime.compute_capability or ()))
-            add(HealthCheck("GPU", f"{runtime.gpu_name} (cc {cc}), {runtime.vram_budget_bytes / 1024**3:.1f} GiB "
+            add(HealthCheck("GPU", f"{runtime.gpu_name} (cc {cc}), {runtime.vram_budget_bytes / 1024**3:.2f} GiB "
                             "budget", OK))
         else:
             add(HealthCheck("GPU", "none", WARN,

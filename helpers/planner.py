@@ -24,13 +24,20 @@ if TYPE_CHECKING:
     from helpers.hardware import Runtime
     from helpers.models import ModelShape
 
-__all__ = ["FALLBACK_LADDER", "RAM_ESTIMATE_MARGIN", "ROW_IN_USE", "ROW_STEP", "SEQ_LENS", "UNITS", "BudgetError",
-           "Plan", "PreflightReport", "config_kind", "fresh_runtime_command", "measured_fresh_runtime", "plan",
-           "preflight"]
+__all__ = ["FALLBACK_LADDER", "GPU_TIGHT_MARGIN", "RAM_ESTIMATE_MARGIN", "ROW_IN_USE", "ROW_STEP", "SEQ_LENS", "UNITS",
+           "BudgetError", "Plan", "PreflightReport", "config_kind", "fresh_runtime_command", "measured_fresh_runtime",
+           "plan", "preflight"]
 
 # Pre-flight keeps this share of the RAM budget free: the RAM estimates of reports/ladder.json are within about 5 %
 # of the measured peaks (both ways), and a Colab kernel that runs out of RAM is killed without a Python error.
 RAM_ESTIMATE_MARGIN = 0.05
+# A GPU need within this share of the GPU budget still fits, but is called tight in the verdict, the table and the
+# chart (the budget itself, helpers.T4_VRAM_GIB on a T4, holds no margin): the cap binds what the caching allocator
+# reserves, and what it reserved but did not use stood 0.16-0.55 GiB above the allocated peak at each long-context
+# rung's longest length (reports/long_context.json); GPT-2 large with plain AMP, predicted at 14.42 GiB under the
+# earlier 15 GiB cap (3.9 % below it), failed with 14.44 GiB allocated and 0.57 GiB reserved but unallocated
+# (reports/ladder_probe.json). 5 % of a T4's 14.44 GiB is 0.72 GiB.
+GPU_TIGHT_MARGIN = 0.05
 # The course's one unit convention, stated once in every plan's table.
 UNITS = "GPU memory in GiB (2**30 bytes, as torch counts it); RAM and disk in GB (10**9 bytes, as their budgets are set)"
 # Rows beside the model states (helpers.memory.COMPONENTS and 'model copy'):
@@ -81,6 +88,7 @@ class PreflightReport:
     fresh_runtime: dict[str, Any] | None = None
     model_name: str | None = None
     ram_margin: float = RAM_ESTIMATE_MARGIN  # share of the RAM budget kept free for the estimate's error
+    gpu_margin: float = GPU_TIGHT_MARGIN  # share of the GPU budget below it where a fitting plan is called tight
     batch_suggestion: dict[str, int] | None = None  # set by `plan`: a smaller micro-batch (then sequence) that fits
     batch_suggestion_report: "PreflightReport | None" = None
     batch_now: dict[str, int] | None = None  # the plan's own micro-batch and sequence, beside batch_suggestion
@@ -113,6 +121,27 @@ class PreflightReport:
     @property
     def fits(self) -> bool:
         return not self.problems
+
+    @property
+    def gpu_tight_from(self) -> int:
+        """The GPU need above which a plan that fits is tight (the budget less `gpu_margin` of it); 0 without a GPU."""
+        return int(self.gpu_budget * (1 - self.gpu_margin)) if self.gpu_budget else 0
+
+    @property
+    def tight(self) -> bool:
+        """Fits, with the GPU need within `gpu_margin` of the GPU budget: memory the allocator reserved but does not
+        use can tip such a step over the cap."""
+        return self.fits and bool(self.gpu_budget) and self.gpu_needed > self.gpu_tight_from
+
+    @property
+    def tight_note(self) -> str:
+        """Why a tight plan is tight, for the verdict; '' when it is not."""
+        if not self.tight:
+            return ""
+        return (f"tight: GPU {self.gpu_needed / GiB:.2f} GiB is within {self.gpu_margin:.0%} of its "
+                f"{self.gpu_budget / GiB:.2f} GiB budget (above {self.gpu_tight_from / GiB:.2f}), where memory the "
+                "allocator reserved but does not use can tip a step over; a smaller micro-batch or more offload "
+                "leaves room")
 
     def needs(self) -> str:
         """'GPU 3.90 GiB, RAM 11.70 GB, disk 24.90 GB' (what this check predicts)."""
@@ -163,6 +192,9 @@ class PreflightReport:
             notes.append("model copy: the fp32 model built on CPU before deepspeed.initialize (not with zero.Init)")
         if self.ram_rows.get(ROW_IN_USE):
             notes.append(f"{ROW_IN_USE}: RAM this kernel (and what it started) holds now")
+        if self.gpu_budget and self.gpu_margin:
+            notes.append(f"tight when GPU passes {self.gpu_tight_from / GiB:.2f} GiB: within {self.gpu_margin:.0%} of "
+                         "the budget, memory the allocator reserved but does not use can tip a step over")
         if self.ram_margin:
             notes.append(f"fits when RAM stays under {(1 - self.ram_margin) * self.ram_budget / GB:.2f} GB: "
                          f"{self.ram_margin:.0%} of the budget is kept free for the estimate's error")
@@ -202,7 +234,8 @@ class PreflightReport:
                 "shorten sequences or micro-batch, or move to a machine with more memory")
 
     def __str__(self) -> str:
-        verdict = "fits" if self.fits else "does NOT fit: " + "; ".join(self.problems)
+        verdict = (("fits (" + self.tight_note + ")" if self.tight else "fits") if self.fits
+                   else "does NOT fit: " + "; ".join(self.problems))
         gpu = (f"GPU {self.gpu_needed / GiB:.2f} / {self.gpu_budget / GiB:.2f} GiB" if self.gpu_budget
                else "no GPU (all of it in RAM)")
         return (f"{self.estimate.label}: {gpu}, "

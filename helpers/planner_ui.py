@@ -38,7 +38,7 @@ def _may_touch_the_hub(model: str) -> bool:
 
 
 def _needs_line(report: PreflightReport) -> str:
-    """'GPU 3.90 / 15.00 GiB · RAM 11.70 / 12.13 GB · disk 24.90 / 80.00 GB' (needed / budget)."""
+    """'GPU 3.90 / 14.44 GiB · RAM 11.70 / 12.13 GB · disk 24.90 / 80.00 GB' (needed / budget)."""
     parts = [f"GPU {report.gpu_needed / GiB:.2f} / {report.gpu_budget / GiB:.2f} GiB" if report.gpu_budget
              else "no GPU: everything in RAM"]
     parts.append(f"RAM {report.ram_needed / GB:.2f} / {report.ram_budget / GB:.2f} GB")
@@ -144,9 +144,9 @@ def _small_line(css: str, text: str) -> str:
 
 
 def _verdict_html(p: "Plan | None", name: str, error: str = "", refusal_fix: dict[str, Any] | None = None) -> str:
-    """The one coloured line at the top of the planner: fits (green) / does not fit (red) / refused / cannot plan;
-    under it the predicted speed when the plan has one, what the batch does to the peak, and why CPU offload saves
-    nothing on a runtime without a GPU."""
+    """The one coloured line at the top of the planner: fits (green; 'fits, tight' within the GPU margin, with why) /
+    does not fit (red) / refused / cannot plan; under it the predicted speed when the plan has one, what the batch
+    does to the peak, and why CPU offload saves nothing on a runtime without a GPU."""
     def line(colour: str, head: str, rest: str) -> str:
         return (f'<div class="ds-plan-verdict" style="border-left:6px solid {colour};padding:4px 8px;'
                 f'margin:2px 0;line-height:1.4"><b style="color:{colour}">{html.escape(head)}</b> '
@@ -162,7 +162,9 @@ def _verdict_html(p: "Plan | None", name: str, error: str = "", refusal_fix: dic
     below = (_small_line("ds-plan-offload", p.report.offload_note) + _small_line("ds-plan-batch", _batch_hidden_text(p))
              + _small_line("ds-plan-speed", _step_time_text(p)))
     if p.report.fits:
-        return line(_VERDICT_COLOURS["fits"], "fits", f"{head}: {_needs_line(p.report)}") + below
+        return (line(_VERDICT_COLOURS["fits"], "fits, tight" if p.report.tight else "fits",
+                     f"{head}: {_needs_line(p.report)}")
+                + _small_line("ds-plan-tight", p.report.tight_note[:1].upper() + p.report.tight_note[1:]) + below)
     fix = _suggested_settings(p)
     rest = f"{head}: " + "; ".join(p.report.problems) + "."
     if fix and p.report.batch_suggestion:

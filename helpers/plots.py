@@ -32,6 +32,7 @@ COLORS = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A868", "acti
           "step on host": "#F0B6D8", "runtime": "#CCB974", "model copy": "#937860",
           "already in use": "#BBBBBB"}
 BUDGET_COLOR = "#C44E52"
+TIGHT_COLOR = "#B8860B"  # a GPU total inside the planner's margin below the budget (planner.GPU_TIGHT_MARGIN)
 
 
 def _in_notebook() -> bool:
@@ -61,9 +62,18 @@ def _figure(width: float = 7.0, height: float = 4.0) -> "Figure":
     return Figure(figsize=(width, height), layout="constrained")
 
 
+def _tight_line(ax: Any, budget_gib: float) -> None:
+    """A dotted line where the planner's margin below a GPU budget begins: a plan above it fits but is tight."""
+    from helpers.planner import GPU_TIGHT_MARGIN
+
+    ax.axhline(budget_gib * (1 - GPU_TIGHT_MARGIN), color=BUDGET_COLOR, linestyle=":", linewidth=1,
+               label=f"budget less {GPU_TIGHT_MARGIN:.0%}: tight above {budget_gib * (1 - GPU_TIGHT_MARGIN):.2f} GiB")
+
+
 def plot_peak_vram(runs: Sequence["RunResult"], budget_gib: float | None = None,
                    title: str = "Peak GPU memory per config", show: bool | None = None) -> "Figure | None":
-    """Bars of each run's measured peak VRAM beside its estimate, with the budget as a dashed line."""
+    """Bars of each run's measured peak VRAM beside its estimate, with the budget as a dashed line and where the
+    planner's margin below it begins (a plan above it is tight) dotted."""
     fig = _figure()
     ax = fig.add_subplot()
     names = [r.name for r in runs]
@@ -73,7 +83,8 @@ def plot_peak_vram(runs: Sequence["RunResult"], budget_gib: float | None = None,
     ax.bar([i + w / 2 for i in x], [r.estimated_vram_gib for r in runs], w, label="estimate", color="#BBBBBB",
            edgecolor="#555555")
     if budget_gib:
-        ax.axhline(budget_gib, color="#C44E52", linestyle="--", label=f"budget {budget_gib:.1f} GiB")
+        ax.axhline(budget_gib, color="#C44E52", linestyle="--", label=f"budget {budget_gib:.2f} GiB")
+        _tight_line(ax, budget_gib)
     ax.set_xticks(list(x), list(names), rotation=20, ha="right")
     ax.set_ylabel("GiB")
     ax.set_title(title)
@@ -85,7 +96,8 @@ def plot_memory_breakdown(estimates: Sequence["ModelStateEstimate"], where: str 
                           budget_gib: float | None = None, title: str | None = None,
                           show: bool | None = None, budget_bytes: int | None = None) -> "Figure | None":
     """Stacked bars: params / grads / optimizer / activations per estimate, on 'gpu' (GiB) or 'cpu' / 'nvme' (GB,
-    the course's unit for RAM and disk). The budget line: `budget_bytes`, or `budget_gib` (GPU)."""
+    the course's unit for RAM and disk). The budget line: `budget_bytes`, or `budget_gib` (GPU); on the GPU also
+    where the planner's margin below it begins (dotted)."""
     unit, unit_name = (GiB, "GiB") if where == "gpu" else (GB, "GB")
     budget = budget_bytes / unit if budget_bytes else (budget_gib * GiB / unit if budget_gib else None)
     fig = _figure()
@@ -99,7 +111,9 @@ def plot_memory_breakdown(estimates: Sequence["ModelStateEstimate"], where: str 
         ax.bar(range(len(estimates)), values, bottom=bottoms, label=comp, color=COLORS.get(comp))
         bottoms = [b + v for b, v in zip(bottoms, values)]
     if budget:
-        ax.axhline(budget, color=BUDGET_COLOR, linestyle="--", label=f"budget {budget:.1f} {unit_name}")
+        ax.axhline(budget, color=BUDGET_COLOR, linestyle="--", label=f"budget {budget:.2f} {unit_name}")
+        if where == "gpu":
+            _tight_line(ax, budget)
     ax.set_xticks(range(len(estimates)), labels, rotation=20, ha="right", fontsize=8)
     place = {"gpu": "GPU", "cpu": "RAM", "nvme": "NVMe"}.get(where, where.upper())
     ax.set_ylabel(f"{place} {unit_name} (estimate)")
@@ -131,7 +145,8 @@ def _plan_label(p: "Plan") -> str:
 
 def _plan_figure(plans: Sequence["Plan"], title: str | None) -> "Figure":
     """One horizontal panel per budget (GPU GiB, RAM GB, disk GB), one stacked bar per plan, the budget dashed (and,
-    for RAM, where the share kept free for the estimate's error begins, dotted); each bar's total at its end; the
+    for RAM, where the share kept free for the estimate's error begins, dotted; for the GPU, where the planner's
+    margin begins, dotted: a total past it is tight, drawn in TIGHT_COLOR); each bar's total at its end; the
     legend on the right in the table's row order. Laid out in inches by hand: the planner redraws it on every change
     and matplotlib's automatic layouts take most of the time."""
     from matplotlib.figure import Figure
@@ -165,7 +180,9 @@ def _plan_figure(plans: Sequence["Plan"], title: str | None) -> "Figure":
                 ends = [a + b for a, b in zip(ends, widths)]
         report = plans[0].report if plans else None
         budget = getattr(report, f"{key}_budget") / unit if report is not None else 0.0
-        limit = budget * (1 - report.ram_margin) if key == "ram" and report is not None else budget
+        margin = {"ram": report.ram_margin, "gpu": report.gpu_margin}.get(key, 0.0) if report is not None else 0.0
+        limit = budget * (1 - margin)  # RAM: where the share kept free begins; GPU: where a plan is tight
+        over = limit if key == "ram" else budget  # past it the plan does not fit
         span = max(ends + [budget]) * 1.14 or 1.0
         if budget:
             ax.axvline(budget, color=BUDGET_COLOR, linestyle="--", linewidth=1.5)
@@ -176,7 +193,8 @@ def _plan_figure(plans: Sequence["Plan"], title: str | None) -> "Figure":
         for yy, total in zip(y, ends):
             ax.text(total + 0.01 * span, yy, f"{total:.2f}" if total else "0", va="center", fontsize=8,
                     fontweight="bold" if total else "normal",
-                    color=BUDGET_COLOR if budget and total > limit else "#222222" if total else "#888888")
+                    color=BUDGET_COLOR if budget and total > over else TIGHT_COLOR if budget and total > limit
+                    else "#222222" if total else "#888888")
         ax.set_xlim(0, span)
         ax.set_ylim(-0.55, len(plans) - 0.45)
         ax.set_yticks(y, [label] if single else [_plan_label(p) for p in plans], fontsize=9 if single else 8)
@@ -196,7 +214,8 @@ def _plan_figure(plans: Sequence["Plan"], title: str | None) -> "Figure":
 def plot_plan(plan: "Plan", title: str | None = None, show: bool | None = None) -> "Figure | None":
     """One plan as a picture (notebook 00's planner): for each budget (GPU in GiB where there is a GPU, CPU RAM in GB,
     disk in GB when it offloads to NVMe) a bar stacked from the rows of the plan's table, against this runtime's
-    budget (dashed; for RAM the dotted line is where the share kept free for the estimate's error begins)."""
+    budget (dashed; for RAM the dotted line is where the share kept free for the estimate's error begins, for the
+    GPU where the planner's margin begins: a plan past it fits but is tight)."""
     if title is None and plan.report is not None:
         title = f"{plan.shape.name}, {plan.report.estimate.label}: {plan.runtime_label}" if plan.runtime_label \
             else f"{plan.shape.name}, {plan.report.estimate.label}"
@@ -564,7 +583,7 @@ def plot_long_context_memory(parts: dict[str, dict[str, int]], budget_bytes: int
         ax.bar(range(len(names)), values, bottom=bottom, color=f"C{i}", label=part)
         bottom = [b + v for b, v in zip(bottom, values)]
     if budget_bytes:
-        ax.axhline(budget_bytes / GiB, color=BUDGET_COLOR, linestyle="--", label=f"budget {budget_bytes / GiB:.1f} GiB")
+        ax.axhline(budget_bytes / GiB, color=BUDGET_COLOR, linestyle="--", label=f"budget {budget_bytes / GiB:.2f} GiB")
     ax.set_xticks(range(len(names)), names, rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("GiB (estimate)")
     ax.set_title(title)

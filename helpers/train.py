@@ -474,7 +474,7 @@ def oom_summary(message: str, budget_bytes: int | None = None) -> str:
     if held:
         parts.append(f"with {held.group(1)} already allocated by PyTorch")
     if budget_bytes:
-        parts.append(f"of this runtime's {budget_bytes / 2**30:.1f} GiB budget")
+        parts.append(f"of this runtime's {budget_bytes / 2**30:.2f} GiB budget")
     return (parts[0] + (": " + " ".join(parts[1:]) if len(parts) > 1 else ": " + message.split("\n")[0][:200]))
 
 

@@ -5,9 +5,10 @@
     python scripts/colab_emulation.py --probe          # which mechanism this machine allows
 
 What a notebook's kernel, and every process it starts, gets:
-- VRAM 15 GiB, fp16 and the T4's attention kernel (SDPA's memory-efficient one: no flash, no cuDNN): helpers' T4
-  budget mode inside each process (the Colab profile, DS_COURSE_COLAB=1, turns it on
-  and makes the notebooks take their Colab branches).
+- VRAM: PyTorch's allocator capped at what a T4 leaves it (helpers.T4_VRAM_GIB, 14.44 GiB of the card's 14.76: the
+  CUDA context and DeepSpeed's share sit outside the allocator, helpers.t4_budget_account), fp16 and the T4's
+  attention kernel (SDPA's memory-efficient one: no flash, no cuDNN): helpers' T4 budget mode inside each process
+  (the Colab profile, DS_COURSE_COLAB=1, turns it on and makes the notebooks take their Colab branches).
 - RAM: Colab's 12.7 GiB VM less 1.4 GiB that Colab's own processes use on a fresh VM = 12.1 GB, through a cgroup
   (v2 `memory.max`, or v1 `memory.limit_in_bytes`) with swap off: at the limit the kernel's out-of-memory killer acts,
   as on Colab. Where no cgroup can be written, a watchdog samples the RSS of the kernel's process tree every 0.1 s

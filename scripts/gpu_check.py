@@ -5,7 +5,7 @@
     python scripts/gpu_check.py --merge part1.json part2.json --report reports/gpu_check.json
 
 By default every notebook's kernel, and each process it starts, runs inside scripts/colab_emulation.py's limits:
-VRAM 15 GiB and fp16, Colab's RAM less what Colab itself uses (a cgroup), 2 CPUs, the NVMe folder held to 60 GB.
+PyTorch's allocator capped at what a T4 leaves it (helpers.T4_VRAM_GIB) and fp16, Colab's RAM less what Colab itself uses (a cgroup), 2 CPUs, the NVMe folder held to 60 GB.
 Per notebook: passed, wall seconds, peak memory of the whole group, out-of-memory kills, GPU-busy seconds, a T4 time
 estimate, and the figures it recorded with helpers.record_figure. Entries for notebooks not run are kept.
 """

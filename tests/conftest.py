@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.hardware import COLAB_RAM_BUDGET_BYTES, COLAB_VM_RAM_BYTES, GiB, Runtime
+from helpers.hardware import COLAB_RAM_BUDGET_BYTES, COLAB_VM_RAM_BYTES, T4_TOTAL_BYTES, T4_VRAM_GIB, GiB, Runtime
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,8 +23,8 @@ def last_line_of_fresh_process(code: str, timeout_s: int = 300) -> str:
 
 
 def fake_runtime(**overrides) -> Runtime:
-    base = Runtime(device="cuda", gpu_name="Tesla T4", compute_capability=(7, 5), gpu_total_bytes=int(15 * GiB),
-                   vram_budget_bytes=int(15 * GiB), ram_total_bytes=COLAB_VM_RAM_BYTES,
+    base = Runtime(device="cuda", gpu_name="Tesla T4", compute_capability=(7, 5), gpu_total_bytes=T4_TOTAL_BYTES,
+                   vram_budget_bytes=int(T4_VRAM_GIB * GiB), ram_total_bytes=COLAB_VM_RAM_BYTES,
                    ram_budget_bytes=COLAB_RAM_BUDGET_BYTES,
                    disk_free_bytes=int(100e9), cpu_cores=2, gpu_count=1, is_colab=True, t4_budget=False,
                    precision="fp16")

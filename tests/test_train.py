@@ -223,9 +223,9 @@ def test_an_out_of_memory_error_is_told_in_the_lessons_terms_not_the_whole_devic
                   "120.11 GiB is free. Including non-PyTorch memory, this process has 15.02 GiB memory in use. Of the "
                   "allocated memory 14.61 GiB is allocated by PyTorch, and 120.00 MiB is reserved by PyTorch but "
                   "unallocated.")
-    short = oom_summary(torch_text, budget_bytes=15 * 2**30)
+    short = oom_summary(torch_text, budget_bytes=int(14.44 * 2**30))
     assert short == ("CUDA out of memory: tried to allocate 96.00 MiB with 14.61 GiB already allocated by PyTorch of "
-                     "this runtime's 15.0 GiB budget")
+                     "this runtime's 14.44 GiB budget")
     assert "139.80" not in short
     assert oom_summary("something else entirely") == "CUDA out of memory: something else entirely"
 
