@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Every GPU step the course is waiting for, in one script (docs/dev-notes.md names it). On the device machine:
+#   source .gpu-bundle/setup.sh && bash scripts/gpu_pending.sh STEP [STEP ...]      (writes under $OUT)
+# Steps, each sized for one 600 s call (in this order; a step needs nothing from an earlier one):
+#   notebooks     benchmarks/cuda_context.py first (the GPU must be idle), then the drafts promoted in this copy of
+#                 the checkout (scripts/promote_drafts.py) and notebooks 00, 01, 03, 04, 05, 06 side by side under the
+#                 Colab T4 emulation (scripts/gpu_evidence.sh: each kernel in its own cgroup on 2 cores, the T4 budget
+#                 cap). Brings back cuda_context.json/.md/.log and evidence.tgz (parts/*.json, nb/*.ipynb, logs/)
+#   nb02_long_context
+#                 notebook 02 (the longest, ~400 s) beside the long-context search run again for the rungs whose
+#                 committed longest length ran within 1 GiB of the old 15 GiB cap (issue 51): 4 rungs at a time, each
+#                 in its own enclosure, so at most 5 T4 budgets share the GPU (5 x 14.44 GiB + contexts fit an H100's
+#                 80 GB); the optimizer-on-CPU rung's row is kept (its GPU peak, 6.6 GiB, is far from any cap: RAM
+#                 ends it). Brings back evidence.tgz (02), long_context.json/.md/.log, long_context_logs.tgz
+#   speed_twice   the two-run check of issue 52: notebooks 01 and 04 (the ones that compare speeds) each ALONE on
+#                 the GPU, twice, under the emulation, then scripts/verdicts.py on the two runs (verdicts.md)
+# Afterwards, here: docs/dev-notes.md "How to land a GPU run" says what goes where.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+OUT=${OUT:?set OUT (the device machine sets it)}
+start=$(date +%s)
+say() { echo "[$(( $(date +%s) - start )) s] $*" | tee -a "$OUT/progress.log"; }
+
+step_notebooks() {
+  timeout 120 python3 benchmarks/cuda_context.py --out "$OUT/cuda_context.json" >"$OUT/cuda_context.log" 2>&1
+  say "cuda_context: exit $?"
+  python3 scripts/promote_drafts.py | tee -a "$OUT/progress.log"
+  LADDER_ARGS=none timeout 500 bash scripts/gpu_evidence.sh /tmp/ev notebooks/0[013456]_*.ipynb
+  say "notebooks: exit $?, $(ls /tmp/ev/parts | wc -l) parts"
+  bash scripts/gpu_evidence.sh --collect /tmp/ev "$OUT"
+}
+
+step_nb02_long_context() {
+  # a rung stops at 450 s (its unfinished length counts as such) so that the report and the lines come back
+  timeout 530 taskset -c 0-13 python3 benchmarks/long_context.py --emulate --optimizer-offload --parallel 4 \
+    --deadline-s 200 \
+    --rung-timeout-s 450 --rungs "plain" "checkpointing" "+ tiled logits" "+ tiled MLP" "+ checkpoints on CPU" \
+    --keep-rows-from reports/long_context.json --out "$OUT/long_context.json" --work-dir /tmp/long-context \
+    >"$OUT/long_context.log" 2>&1 &
+  local lc=$!
+  # notebook 02 on cores 14-15 (the rungs take cores 0-7 in their enclosures); its NVMe folder on this disk
+  FIRST_CPU=14 CONCURRENT=5 LADDER_ARGS=none LOCAL_HUB=0 timeout 530 bash scripts/gpu_evidence.sh /tmp/ev notebooks/02_*.ipynb
+  say "notebook 02: exit $?"
+  wait "$lc"
+  say "long_context: exit $?"
+  bash scripts/gpu_evidence.sh --collect /tmp/ev "$OUT"
+  tar czf "$OUT/long_context_logs.tgz" -C /tmp long-context 2>/dev/null
+}
+
+step_speed_twice() {
+  python3 scripts/promote_drafts.py 01 04 | tee -a "$OUT/progress.log"
+  local hub=1  # the local Hub cache is built once (the first run); later runs read it (hub.env)
+  for run in a b; do
+    for nb in notebooks/01_*.ipynb notebooks/04_*.ipynb; do
+      BUILD_OPS="" LADDER_ARGS=none LOCAL_HUB=$hub FIRST_CPU=0 CONCURRENT=1 bash scripts/gpu_evidence.sh "/tmp/speed/$run" "$nb"
+      say "speed_twice $run $(basename "$nb"): $(grep -c '"passed": true' /tmp/speed/$run/parts/*.json | paste -sd' ')"
+      [ "$hub" = 0 ] || { source /tmp/speed/a/logs/hub.env; hub=0; }
+    done
+  done
+  python3 scripts/verdicts.py /tmp/speed/a/nb /tmp/speed/b/nb --out "$OUT/verdicts.md" >"$OUT/verdicts.log" 2>&1
+  say "verdicts: exit $? (0 = no flip, 1 = flips, 2 = nothing compared)"
+  tar czf "$OUT/speed_twice.tgz" -C /tmp speed 2>/dev/null
+}
+
+[ $# -gt 0 ] || { echo "usage: gpu_pending.sh notebooks|nb02_long_context|speed_twice ..." >&2; exit 2; }
+for s in "$@"; do
+  say "step $s"
+  "step_$s"
+done
+say "done"
