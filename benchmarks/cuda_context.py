@@ -172,8 +172,10 @@ def markdown(report: dict[str, Any]) -> str:
                   f"here): the context after the matmul ~{c['t4_context_estimate_gib']:.3f} GiB, DeepSpeed's addition "
                   f"~{c['t4_deepspeed_estimate_gib']:.3f} GiB, together ~{c['t4_estimate_gib']:.3f} GiB against "
                   f"T4_CUDA_CONTEXT_GIB + T4_DEEPSPEED_ALLOWANCE_GIB = "
-                  f"{c['T4_CUDA_CONTEXT_GIB'] + c['T4_DEEPSPEED_ALLOWANCE_GIB']:.2f} GiB. An estimate: code and "
-                  "driver memory may differ on a T4's driver and CUDA."]
+                  f"{c['T4_CUDA_CONTEXT_GIB'] + c['T4_DEEPSPEED_ALLOWANCE_GIB']:.2f} GiB. An estimate: for the "
+                  "context it overstates a T4's (real T4s show 0.12-0.15 GiB: the driver's own share is smaller on a "
+                  "smaller card); DeepSpeed's addition, code and NCCL's buffers beside its local memory, is the "
+                  "figure that transfers, to check T4_DEEPSPEED_ALLOWANCE_GIB against."]
     if c.get("deepspeed_adds_gib") is not None:
         lines += ["", f"DeepSpeed adds {c['deepspeed_adds_gib']:.3f} GiB outside the allocator (deepspeed stage less "
                   f"the matmul stage, one process); helpers.T4_DEEPSPEED_ALLOWANCE_GIB = "
