@@ -2,16 +2,15 @@
 # Every GPU step the course is waiting for, in one script (docs/dev-notes.md names it). On the device machine:
 #   source .gpu-bundle/setup.sh && bash scripts/gpu_pending.sh STEP [STEP ...]      (writes under $OUT)
 # Steps, each sized for one 600 s call (in this order; a step needs nothing from an earlier one):
-#   notebooks     benchmarks/cuda_context.py first (the GPU must be idle), then the drafts promoted in this copy of
-#                 the checkout (scripts/promote_drafts.py) and notebooks 00, 01, 03, 04, 05, 06 side by side under the
-#                 Colab T4 emulation (scripts/gpu_evidence.sh: each kernel in its own cgroup on 2 cores, the T4 budget
-#                 cap). Brings back cuda_context.json/.md/.log and evidence.tgz (parts/*.json, nb/*.ipynb, logs/)
-#   nb02_long_context
-#                 notebook 02 (the longest, ~400 s) beside the long-context search run again for the rungs whose
-#                 committed longest length ran within 1 GiB of the old 15 GiB cap (issue 51): 4 rungs at a time, each
-#                 in its own enclosure, so at most 5 T4 budgets share the GPU (5 x 14.44 GiB + contexts fit an H100's
-#                 80 GB); the optimizer-on-CPU rung's row is kept (its GPU peak, 6.6 GiB, is far from any cap: RAM
-#                 ends it). Brings back evidence.tgz (02), long_context.json/.md/.log, long_context_logs.tgz
+#   notebooks     the drafts promoted in this copy of the checkout (scripts/promote_drafts.py), then all seven
+#                 notebooks side by side under the Colab T4 emulation (scripts/gpu_evidence.sh: each kernel in its own
+#                 cgroup on 2 cores, the T4 budget cap; ~540 s with 02 the longest). Brings back evidence.tgz
+#                 (parts/*.json, nb/*.ipynb, logs/)
+#   context_long  benchmarks/cuda_context.py first (the GPU must be idle: what a course process holds outside
+#                 PyTorch's allocator, part by part), then the long-context search again for the rungs whose
+#                 committed longest length ran within 1 GiB of the old 15 GiB cap (issue 51), 5 rungs side by side, each
+#                 in its own enclosure; the optimizer-on-CPU rung's row is kept (its GPU peak, 6.6 GiB, is far from any
+#                 cap: RAM ends it). Brings back cuda_context.*, long_context.json/.md/.log, long_context_logs.tgz
 #   speed_twice   the two-run check of issue 52: notebooks 01 and 04 (the ones that compare speeds) each ALONE on
 #                 the GPU, twice, under the emulation, then scripts/verdicts.py on the two runs (verdicts.md)
 # Afterwards, here: docs/dev-notes.md "How to land a GPU run" says what goes where.
@@ -23,28 +22,21 @@ start=$(date +%s)
 say() { echo "[$(( $(date +%s) - start )) s] $*" | tee -a "$OUT/progress.log"; }
 
 step_notebooks() {
-  timeout 120 python3 benchmarks/cuda_context.py --out "$OUT/cuda_context.json" >"$OUT/cuda_context.log" 2>&1
-  say "cuda_context: exit $?"
   python3 scripts/promote_drafts.py | tee -a "$OUT/progress.log"
-  LADDER_ARGS=none timeout 500 bash scripts/gpu_evidence.sh /tmp/ev notebooks/0[013456]_*.ipynb
+  LADDER_ARGS=none timeout 520 bash scripts/gpu_evidence.sh /tmp/ev
   say "notebooks: exit $?, $(ls /tmp/ev/parts | wc -l) parts"
   bash scripts/gpu_evidence.sh --collect /tmp/ev "$OUT"
 }
 
-step_nb02_long_context() {
-  # a rung stops at 450 s (its unfinished length counts as such) so that the report and the lines come back
-  timeout 530 taskset -c 0-13 python3 benchmarks/long_context.py --emulate --optimizer-offload --parallel 4 \
-    --deadline-s 200 \
-    --rung-timeout-s 450 --rungs "plain" "checkpointing" "+ tiled logits" "+ tiled MLP" "+ checkpoints on CPU" \
+step_context_long() {
+  timeout 150 python3 benchmarks/cuda_context.py --out "$OUT/cuda_context.json" >"$OUT/cuda_context.log" 2>&1
+  say "cuda_context: exit $?"
+  # a rung stops at 330 s (its unfinished length counts as such) so that the report and the lines come back
+  timeout 400 python3 benchmarks/long_context.py --emulate --optimizer-offload --parallel 5 --rung-timeout-s 330 \
+    --rungs "plain" "checkpointing" "+ tiled logits" "+ tiled MLP" "+ checkpoints on CPU" \
     --keep-rows-from reports/long_context.json --out "$OUT/long_context.json" --work-dir /tmp/long-context \
-    >"$OUT/long_context.log" 2>&1 &
-  local lc=$!
-  # notebook 02 on cores 14-15 (the rungs take cores 0-7 in their enclosures); its NVMe folder on this disk
-  FIRST_CPU=14 CONCURRENT=5 LADDER_ARGS=none LOCAL_HUB=0 timeout 530 bash scripts/gpu_evidence.sh /tmp/ev notebooks/02_*.ipynb
-  say "notebook 02: exit $?"
-  wait "$lc"
+    >"$OUT/long_context.log" 2>&1
   say "long_context: exit $?"
-  bash scripts/gpu_evidence.sh --collect /tmp/ev "$OUT"
   tar czf "$OUT/long_context_logs.tgz" -C /tmp long-context 2>/dev/null
 }
 
@@ -63,7 +55,7 @@ step_speed_twice() {
   tar czf "$OUT/speed_twice.tgz" -C /tmp speed 2>/dev/null
 }
 
-[ $# -gt 0 ] || { echo "usage: gpu_pending.sh notebooks|nb02_long_context|speed_twice ..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: gpu_pending.sh notebooks|context_long|speed_twice ..." >&2; exit 2; }
 for s in "$@"; do
   say "step $s"
   "step_$s"
