@@ -15,6 +15,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -91,6 +92,30 @@ def merge(report: dict, parts: list[dict]) -> dict:
     return report
 
 
+def readme_rows(readme: str, report: dict) -> str:
+    """The README's notebook table with its last two columns (T4 minutes; GPU time, peak RAM and card) taken from
+    `report`, the other columns kept (tests/test_readme.py holds the table to the report)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from course_shape import t4_minutes
+
+    out = []
+    for line in readme.splitlines(keepends=True):
+        m = re.match(r"\| \d\d \| \[.*?\(notebooks/(\d\d_[^)]+\.ipynb)\)", line)
+        entry = report["notebooks"].get(m.group(1)) if m else None
+        if entry:
+            cells = line.rstrip("\n").split(" | ")
+            low, high = t4_minutes(entry["t4_estimate"])
+            card = entry.get("gpu", report.get("gpu", "")).replace("NVIDIA ", "").split()[0]
+            rest = re.sub(r"^\d+-\d+ min", "", cells[-2])
+            extra = re.sub(r"^\[.*?\]\(.*?\) on an? \S+", "", cells[-1]).rstrip(" |")
+            cells[-2] = f"{low}-{high} min{rest}"
+            cells[-1] = (f"[{entry['wall_seconds']:.0f} s, peak RAM {entry['peak_ram_gb']:.1f} GB]"
+                         f"(reports/executed/{m.group(1)}) on an {card}{extra} |")
+            line = " | ".join(cells) + "\n"
+        out.append(line)
+    return "".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("notebooks", nargs="*", type=Path)
@@ -106,12 +131,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runner", choices=("nbmake", "nbclient"), default="nbmake",
                         help="who runs each notebook inside the emulation: `pytest --nbmake` (default) or nbclient")
     parser.add_argument("--merge", nargs="+", type=Path, help="merge these partial reports into --report and stop")
+    parser.add_argument("--readme", type=Path, help="with --merge: also rewrite this README's table from the report")
     args = parser.parse_args(argv)
     report = json.loads(args.report.read_text()) if args.report.exists() else {"notebooks": {}}
     if args.merge:
         merge(report, [json.loads(p.read_text()) for p in args.merge])
         args.report.write_text(json.dumps(report, indent=2) + "\n")
         print(f"merged {len(args.merge)} reports into {args.report}")
+        if args.readme:
+            args.readme.write_text(readme_rows(args.readme.read_text(), report))
+            print(f"the notebook table of {args.readme} rewritten from it")
         return 0 if all(e.get("passed") for e in report["notebooks"].values()) else 1
 
     emulate = not (args.no_emulation or args.full_gpu)

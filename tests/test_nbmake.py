@@ -75,3 +75,20 @@ def test_merging_a_new_run_keeps_each_earlier_entrys_card_and_date():
     assert merged["notebooks"]["02_x.ipynb"]["gpu"] == "NVIDIA H200"
     assert merged["notebooks"]["02_x.ipynb"]["date"] == "2026-12-04"
     assert merged["notebooks"]["01_x.ipynb"]["gpu"] == merged["gpu"] == "NVIDIA H100 80GB HBM3"
+
+
+def test_the_readme_table_is_rewritten_from_a_merged_report():
+    """After a GPU run, `gpu_check.py --merge parts/*.json --readme README.md` rewrites each row's T4 minutes, time,
+    peak RAM and card from the report; the committed README already is what the committed report gives."""
+    import copy
+
+    import gpu_check
+
+    readme = (ROOT / "README.md").read_text()
+    report = json.loads((ROOT / "reports" / "gpu_check.json").read_text())
+    assert gpu_check.readme_rows(readme, report) == readme
+    changed = copy.deepcopy(report)
+    entry = changed["notebooks"]["02_zero3_offload_nvme.ipynb"]
+    entry.update(wall_seconds=301.4, peak_ram_gb=9.96, gpu="NVIDIA H100 80GB HBM3", t4_estimate={"low_s": 400, "high_s": 700})
+    row = next(line for line in gpu_check.readme_rows(readme, changed).splitlines() if "(notebooks/02_" in line)
+    assert row.endswith("| 7-12 min + disk | [301 s, peak RAM 10.0 GB](reports/executed/02_zero3_offload_nvme.ipynb) on an H100 |")
