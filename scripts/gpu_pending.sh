@@ -13,6 +13,7 @@
 #                 cap: RAM ends it). Brings back cuda_context.*, long_context.json/.md/.log, long_context_logs.tgz
 #   speed_twice   the two-run check of issue 52: notebooks 01 and 04 (the ones that compare speeds) each ALONE on
 #                 the GPU, twice, under the emulation, then scripts/verdicts.py on the two runs (verdicts.md)
+# EVIDENCE_TIMEOUT (default 520 s) stops the notebooks step's runs in time for what finished to come back.
 # Afterwards, here: docs/dev-notes.md "How to land a GPU run" says what goes where.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +24,7 @@ say() { echo "[$(( $(date +%s) - start )) s] $*" | tee -a "$OUT/progress.log"; }
 
 step_notebooks() {
   python3 scripts/promote_drafts.py | tee -a "$OUT/progress.log"
-  LADDER_ARGS=none timeout 520 bash scripts/gpu_evidence.sh /tmp/ev
+  LADDER_ARGS=none timeout "${EVIDENCE_TIMEOUT:-520}" bash scripts/gpu_evidence.sh /tmp/ev
   say "notebooks: exit $?, $(ls /tmp/ev/parts | wc -l) parts"
   bash scripts/gpu_evidence.sh --collect /tmp/ev "$OUT"
 }
