@@ -13,6 +13,9 @@
 #                 cap: RAM ends it). Brings back cuda_context.*, long_context.json/.md/.log, long_context_logs.tgz
 #   speed_twice   the two-run check of issue 52: notebooks 01 and 04 (the ones that compare speeds) each ALONE on
 #                 the GPU, twice, under the emulation, then scripts/verdicts.py on the two runs (verdicts.md)
+#   drafts_alone  (a short call, when too little device time is left for `notebooks`) benchmarks/cuda_context.py,
+#                 then the drafts 00, 01, 04 promoted and run each ALONE under the emulation, 01 and 04 twice, then
+#                 verdicts.py (verdicts.md): run a's executed copies and parts come back as evidence.tgz (~400 s)
 # EVIDENCE_TIMEOUT (default 520 s) stops the notebooks step's runs in time for what finished to come back.
 # Afterwards, here: docs/dev-notes.md "How to land a GPU run" says what goes where.
 set -uo pipefail
@@ -41,22 +44,35 @@ step_context_long() {
   tar czf "$OUT/long_context_logs.tgz" -C /tmp long-context 2>/dev/null
 }
 
-step_speed_twice() {
-  python3 scripts/promote_drafts.py 01 04 | tee -a "$OUT/progress.log"
+alone_twice() {  # alone_twice NOTEBOOK...: each notebook alone on the GPU, run a then run b; verdicts.py on the two
   local hub=1  # the local Hub cache is built once (the first run); later runs read it (hub.env)
   for run in a b; do
-    for nb in notebooks/01_*.ipynb notebooks/04_*.ipynb; do
+    for nb in "$@"; do
+      [ "$run" = b ] && [ "$(basename "$nb" | cut -c1-2)" = 00 ] && continue  # 00 compares no speed: once
       BUILD_OPS="" LADDER_ARGS=none LOCAL_HUB=$hub FIRST_CPU=0 CONCURRENT=1 bash scripts/gpu_evidence.sh "/tmp/speed/$run" "$nb"
-      say "speed_twice $run $(basename "$nb"): $(grep -c '"passed": true' /tmp/speed/$run/parts/*.json | paste -sd' ')"
+      say "alone, run $run: $(basename "$nb") $(grep -ho '"passed": [a-z]*' "/tmp/speed/$run/parts/$(basename "$nb" .ipynb).json" | head -1)"
       [ "$hub" = 0 ] || { source /tmp/speed/a/logs/hub.env; hub=0; }
     done
   done
   python3 scripts/verdicts.py /tmp/speed/a/nb /tmp/speed/b/nb --out "$OUT/verdicts.md" >"$OUT/verdicts.log" 2>&1
   say "verdicts: exit $? (0 = no flip, 1 = flips, 2 = nothing compared)"
-  tar czf "$OUT/speed_twice.tgz" -C /tmp speed 2>/dev/null
+  bash scripts/gpu_evidence.sh --collect /tmp/speed/a "$OUT"   # run a: the executed copies and parts to commit
+  tar czf "$OUT/run_b.tgz" -C /tmp/speed b 2>/dev/null
 }
 
-[ $# -gt 0 ] || { echo "usage: gpu_pending.sh notebooks|context_long|speed_twice ..." >&2; exit 2; }
+step_speed_twice() {
+  python3 scripts/promote_drafts.py 01 04 | tee -a "$OUT/progress.log"
+  alone_twice notebooks/01_*.ipynb notebooks/04_*.ipynb
+}
+
+step_drafts_alone() {
+  timeout 150 python3 benchmarks/cuda_context.py --out "$OUT/cuda_context.json" >"$OUT/cuda_context.log" 2>&1
+  say "cuda_context: exit $?"
+  python3 scripts/promote_drafts.py | tee -a "$OUT/progress.log"
+  alone_twice notebooks/00_*.ipynb notebooks/01_*.ipynb notebooks/04_*.ipynb
+}
+
+[ $# -gt 0 ] || { echo "usage: gpu_pending.sh notebooks|context_long|speed_twice|drafts_alone ..." >&2; exit 2; }
 for s in "$@"; do
   say "step $s"
   "step_$s"
