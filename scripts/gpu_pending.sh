@@ -16,6 +16,7 @@
 #   drafts_alone  (a short call, when too little device time is left for `notebooks`) benchmarks/cuda_context.py,
 #                 then the drafts 00, 01, 04 promoted and run each ALONE under the emulation, 01 and 04 twice, then
 #                 verdicts.py (verdicts.md): run a's executed copies and parts come back as evidence.tgz (~400 s)
+# RUNS=a: drafts_alone and speed_twice run each notebook once (no verdicts.md; ~300 s for drafts_alone).
 # EVIDENCE_TIMEOUT (default 520 s) stops the notebooks step's runs in time for what finished to come back.
 # Afterwards, here: docs/dev-notes.md "How to land a GPU run" says what goes where.
 set -uo pipefail
@@ -46,7 +47,7 @@ step_context_long() {
 
 alone_twice() {  # alone_twice NOTEBOOK...: each notebook alone on the GPU, run a then run b; verdicts.py on the two
   local hub=1  # the local Hub cache is built once (the first run); later runs read it (hub.env)
-  for run in a b; do
+  for run in ${RUNS:-a b}; do  # RUNS=a: once (a call too short for two)
     for nb in "$@"; do
       [ "$run" = b ] && [ "$(basename "$nb" | cut -c1-2)" = 00 ] && continue  # 00 compares no speed: once
       BUILD_OPS="" LADDER_ARGS=none LOCAL_HUB=$hub FIRST_CPU=0 CONCURRENT=1 bash scripts/gpu_evidence.sh "/tmp/speed/$run" "$nb"
@@ -54,9 +55,9 @@ alone_twice() {  # alone_twice NOTEBOOK...: each notebook alone on the GPU, run 
       [ "$hub" = 0 ] || { source /tmp/speed/a/logs/hub.env; hub=0; }
     done
   done
+  bash scripts/gpu_evidence.sh --collect /tmp/speed/a "$OUT"
   python3 scripts/verdicts.py /tmp/speed/a/nb /tmp/speed/b/nb --out "$OUT/verdicts.md" >"$OUT/verdicts.log" 2>&1
-  say "verdicts: exit $? (0 = no flip, 1 = flips, 2 = nothing compared)"
-  bash scripts/gpu_evidence.sh --collect /tmp/speed/a "$OUT"   # run a: the executed copies and parts to commit
+  say "verdicts: exit $? (0 = no flip, 1 = flips, 2 = nothing compared)"   # run a: the executed copies and parts to commit
   tar czf "$OUT/run_b.tgz" -C /tmp/speed b 2>/dev/null
 }
 
