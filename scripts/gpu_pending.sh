@@ -54,8 +54,9 @@ alone_twice() {  # alone_twice NOTEBOOK...: each notebook alone on the GPU, run 
       say "alone, run $run: $(basename "$nb") $(grep -ho '"passed": [a-z]*' "/tmp/speed/$run/parts/$(basename "$nb" .ipynb).json" | head -1)"
       [ "$hub" = 0 ] || { source /tmp/speed/a/logs/hub.env; hub=0; }
     done
+    # run a's executed copies and parts (the ones to commit) come back even if the call ends during run b
+    [ "$run" != a ] || bash scripts/gpu_evidence.sh --collect /tmp/speed/a "$OUT"
   done
-  bash scripts/gpu_evidence.sh --collect /tmp/speed/a "$OUT"
   python3 scripts/verdicts.py /tmp/speed/a/nb /tmp/speed/b/nb --out "$OUT/verdicts.md" >"$OUT/verdicts.log" 2>&1
   say "verdicts: exit $? (0 = no flip, 1 = flips, 2 = nothing compared)"   # run a: the executed copies and parts to commit
   tar czf "$OUT/run_b.tgz" -C /tmp/speed b 2>/dev/null
