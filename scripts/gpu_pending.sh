@@ -16,6 +16,7 @@
 #   drafts_alone  (a short call, when too little device time is left for `notebooks`) benchmarks/cuda_context.py,
 #                 then the drafts 00, 01, 04 promoted and run each ALONE under the emulation, 01 and 04 twice, then
 #                 verdicts.py (verdicts.md): run a's executed copies and parts come back as evidence.tgz (~400 s)
+# DRAFTS="01": drafts_alone promotes and runs that draft only (with RUNS=a and the context: ~220 s).
 # RUNS=a: drafts_alone and speed_twice run each notebook once (no verdicts.md; ~300 s for drafts_alone).
 # EVIDENCE_TIMEOUT (default 520 s) stops the notebooks step's runs in time for what finished to come back.
 # Afterwards, here: docs/dev-notes.md "How to land a GPU run" says what goes where.
@@ -70,8 +71,10 @@ step_speed_twice() {
 step_drafts_alone() {
   timeout 150 python3 benchmarks/cuda_context.py --out "$OUT/cuda_context.json" >"$OUT/cuda_context.log" 2>&1
   say "cuda_context: exit $?"
-  python3 scripts/promote_drafts.py | tee -a "$OUT/progress.log"
-  alone_twice notebooks/00_*.ipynb notebooks/01_*.ipynb notebooks/04_*.ipynb
+  local n nbs=()
+  for n in ${DRAFTS:-00 01 04}; do nbs+=(notebooks/${n}_*.ipynb); done  # DRAFTS="01": that draft only
+  python3 scripts/promote_drafts.py ${DRAFTS:-} | tee -a "$OUT/progress.log"
+  alone_twice "${nbs[@]}"
 }
 
 [ $# -gt 0 ] || { echo "usage: gpu_pending.sh notebooks|context_long|speed_twice|drafts_alone ..." >&2; exit 2; }
