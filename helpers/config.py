@@ -608,6 +608,13 @@ def _dotted_set(config: dict[str, Any], dotted: str, value: Any) -> None:
     node[last] = value
 
 
+def _check_config_dict(ds_config: Any) -> None:
+    """Refuse what is not a DeepSpeed config dict (trainer_ds_config and the drivers of helpers.integrations)."""
+    if not isinstance(ds_config, dict) or "zero_optimization" not in ds_config:
+        raise ConfigError("expected a DeepSpeed config dict with a 'zero_optimization' section. "
+                          "Fix: build one with helpers.course_config('zero2', runtime) or helpers.build_ds_config().")
+
+
 def trainer_ds_config(ds_config: dict[str, Any], *, auto_buckets: bool = False) -> dict[str, Any]:
     """A copy of a course config with "auto" wherever TrainingArguments owns the value (notebook 04; written as
     configs/<name>_trainer.json). `train_batch_size` is "auto" even where the config leaves it out (the course's
@@ -618,9 +625,7 @@ def trainer_ds_config(ds_config: dict[str, Any], *, auto_buckets: bool = False) 
     `auto_buckets` also lets Trainer size the ZeRO buckets from the model's hidden size (`HIDDEN_SIZE_AUTO`);
     the course keeps its own sizes by default (DeepSpeed's 5e8-element bucket costs ~1 GB in fp16).
     """
-    if not isinstance(ds_config, dict) or "zero_optimization" not in ds_config:
-        raise ConfigError("expected a DeepSpeed config dict with a 'zero_optimization' section. "
-                          "Fix: build one with helpers.course_config('zero2', runtime) or helpers.build_ds_config().")
+    _check_config_dict(ds_config)
     out = {"train_batch_size": "auto", **copy.deepcopy(ds_config)}
     for half, other in (("fp16", "bf16"), ("bf16", "fp16")):
         if half in out and other not in out:  # both switches "auto": TrainingArguments' fp16/bf16 picks one (or fp32)

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from helpers.config import AUTO_FIELDS, HIDDEN_SIZE_AUTO, ConfigError, trainer_ds_config
-from helpers.config import _MISSING, _dotted_get as _get  # the dotted-key reader trainer_ds_config uses
+# the check, the dotted-key reader and the config walk trainer_ds_config and explain_config use
+from helpers.config import _MISSING, _check_config_dict as _check_config, _dotted_get as _get, _leaves
 from helpers.memory import GB, GiB, measure_peak
 from helpers.runtime import (destroy_engine, reset_hf_deepspeed_state, reset_peak_stats, setup_single_process,
                              teardown)
@@ -41,20 +42,9 @@ __all__ = ["auto_table", "config_differences",
            "teardown_hf", "agreement"]
 
 
-def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in config.items():
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[prefix + key] = value
-    return out
-
-
-def _check_config(ds_config: Any) -> None:
-    if not isinstance(ds_config, dict) or "zero_optimization" not in ds_config:
-        raise ConfigError("expected a DeepSpeed config dict with a 'zero_optimization' section. "
-                          "Fix: build one with helpers.course_config('zero2', runtime) or helpers.build_ds_config().")
+def _flatten(config: dict[str, Any]) -> dict[str, Any]:
+    """dotted key -> value of every non-dict value (an empty section adds nothing)."""
+    return {key: value for key, value in _leaves(config) if not isinstance(value, dict)}
 
 
 def auto_table(ds_config: dict[str, Any], trainer_config: dict[str, Any],
