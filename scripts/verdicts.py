@@ -33,12 +33,15 @@ from pathlib import Path
 
 import nbformat
 
+from course_shape import PROGRESS_BAR  # scripts/ is on the path: this script's folder
+
 VERDICT = re.compile(r"\b(faster|slower|within (?:the )?(?:spread|noise)|no difference|fits?|does not fit|trains?|"
                      r"learns?|lower|higher|better|worse|refused|out of memory|falls|rises|beyond)\b", re.IGNORECASE)
 NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")
 # a progress bar (tqdm: "63%|", "it/s", "s/it", an elapsed-time bracket; datasets: "examples/s", "Generating train
 # split: 9851 examples [00:00, ...]", "Map: ...") is not a verdict, whatever words its description holds
-PROGRESS = re.compile(r"%\||(?:it/s|s/it|examples/s)\b|\[\d+:\d\d(?::\d\d)?\s*[<,]|"
+# (course_shape.PROGRESS_BAR, what a reader skips, and the lines that only name what a bar is doing)
+PROGRESS = re.compile(PROGRESS_BAR.pattern + r"|\[\d+:\d\d(?::\d\d)?\s*[<,]|"
                       r"^\s*(?:Generating \w+ split|Map(?: \(num_proc=\d+\))?|Filter|Saving the dataset)\b.*:")
 # a ratio: "x0.69" or "0.69x" (decimals required: "micro-batch x2" is a name, not a ratio)
 RATIO = re.compile(r"(?<![\w.])(?:x(\d+\.\d+)|(\d+\.\d+)x)(?![\w.])")
