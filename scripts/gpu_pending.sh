@@ -18,6 +18,7 @@
 #                 verdicts.py (verdicts.md): run a's executed copies and parts come back as evidence.tgz (~400 s)
 # DRAFTS="01": drafts_alone promotes and runs that draft only (with RUNS=a and the context: ~220 s).
 # RUNS=a: drafts_alone and speed_twice run each notebook once (no verdicts.md; ~300 s for drafts_alone).
+# PROMOTE="00 01 04": the notebooks step promotes these drafts only (default: every draft in the checkout).
 # EVIDENCE_TIMEOUT (default 520 s) stops the notebooks step's runs in time for what finished to come back.
 # Afterwards, here: docs/dev-notes.md "How to land a GPU run" says what goes where.
 set -uo pipefail
@@ -28,7 +29,7 @@ start=$(date +%s)
 say() { echo "[$(( $(date +%s) - start )) s] $*" | tee -a "$OUT/progress.log"; }
 
 step_notebooks() {
-  python3 scripts/promote_drafts.py | tee -a "$OUT/progress.log"
+  python3 scripts/promote_drafts.py ${PROMOTE:-} | tee -a "$OUT/progress.log"  # PROMOTE="00 01": these drafts only
   LADDER_ARGS=none timeout "${EVIDENCE_TIMEOUT:-520}" bash scripts/gpu_evidence.sh /tmp/ev
   say "notebooks: exit $?, $(ls /tmp/ev/parts | wc -l) parts"
   bash scripts/gpu_evidence.sh --collect /tmp/ev "$OUT"
