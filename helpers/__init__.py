@@ -7,7 +7,7 @@ is quick and works without them. helpers.gpt (the course GPT, torch at import) i
 """
 from __future__ import annotations
 
-# floor 0: no helpers imports
+# each module's floor (what it may import) is in docs/architecture.md, checked by tests/test_import.py
 from helpers.atomic import *  # noqa: F403
 from helpers.checks import *  # noqa: F403
 from helpers.hardware import *  # noqa: F403
@@ -15,7 +15,6 @@ from helpers.runtime import *  # noqa: F403
 from helpers.records import *  # noqa: F403
 from helpers.progress import *  # noqa: F403
 from helpers.overflow_check import *  # noqa: F403
-# floor 1: estimates, configs, data and models
 from helpers.memory import *  # noqa: F403
 from helpers.host_buffers import *  # noqa: F403
 from helpers.host_trace import *  # noqa: F403
@@ -29,7 +28,6 @@ from helpers.step_time import *  # noqa: F403
 from helpers.long_context import *  # noqa: F403
 from helpers.planner import *  # noqa: F403
 from helpers.bootstrap import *  # noqa: F403
-# floor 2: training, measuring, plotting
 from helpers.train import *  # noqa: F403
 from helpers.fresh_process import *  # noqa: F403
 from helpers.plots import *  # noqa: F403
@@ -37,7 +35,6 @@ from helpers.planner_ui import *  # noqa: F403
 from helpers.checkpoints import *  # noqa: F403
 from helpers.moe import *  # noqa: F403
 from helpers.integrations import *  # noqa: F403
-# floor 3: launching ranks and what runs inside them
 from helpers.launch import *  # noqa: F403
 from helpers.rank import *  # noqa: F403
 from helpers.scale_out import *  # noqa: F403

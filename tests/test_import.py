@@ -116,3 +116,30 @@ def test_no_import_cycle_among_helpers_modules_counting_imports_inside_functions
 
     for module in sorted(graph):
         visit(module)
+
+
+def _documented_floors() -> dict[str, int]:
+    """module -> floor, from docs/architecture.md's table ('| 3 | `models` | ...')."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    rows = re.findall(r"^\| (\d+) \| `(\w+)` \|", text, flags=re.M)
+    names = [name for _, name in rows]
+    assert len(names) == len(set(names)), f"docs/architecture.md lists a module twice: {names}"
+    return {name: int(floor) for floor, name in rows}
+
+
+def test_the_architecture_docs_floor_table_is_the_import_graph():
+    """Issue 43: the table cannot drift. Every helpers module is listed once, at the floor one above the highest floor
+    it imports from (floor 0: imports no helpers module), so every import points down."""
+    graph = {p.stem: _helpers_imports(p.stem) for p in (ROOT / "helpers").glob("*.py") if p.stem != "__init__"}
+    floors: dict[str, int] = {}
+
+    def floor(module: str) -> int:
+        if module not in floors:
+            floors[module] = 1 + max((floor(m) for m in graph[module]), default=-1)
+        return floors[module]
+
+    documented = _documented_floors()
+    assert set(documented) == set(graph), (f"docs/architecture.md's table: add {sorted(set(graph) - set(documented))}, "
+                                           f"remove {sorted(set(documented) - set(graph))}")
+    wrong = {m: f"documented {documented[m]}, imports make it {floor(m)}" for m in graph if documented[m] != floor(m)}
+    assert not wrong, f"docs/architecture.md's floors: {wrong}"

@@ -2,6 +2,7 @@
 numbers that must be the reports' (tests/test_repo.py checks the two commands' presence and each table link)."""
 import json
 import re
+import subprocess
 
 from conftest import ROOT
 
@@ -155,3 +156,21 @@ def test_notebook_table_t4_times_are_the_reports_estimates():
         assert cells[-2].startswith(f"{low}-{high} min"), (name, cells[-2])
         card = entry.get("gpu", REPORT["gpu"]).replace("NVIDIA ", "").split()[0]
         assert f"on an {card}" in cells[-1], (name, cells[-1])
+
+
+def test_readme_what_is_where_names_every_module_program_script_and_benchmark():
+    """Issue 43: the README's "What is where" cannot drift: each helpers module, launched program, script and
+    benchmark is named (in backticks) in its folder's row, and every top-level folder has a row."""
+    section = README[README.index("## What is where"):]
+    section = section[:section.index("\n## ", 3)]
+    rows = dict(re.findall(r"^\| `([^`]+)` \| (.*) \|$", section, flags=re.M))
+    named = {folder: set(re.findall(r"`([\w./-]+)`", text)) for folder, text in rows.items()}
+    expected = {"helpers/": {p.stem for p in (ROOT / "helpers").glob("*.py")} - {"__init__"},
+                "notebooks/programs/": {p.name for p in (ROOT / "notebooks" / "programs").glob("*.py")},
+                "scripts/": {p.name for p in (ROOT / "scripts").iterdir() if p.is_file()},
+                "benchmarks/": {p.name for p in (ROOT / "benchmarks").glob("*.py")}}
+    missing = {folder: sorted(names - named.get(folder, set())) for folder, names in expected.items()}
+    assert not any(missing.values()), f"README's What is where does not name: {missing}"
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    folders = {f.split("/")[0] + "/" for f in tracked if "/" in f and not f.startswith(".")}
+    assert folders <= set(rows), f"README's What is where has no row for {sorted(folders - set(rows))}"
