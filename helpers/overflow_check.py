@@ -56,11 +56,26 @@ def _any_inf_or_nan(flat: Any, chunk_elements: int) -> Any:
     return found
 
 
+def _check_chunk_elements(chunk_elements: Any) -> None:
+    """Refuse anything but an int >= 1 (issue 41: '1e6' raised a TypeError, 2.5 failed at every optimizer step), with a
+    fix that passes: the number the learner meant when it is a whole one, else the default."""
+    if not isinstance(chunk_elements, bool) and isinstance(chunk_elements, int) and chunk_elements >= 1:
+        return
+    meant: Any = None
+    if not isinstance(chunk_elements, bool):
+        try:
+            meant = float(chunk_elements)
+        except (TypeError, ValueError):
+            pass
+    fix = int(meant) if meant is not None and meant.is_integer() and meant >= 1 else DEFAULT_CHUNK_ELEMENTS
+    raise ValueError(f"chunk_elements must be an integer >= 1 (got {chunk_elements!r}). Fix: chunk_elements={fix} "
+                     f"(the default is {DEFAULT_CHUNK_ELEMENTS})")
+
+
 def chunk_zero3_overflow_check(chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> None:
     """Make ZeRO-3's fp16 overflow check scan the gradient buffer in slices of `chunk_elements` (this process, all
     engines made from now on and those already made). Idempotent; refuses DeepSpeed versions other than 0.19.8."""
-    if chunk_elements < 1:
-        raise ValueError(f"chunk_elements must be >= 1, got {chunk_elements}; the default is {DEFAULT_CHUNK_ELEMENTS}")
+    _check_chunk_elements(chunk_elements)
     stage3 = _stage3()
     cls = stage3.DeepSpeedZeroOptimizer_Stage3
     original = _ORIGINAL.setdefault("has_overflow", cls.has_overflow)
@@ -87,9 +102,14 @@ def chunk_zero3_overflow_check(chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> 
 
 
 def restore_zero3_overflow_check() -> None:
-    """DeepSpeed's own has_overflow again (after chunk_zero3_overflow_check)."""
+    """DeepSpeed's own has_overflow again (after chunk_zero3_overflow_check). Putting the original back needs no
+    version check (it is DeepSpeed's own function), and the saved original is dropped only once it is back in place:
+    under another DeepSpeed version this used to take it out of the store and then raise (issue 41)."""
     if "has_overflow" in _ORIGINAL:
-        _stage3().DeepSpeedZeroOptimizer_Stage3.has_overflow = _ORIGINAL.pop("has_overflow")
+        from deepspeed.runtime.zero import stage3
+
+        stage3.DeepSpeedZeroOptimizer_Stage3.has_overflow = _ORIGINAL["has_overflow"]
+        del _ORIGINAL["has_overflow"]
 
 
 def chunked_overflow_check_active() -> bool:

@@ -61,12 +61,36 @@ def test_chunked_check_refuses_other_deepspeed_versions_and_bad_sizes(monkeypatc
 
     import helpers
 
-    with pytest.raises(ValueError, match="chunk_elements must be >= 1"):
-        helpers.chunk_zero3_overflow_check(chunk_elements=0)
+    for bad, fix in [(0, 2**25), ("1e6", 1_000_000), (2.5, 2**25), (True, 2**25), (None, 2**25), (4096.0, 4096)]:
+        with pytest.raises(ValueError, match="chunk_elements must be an integer >= 1") as err:
+            helpers.chunk_zero3_overflow_check(chunk_elements=bad)
+        assert str(err.value).split("Fix: ")[1].startswith(f"chunk_elements={fix} ")
+        helpers.overflow_check._check_chunk_elements(fix)  # the suggested fix passes the check that refused
+    assert not helpers.chunked_overflow_check_active()
     monkeypatch.setattr(deepspeed, "__version__", "0.20.0")
     with pytest.raises(RuntimeError, match=r"checked against DeepSpeed 0\.19\.8 only; this is DeepSpeed 0\.20\.0"):
         helpers.chunk_zero3_overflow_check()
     assert not helpers.chunked_overflow_check_active()
+
+
+def test_restoring_under_another_deepspeed_version_puts_the_original_back(monkeypatch):
+    """Issue 41: restore took the saved original out of its store, then raised on the version check: the patch stayed
+    on, `chunked_overflow_check_active()` said False and DeepSpeed's own check was lost."""
+    import deepspeed
+    from deepspeed.runtime.zero import stage3
+
+    import helpers
+
+    own = stage3.DeepSpeedZeroOptimizer_Stage3.has_overflow
+    helpers.chunk_zero3_overflow_check()
+    try:
+        assert helpers.chunked_overflow_check_active() and stage3.DeepSpeedZeroOptimizer_Stage3.has_overflow is not own
+        monkeypatch.setattr(deepspeed, "__version__", "0.20.0")
+        helpers.restore_zero3_overflow_check()
+    finally:
+        monkeypatch.undo()
+        helpers.restore_zero3_overflow_check()
+    assert stage3.DeepSpeedZeroOptimizer_Stage3.has_overflow is own and not helpers.chunked_overflow_check_active()
 
 
 @pytest.mark.slow
