@@ -50,11 +50,12 @@ TECHNIQUES: dict[str, dict[str, bool]] = {
 }
 
 # Bytes per token of the backward's transients that the saved-tensor count does not see, from the GPU probe of
-# session 15 (246M Llama, fp16; docs/dev-notes.md): the untiled loss's backward holds the log-softmax's gradient and
-# the logits' gradient, fp32, beside the saved log-softmax (8 V per token over what is saved, 4 + 4); one logits tile
-# of TiledFusedLogitsLoss holds its fp16 and fp32 logits, log-softmax and gradients (12 V per tile token); a layer's
-# backward holds the gradients being formed: about 5 hidden-sized tensors per token (the gradient flowing back, q, k,
-# v and MLP-input gradients), 6 with TiledMLP (its input's gradient is accumulated tile by tile).
+# 2026-12-03 (246M Llama, fp16; docs/decisions.md, "Memory estimates"): the untiled loss's backward holds the
+# log-softmax's gradient and the logits' gradient, fp32, beside the saved log-softmax (8 V per token over what is
+# saved, 4 + 4); one logits tile of TiledFusedLogitsLoss holds its fp16 and fp32 logits, log-softmax and gradients
+# (12 V per tile token); a layer's backward holds the gradients being formed: about 5 hidden-sized tensors per token
+# (the gradient flowing back, q, k, v and MLP-input gradients), 6 with TiledMLP (its input's gradient is accumulated
+# tile by tile).
 LOSS_BACKWARD_BYTES_PER_VOCAB = 8
 LOGITS_TILE_BYTES_PER_VOCAB = 12
 LAYER_GRADIENT_HIDDENS = 5

@@ -57,7 +57,7 @@ PROGRESS_BAR = re.compile(r"%\||(?:it/s|s/it|examples/s)\b")
 
 # The budget a learner-shaped notebook keeps (issue 40). A notebook the edit has reached waits in notebooks/drafts/
 # (held to the budget of its text and code) until its GPU run gives it an executed copy; it then replaces the one in
-# notebooks/ and joins EDITED (held to the budget of its outputs too). docs/dev-notes.md says how.
+# notebooks/ and joins EDITED (held to the budget of its outputs too). docs/decisions.md ("Promoting drafts") says how.
 MAX_MAIN_PATH_WORDS = 1300
 MAX_OUTPUT_LINES = 25
 EDITED: tuple[str, ...] = ("00_setup_and_ds_report.ipynb", "01_zero2_finetune_and_stages.ipynb",

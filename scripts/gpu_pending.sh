@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU step the course is waiting for, in one script (docs/dev-notes.md names it). On the device machine:
+# Every GPU step the course is waiting for, in one script (docs/decisions.md names it). On the device machine:
 #   source .gpu-bundle/setup.sh && bash scripts/gpu_pending.sh STEP [STEP ...]      (writes under $OUT)
 # Steps, each sized for one 600 s call (in this order; a step needs nothing from an earlier one):
 #   notebooks     the drafts promoted in this copy of the checkout (scripts/promote_drafts.py), then all seven
@@ -20,7 +20,7 @@
 # RUNS=a: drafts_alone and speed_twice run each notebook once (no verdicts.md; ~300 s for drafts_alone).
 # PROMOTE="00 01 04": the notebooks step promotes these drafts only (default: every draft in the checkout).
 # EVIDENCE_TIMEOUT (default 520 s) stops the notebooks step's runs in time for what finished to come back.
-# Afterwards, here: docs/dev-notes.md "How to land a GPU run" says what goes where.
+# Afterwards, here: docs/decisions.md "How to land a GPU run" says what goes where.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1

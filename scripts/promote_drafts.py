@@ -1,7 +1,8 @@
 """Move the edited notebooks in notebooks/drafts/ over their versions in notebooks/ (issue 40's drafts): a draft works
 in build/nbNN-draft so that it and its old version can run side by side in the test command; promoted, it works in
 build/nbNN again. Run where the drafts' GPU check runs (scripts/gpu_pending.sh does, on its copy of the checkout) and
-here once that check passed; then regenerate what docs/dev-notes.md lists (executed copies, gpu_check.json, README).
+here once that check passed; then regenerate what docs/decisions.md ("How to land a GPU run") lists (executed copies,
+gpu_check.json, README).
 
     python scripts/promote_drafts.py            # every draft
     python scripts/promote_drafts.py 01 04      # these drafts only

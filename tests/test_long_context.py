@@ -290,7 +290,7 @@ def test_benchmark_smoke(tmp_path):
 
 def test_benchmark_rows_keep_a_lengths_newest_result_and_only_the_last_processs_end():
     """A length measured again by a later run (--resume-from with --lengths) replaces the earlier result, and a RAM
-    kill of an earlier process is not the row's end once a later process ran (session 20: 262,144 tokens, killed at
+    kill of an earlier process is not the row's end once a later process ran (2026-12-04: 262,144 tokens, killed at
     the RAM limit after 245,760 in one process, then out of GPU memory in step 2 in a fresh one)."""
     import importlib.util
 
@@ -333,7 +333,7 @@ def test_benchmark_refuses_more_rungs_side_by_side_than_cores_with_a_fix_that_fi
 @pytest.mark.parametrize("vocab, hidden", [(4000, 128), (256, 256)])  # the loss dominates; a layer does
 def test_the_peak_estimate_holds_on_cpu_for_every_technique(vocab, hidden):
     """Measured with torch's profiler memory timeline (every host allocation). The transients were calibrated on the
-    GPU (session 15's probe); CPU kernels differ a little (a layer's backward here needs ~10 % less): 15 %."""
+    GPU (the probe of 2026-12-03); CPU kernels differ a little (a layer's backward here needs ~10 % less): 15 %."""
     import contextlib
 
     from transformers import AutoModelForCausalLM
