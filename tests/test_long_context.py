@@ -564,5 +564,25 @@ def test_a_parameter_count_reads_sensibly_at_every_size():
         ["363K", "2.5M", "222M", "1.3B", "999"]
 
 
-def test_releasing_cpu_checkpoints_is_safe_when_nothing_was_configured():
+def test_the_configs_activation_checkpointing_block_is_read_by_configure_and_release_sets_the_defaults_back():
+    """Notebook 06 section 3: `deepspeed.checkpointing.configure(None, deepspeed_config=ds_config)` reads the config's
+    `activation_checkpointing` block (the engine does not); helpers.release_cpu_checkpoints turns cpu_checkpointing
+    off again (and is safe when nothing was configured)."""
+    import deepspeed
+    from deepspeed.runtime.activation_checkpointing import checkpointing as ds_checkpointing
+
+    from helpers.runtime import setup_single_process
+
     assert helpers.release_cpu_checkpoints() is False
+    setup_single_process()
+    if not deepspeed.comm.is_initialized():
+        deepspeed.init_distributed(verbose=False)
+    cfg = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+           "activation_checkpointing": {"partition_activations": False, "cpu_checkpointing": True,
+                                        "contiguous_memory_optimization": False, "number_checkpoints": None,
+                                        "synchronize_checkpoint_boundary": False, "profile": False}}
+    with helpers.quiet_deepspeed():
+        deepspeed.checkpointing.configure(None, deepspeed_config=cfg)
+    assert ds_checkpointing.CPU_CHECKPOINT is True and ds_checkpointing.PARTITION_ACTIVATIONS is False
+    helpers.release_cpu_checkpoints()
+    assert ds_checkpointing.CPU_CHECKPOINT is False and ds_checkpointing._cpu_offload_engine is None
