@@ -35,8 +35,8 @@ from typing import Any, Callable, Iterator
 __all__ = ["ActivationEstimate", "ActivationPeak", "LengthResult", "LongContextEstimate", "LongContextShape",
            "TECHNIQUES", "attention_kernel", "build_long_context_engine", "checkpoints_on_cpu", "estimate_activation_peak",
            "estimate_long_context_run", "estimate_saved_activations", "long_context_config", "long_context_shape",
-           "longest_fitting_seq_len", "measured_peak_bytes", "predict_longest_seq_len", "require_fused_attention",
-           "saved_activation_bytes",
+           "ladder_verdict", "longest_fitting_seq_len", "measured_peak_bytes", "params_label",
+           "predict_longest_seq_len", "release_cpu_checkpoints", "require_fused_attention", "saved_activation_bytes",
            "technique_flags", "tiled_causal_lm_loss", "tiled_mlp", "train_at_length", "use_expandable_segments"]
 
 # The rungs of notebook 06, each adding one technique to the one before: name -> estimate_activation_peak's flags.
@@ -436,12 +436,28 @@ def checkpoints_on_cpu(model: Any) -> Iterator[None]:
     finally:
         for m, func in own:
             m._gradient_checkpointing_func = func
-        offload_engine = getattr(ds_checkpointing, "_cpu_offload_engine", None)
-        if offload_engine is not None:
-            offload_engine.reset()  # waits for its copies in flight and drops the tensors it tracks ...
-            ds_checkpointing._cpu_offload_engine = None  # ... but not its buffer pool: the engine goes with it
+        release_cpu_checkpoints()
+
+
+def release_cpu_checkpoints() -> bool:
+    """After training with DeepSpeed's `cpu_checkpointing` (notebook 06): drop DeepSpeed's offload engine with its pool
+    of page-locked buffers, and set DeepSpeed's activation checkpointing back to its defaults (no CPU checkpoints).
+    DeepSpeed 0.19.8 keeps that pool across steps, keyed by the exact shape, and its `reset()` does not empty it, so
+    after a step at another length the old buffers stay locked beside the new ones (`checkpoints_on_cpu`). Returns
+    whether there was an engine to drop. Safe to call when nothing was configured."""
+    import deepspeed
+    from deepspeed.runtime.activation_checkpointing import checkpointing as ds_checkpointing
+
+    from helpers.runtime import quiet_deepspeed
+
+    offload_engine = getattr(ds_checkpointing, "_cpu_offload_engine", None)
+    if offload_engine is not None:
+        offload_engine.reset()  # waits for its copies in flight and drops the tensors it tracks ...
+        ds_checkpointing._cpu_offload_engine = None  # ... but not its buffer pool: the engine goes with it
+    if deepspeed.comm.is_initialized():  # configure() asks for the rank
         with quiet_deepspeed():
             ds_checkpointing.configure(None, checkpoint_in_cpu=False)
+    return offload_engine is not None
 
 
 def tiled_causal_lm_loss(model: Any, input_ids: Any, tile_tokens: int = 1024, loss_scale: float = 1.0) -> Any:
@@ -493,10 +509,23 @@ class LongContextEstimate:
     cpu_pinned: int
     states_cpu: int
     activations: ActivationPeak
+    states: Any = None  # the model states' breakdown (helpers.memory.ModelStateEstimate)
+    step_transient: int = 0  # the optimizer step's temporaries (bytes on the GPU)
 
     @property
     def ram_added(self) -> int:
         return self.cpu_pinned + self.states_cpu
+
+    def run_estimate(self) -> Any:
+        """The same peak as `helpers.RunEstimate` (notebook 01's): model states by component, then the larger of the
+        activation peak and the optimizer step's temporaries; its `rows()` add up to `gpu_peak`."""
+        from helpers.memory import RunEstimate
+
+        return RunEstimate(self.gpu_peak, self.activation_peak, self.states, self.step_transient)
+
+    def table(self) -> str:
+        """The predicted peak as rows that add up to it (GiB), `RunEstimate.table`."""
+        return self.run_estimate().table()
 
     def gpu_parts(self) -> dict[str, int]:
         """The peak by part, for a stacked bar (helpers.plot_long_context_memory): model states, the layers' and the
@@ -516,16 +545,50 @@ def estimate_long_context_run(shape: LongContextShape, n_params: int, ds_config:
                               technique: str, *, logits_tile_tokens: int = 1024) -> LongContextEstimate:
     """The estimate of one step at `seq_len` with `technique` under `ds_config` (its precision and ZeRO stage decide
     the model states, `helpers.estimate_peak`)."""
-    from helpers.memory import estimate_peak
+    from helpers.memory import _states_and_transient
 
     fp16, bf16 = (ds_config.get(k, {}).get("enabled") for k in ("fp16", "bf16"))
     precision = "fp16" if fp16 else "bf16" if bf16 else "fp32"
     act = estimate_activation_peak(shape, seq_len, precision_bytes=2 if (fp16 or bf16) else 4,
                                    logits_tile_tokens=logits_tile_tokens, **technique_flags(technique))
-    peak, states = estimate_peak(ds_config, n_params, precision=precision, activation_bytes=act.gpu_peak)
+    # helpers.estimate_peak's sum, its parts kept: model states + max(activation peak, optimizer-step temporaries)
+    states, transient = _states_and_transient(ds_config, n_params, precision=precision, n_gpus=1,
+                                              largest_layer_params=0)
+    peak = states.gpu_total + max(act.gpu_peak, transient)
     states_cpu = states.cpu_total - states.cpu.get("model copy", 0)  # built on the GPU (build_long_context_engine)
     return LongContextEstimate(seq_len, int(peak), int(act.gpu_peak), int(states.gpu_total), int(act.cpu_pinned_bytes),
-                               int(states_cpu), act)
+                               int(states_cpu), act, states, int(transient))
+
+
+def params_label(n_params: int) -> str:
+    """A parameter count as a title reads it: "222M", "1.3B", "137K" (a smoke-sized model is not "0M")."""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n_params >= scale:
+            value = n_params / scale
+            return f"{value:.1f}{unit}" if value < 10 else f"{value:.0f}{unit}"
+    return str(int(n_params))
+
+
+def ladder_verdict(longest: dict[str, int], tried: Any) -> str:
+    """One line on notebook 06's ladder from what it trained: `longest` maps each technique (the first is plain) to
+    the longest length it trained (0: none), `tried` the lengths tried. When several techniques reached the longest
+    length tried, none is named the winner: they all reached the cap."""
+    if not longest:
+        raise ValueError("longest is empty: no technique was tried")
+    cap = max(tried)
+    (first, plain), best = next(iter(longest.items())), max(longest.values())
+    at_best = [t for t, n in longest.items() if n == best]
+    if best == 0:
+        return "no technique trained even the shortest length tried"
+    if len(at_best) == len(longest) and best == cap:
+        return (f"every technique trained every length tried, up to {best:,} tokens: nothing ran out of memory here, "
+                f"so this run does not rank them (only the lengths in TRY_LENGTHS were tried)")
+    reach = f"{best:,} tokens ({best / plain:.0f}x {first}'s {plain:,})" if plain else f"{best:,} tokens ({first}: none)"
+    if len(at_best) > 1:
+        why = (f"they all reached the cap (TRY_LENGTHS stops at {cap:,}): no winner" if best == cap else
+               "a tie at the lengths tried: no winner")
+        return f"{len(at_best)} techniques trained up to {reach}: {', '.join(at_best)}; {why}"
+    return f"longest trained: {at_best[0]} at {reach}" + ("; the longest length tried" if best == cap else "")
 
 
 def predict_longest_seq_len(shape: LongContextShape, n_params: int, ds_config: dict[str, Any], technique: str, *,

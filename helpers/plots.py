@@ -562,7 +562,7 @@ def plot_longest_sequence(rows: Sequence[dict[str, Any]], title: str = "Longest 
     ax2.set_xscale("log", base=2)
     ax2.set_xlabel("tokens in the sequence")
     ax2.set_ylabel("tokens/s")
-    ax2.set_title("speed against sequence length")
+    ax2.set_title("tokens/s against sequence length (one step each)")
     ax2.legend(fontsize=7)
     fig.suptitle(title)
     return _show(fig, show)
@@ -573,7 +573,7 @@ def plot_long_context_memory(parts: dict[str, dict[str, int]], budget_bytes: int
                              show: bool | None = None) -> "Figure | None":
     """Stacked bars, one per technique: its estimated peak by part (model states, what is kept for backward, the
     largest transient), with the budget line (notebook 06). `parts`: technique -> {part: bytes}."""
-    fig = _figure(8, 4)
+    fig = _figure(10, 4)
     ax = fig.add_subplot()
     names = list(parts)
     order = list(dict.fromkeys(k for p in parts.values() for k in p))
@@ -587,5 +587,5 @@ def plot_long_context_memory(parts: dict[str, dict[str, int]], budget_bytes: int
     ax.set_xticks(range(len(names)), names, rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("GiB (estimate)")
     ax.set_title(title)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never over one
     return _show(fig, show)

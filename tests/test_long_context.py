@@ -467,3 +467,122 @@ def test_zero2_reduces_the_same_gradients_with_the_tiled_paths():
     for technique in ("+ tiled logits", "+ tiled MLP"):
         for name, g in grads[technique].items():
             assert torch.allclose(g, grads["checkpointing"][name], rtol=1e-3, atol=1e-6), (technique, name)
+
+
+def _notebook_functions(*names: str) -> dict:
+    """The functions notebook 06 writes out with DeepSpeed's API in its section 3 (the draft while it exists), defined
+    as the notebook defines them, so the page and helpers cannot drift apart."""
+    import ast
+    import math
+
+    import nbformat
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledFusedLogitsLoss, TiledMLP
+
+    from conftest import ROOT
+
+    name = "06_long_context.ipynb"
+    path = ROOT / "notebooks" / "drafts" / name
+    nb = nbformat.read(path if path.exists() else ROOT / "notebooks" / name, as_version=4)
+    source = next(c.source for c in nb.cells if c.cell_type == "code" and "def tiled_loss(" in c.source)
+    defs = [node for node in ast.parse(source).body if isinstance(node, ast.FunctionDef) and node.name in names]
+    assert sorted(d.name for d in defs) == sorted(names)
+    namespace = {"math": math, "torch": torch, "TiledMLP": TiledMLP, "TiledFusedLogitsLoss": TiledFusedLogitsLoss}
+    exec(compile(ast.Module(body=defs, type_ignores=[]), "notebook 06 section 3", "exec"), namespace)
+    return namespace
+
+
+def test_the_notebooks_written_out_tiled_mlp_and_loss_give_the_helpers_loss_and_gradients():
+    """Section 3 of notebook 06 writes TiledMLP / TiledFusedLogitsLoss out on the page; helpers.tiled_mlp and
+    helpers.tiled_causal_lm_loss (the ladder's) must compute the same, fp16 loss scale included."""
+    from transformers.models.llama import modeling_llama
+
+    ns = _notebook_functions("tiled_mlp_forward", "tiled_loss")
+    ns["LOGITS_TILE"] = 64
+    model = _model(torch.float32)
+    ids = torch.randint(0, CONFIG["vocab_size"], (1, 300))
+    results = []
+    for page in (False, True):
+        model.zero_grad()
+        if page:
+            original = modeling_llama.LlamaMLP.forward
+            modeling_llama.LlamaMLP.forward = ns["tiled_mlp_forward"]
+            try:
+                loss = ns["tiled_loss"](model, ids, 256.0)
+                (loss * 256.0).backward()
+            finally:
+                modeling_llama.LlamaMLP.forward = original
+        else:
+            with helpers.tiled_mlp():
+                loss = helpers.tiled_causal_lm_loss(model, ids, 64, loss_scale=256.0)
+                (loss * 256.0).backward()
+        results.append((loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (helper_loss, helper_grads), (page_loss, page_grads) = results
+    assert page_loss == pytest.approx(helper_loss, rel=1e-6)
+    for n, g in helper_grads.items():
+        assert torch.allclose(page_grads[n], g, rtol=1e-5, atol=1e-7), n
+
+
+def test_the_estimate_of_a_long_context_step_prints_rows_that_add_up_to_its_peak():
+    """The rows of notebook 06's step estimate are the model states and the larger of the activation peak and the
+    optimizer step's temporaries (a short sequence: the temporaries), as notebook 01's estimate prints them."""
+    from transformers import LlamaConfig
+
+    from helpers.memory import estimate_peak
+
+    shape = long_context_shape(LlamaConfig(**CONFIG))
+    n_params = 2_000_000
+    cfg = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2, "reduce_bucket_size": 50_000_000},
+           "fp16": {"enabled": True}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+           "activation_checkpointing": {"cpu_checkpointing": True}}
+    for seq_len in (256, 1 << 16):
+        est = helpers.estimate_long_context_run(shape, n_params, cfg, seq_len, "+ checkpoints on CPU")
+        rows = est.run_estimate().rows()
+        assert sum(b for _, b in rows) == est.gpu_peak
+        assert est.gpu_peak == estimate_peak(cfg, n_params, precision="fp16", activation_bytes=est.activation_peak)[0]
+        assert rows[-1][0] == ("step temporaries" if est.step_transient > est.activation_peak else "activations")
+        assert est.table().splitlines()[-1].split()[-1] == f"{est.gpu_peak / 2**30:.3f}"
+    assert {r[0] for r in helpers.estimate_long_context_run(shape, n_params, cfg, 256, "plain").run_estimate().rows()} \
+        >= {"params", "grads", "optimizer"}
+
+
+def test_the_ladders_verdict_names_no_winner_when_several_reach_the_cap():
+    tried = (4096, 16384, 65536)
+    tie = helpers.ladder_verdict({"plain": 4096, "checkpointing": 65536, "+ tiled logits": 65536}, tried)
+    assert "no winner" in tie and "2 techniques" in tie and "16x" in tie and "longest trained:" not in tie
+    one = helpers.ladder_verdict({"plain": 4096, "checkpointing": 16384, "+ tiled logits": 65536}, tried)
+    assert one.startswith("longest trained: + tiled logits at 65,536") and "no winner" not in one
+    below = helpers.ladder_verdict({"plain": 4096, "checkpointing": 16384, "+ tiled logits": 16384}, tried)
+    assert "a tie" in below and "no winner" in below
+    assert "nothing ran out of memory" in helpers.ladder_verdict({"plain": 512, "checkpointing": 512}, (256, 512))
+    assert helpers.ladder_verdict({"plain": 0, "checkpointing": 0}, tried).startswith("no technique")
+    with pytest.raises(ValueError, match="empty"):
+        helpers.ladder_verdict({}, tried)
+
+
+def test_a_parameter_count_reads_sensibly_at_every_size():
+    assert [helpers.params_label(n) for n in (363_000, 2_500_000, 222_300_000, 1_300_000_000, 999)] == \
+        ["363K", "2.5M", "222M", "1.3B", "999"]
+
+
+def test_the_configs_activation_checkpointing_block_is_read_by_configure_and_release_sets_the_defaults_back():
+    """Notebook 06 section 3: `deepspeed.checkpointing.configure(None, deepspeed_config=ds_config)` reads the config's
+    `activation_checkpointing` block (the engine does not); helpers.release_cpu_checkpoints turns cpu_checkpointing
+    off again (and is safe when nothing was configured)."""
+    import deepspeed
+    from deepspeed.runtime.activation_checkpointing import checkpointing as ds_checkpointing
+
+    from helpers.runtime import setup_single_process
+
+    assert helpers.release_cpu_checkpoints() is False
+    setup_single_process()
+    if not deepspeed.comm.is_initialized():
+        deepspeed.init_distributed(verbose=False)
+    cfg = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+           "activation_checkpointing": {"partition_activations": False, "cpu_checkpointing": True,
+                                        "contiguous_memory_optimization": False, "number_checkpoints": None,
+                                        "synchronize_checkpoint_boundary": False, "profile": False}}
+    with helpers.quiet_deepspeed():
+        deepspeed.checkpointing.configure(None, deepspeed_config=cfg)
+    assert ds_checkpointing.CPU_CHECKPOINT is True and ds_checkpointing.PARTITION_ACTIVATIONS is False
+    helpers.release_cpu_checkpoints()
+    assert ds_checkpointing.CPU_CHECKPOINT is False and ds_checkpointing._cpu_offload_engine is None
