@@ -61,7 +61,7 @@ PROGRESS_BAR = re.compile(r"%\||(?:it/s|s/it|examples/s)\b")
 MAX_MAIN_PATH_WORDS = 1300
 MAX_OUTPUT_LINES = 25
 EDITED: tuple[str, ...] = ("00_setup_and_ds_report.ipynb", "01_zero2_finetune_and_stages.ipynb",
-                           "04_hf_trainer_and_accelerate.ipynb")
+                           "04_hf_trainer_and_accelerate.ipynb", "06_long_context.ipynb")
 
 
 def t4_minutes(estimate: dict) -> tuple[int, int]:
