@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["ZERO3_REFUSAL", "ParamCounts", "count_moe_params", "moe_param_groups", "describe_param_groups",
            "measure_flops_per_token", "expert_capacity", "analytic_flops_per_token", "RoutingRecorder",
            "RoutingSummary", "set_capacity_factor", "MoEHooks", "moe_table", "evaluate_moe", "capacity_sweep",
-           "moe_ds_config", "zero3_refusal", "expert_parallel_summary", "speed_verdicts", "Evenness",
+           "moe_ds_config", "drop_shares", "zero3_refusal", "expert_parallel_summary", "speed_verdicts", "Evenness",
            "evenness", "most_even", "run_from_report_row", "committed_report_note"]
 
 ZERO3_REFUSAL = "Native DeepSpeed MoE is not supported with ZeRO Stage 3"
@@ -300,6 +300,17 @@ class RoutingSummary:
         return "\n".join(lines)
 
 
+def drop_shares(history: dict[str, Any], k: int, part: float = 0.1) -> dict[str, float]:
+    """Share of routes dropped (all MoE layers) over the whole run of a `RoutingRecorder.history()`, over its first
+    `part` of the steps and over its last `part`: the router of the first steps is not the trained one.
+    {'all': ..., 'first': ..., 'last': ..., 'steps': steps in each part}."""
+    dropped = [sum(step) for step in history["dropped_routes"]]
+    routes = [k * sum(step) for step in history["tokens"]]
+    n = max(1, round(len(dropped) * part))
+    share = lambda sl: sum(dropped[sl]) / max(sum(routes[sl]), 1)  # noqa: E731
+    return {"all": share(slice(None)), "first": share(slice(None, n)), "last": share(slice(-n, None)), "steps": n}
+
+
 def set_capacity_factor(model: Any, factor: float) -> None:
     """Set every MoE gate's training and evaluation capacity factor (for a sweep)."""
     from deepspeed.moe.sharded_moe import TopKGate
@@ -520,7 +531,9 @@ class MoEHooks(TrainHooks):
         self._parts = []
         result.extras["lm_losses"].append(lm)
         result.extras["aux_losses"].append(aux)
-        return {"loss": f"{lm:.3f}", **({"aux": f"{aux:.3f}"} if self.cfg.is_moe else {})}
+        # the bar shows the aux loss per MoE layer (1.0 = even routing), as the notebook prints it; extras keep the sum
+        per_layer = aux / max(len(self.cfg.moe_layers), 1)
+        return {"loss": f"{lm:.3f}", **({"aux_per_layer": f"{per_layer:.3f}"} if self.cfg.is_moe else {})}
 
     def evaluate(self, model: Any, blocks: Any, runtime: "Runtime", batches: int, batch_size: int,
                  autocast: bool) -> float:

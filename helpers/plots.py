@@ -401,18 +401,33 @@ def plot_step_time(curve: dict[int, "StepTimeEstimate"], measured: dict[int, flo
 
 def plot_expert_load(history: Sequence[Sequence[int]], title: str = "Tokens per expert over training",
                      capacity: float | None = None, show: bool | None = None) -> "Figure | None":
-    """Routes each expert processed per step (one line per expert), with the capacity as a dashed line."""
-    fig = _figure(7.0, 3.8)
+    """Routes each expert was asked for per step, as a heatmap: one row per expert, one column per step, the colour
+    the routes over the capacity (`capacity`; without it, over the step's mean). Above 1.0 (red) the expert was full
+    and the routes beyond its capacity were dropped. Eight lines on one axis overlap beyond reading; eight rows do not."""
+    import numpy as np
+    from matplotlib.colors import TwoSlopeNorm
+
+    data = np.asarray(history, dtype=float).T  # (experts, steps)
+    if data.size == 0:
+        data = np.zeros((1, 1))
+    scale = capacity if capacity else max(float(data.mean()), 1.0)
+    ratio = data / scale
+    fig = _figure(7.0, 3.2)
     ax = fig.add_subplot()
-    steps = range(1, len(history) + 1)
-    for e in range(len(history[0]) if history else 0):
-        ax.plot(steps, [row[e] for row in history], label=f"expert {e}", linewidth=1.2)
-    if capacity:
-        ax.axhline(capacity, color="#C44E52", linestyle="--", label="capacity per step")
+    top = max(2.0, float(ratio.max()))
+    image = ax.imshow(ratio, aspect="auto", interpolation="nearest", cmap="RdBu_r",
+                      norm=TwoSlopeNorm(vmin=0.0, vcenter=1.0, vmax=top),
+                      extent=(0.5, ratio.shape[1] + 0.5, ratio.shape[0] - 0.5, -0.5))
+    ax.set_yticks(range(ratio.shape[0]))
+    ax.set_yticklabels([f"expert {e}" for e in range(ratio.shape[0])], fontsize=7)
     ax.set_xlabel("step")
-    ax.set_ylabel("routes processed")
-    ax.set_title(title)
-    ax.legend(fontsize=7, ncol=2)
+    bar = fig.colorbar(image, ax=ax, pad=0.01)
+    bar.set_label("routes asked / capacity" if capacity else "routes asked / mean", fontsize=8)
+    if capacity:
+        bar.ax.axhline(1.0, color="black", linewidth=1)
+    full = float((ratio > 1).mean())
+    ax.set_title(f"{title}\nred: asked for more than its capacity ({full:.0%} of expert-steps); "
+                 "the routes beyond it were dropped" if capacity else title, fontsize=9)
     return _show(fig, show)
 
 

@@ -376,3 +376,16 @@ def test_committed_report_if_present():
     assert rows["MoE top-1"]["params_total"] > rows["dense"]["params_total"]
     assert rows["MoE top-1"]["params_active"] - rows["dense"]["params_active"] == \
         report["shape"]["hidden"] * report["shape"]["num_experts"] * len(report["moe_layers"])
+
+
+def test_drop_shares_split_the_run_into_its_first_and_last_steps():
+    """helpers.drop_shares: the share of routes dropped over all steps, the first tenth and the last tenth."""
+    from helpers.moe import drop_shares
+
+    steps = 20
+    history = {"dropped_routes": [[8, 2]] * 2 + [[1, 0]] * 16 + [[0, 0]] * 2,  # two MoE layers per step
+               "tokens": [[50, 50]] * steps}
+    shares = drop_shares(history, k=1)
+    assert shares["steps"] == 2 and shares["first"] == 10 / 100 and shares["last"] == 0.0
+    assert shares["all"] == (2 * 10 + 16 * 1) / (steps * 100)
+    assert drop_shares(history, k=2)["first"] == 10 / 200  # top-2: two routes per token

@@ -58,7 +58,8 @@ def test_moe_plots_draw_what_they_are_given():
     from helpers.plots import plot_balance, plot_capacity_sweep, plot_expert_load, plot_params
 
     fig = plot_expert_load([[3, 1], [2, 2], [0, 4]], capacity=3)
-    assert len(fig.axes[0].lines) == 3  # two experts and the capacity line
+    image = fig.axes[0].images[0].get_array()  # a heatmap: one row per expert, one column per step, over capacity
+    assert image.shape == (2, 3) and image[1, 2] == 4 / 3 and "50% of expert-steps" not in fig.axes[0].get_title()
     fig = plot_capacity_sweep([{"capacity_factor": 0.5, "dropped_fraction": 0.4, "val_loss": 6.30001},
                                {"capacity_factor": 2.0, "dropped_fraction": 0.0, "val_loss": 6.3}])
     assert len(fig.axes) == 2 and len(fig.axes[0].patches) == 2
