@@ -118,8 +118,8 @@ def install_on_colab(root: Path) -> bool:
     keep.parent.mkdir(parents=True, exist_ok=True)
     keep.write_text("".join(f"{name}=={version}\n" for name, version in sorted(before.items())))
     pip = [sys.executable, "-m", "pip", "install", "-q"]
-    subprocess.run([*pip, "-r", str(root / COLAB_REQUIREMENTS), "-c", str(keep)], check=True)
-    subprocess.run([*pip, "--no-deps", "--no-build-isolation", "-e", str(root)], check=True)
+    _pip(pip + ["-r", str(root / COLAB_REQUIREMENTS), "-c", str(keep)], "DeepSpeed and what it needs")
+    _pip(pip + ["--no-deps", "--no-build-isolation", "-e", str(root)], "the course's helpers")
     marker.touch()
     after = installed_versions()
     stale = _imported_distributions({n for n, v in before.items() if after.get(n) != v})
@@ -129,12 +129,41 @@ def install_on_colab(root: Path) -> bool:
     return True
 
 
+def _pip(argv: list[str], what: str) -> None:
+    """Run one pip install; on failure raise what happened (pip's last lines) and what to do (issue 41: a bare
+    CalledProcessError said neither). Nothing is marked installed, so re-running the cell tries again."""
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode == 0:
+        return
+    said = "\n".join((done.stderr or done.stdout or "").strip().splitlines()[-3:])
+    offline = any(w in said for w in ("No matching distribution", "Could not find a version", "Failed to establish",
+                                      "Temporary failure in name resolution", "Network is unreachable"))
+    fix = ("this VM could not reach PyPI (the Python package index): check the connection, or choose Runtime > "
+           "Disconnect and delete runtime for a fresh VM" if offline else "read pip's message above")
+    raise RuntimeError(f"installing {what} failed (pip exit {done.returncode}):\n{said}\nWhat to do: {fix}; then run "
+                       "this cell again (nothing was marked installed, so it tries again).")
+
+
 def install_libaio() -> bool:
-    """On Colab, libaio's headers for DeepSpeed's async_io op (NVMe offload), once; True when it installed them."""
+    """On Colab, libaio's headers for DeepSpeed's async_io op (NVMe offload), once; True when it installed them.
+
+    Colab's image has no libaio: apt-get installs it; when the VM's package lists are stale that fails, so the lists
+    are refreshed (`apt-get update`) and the install tried again. Should it still fail, one line says so with the fix
+    (NVMe offload, notebook 02, is the only lesson that needs it; the others run without)."""
     if not in_colab() or LIBAIO_HEADER.exists():
         return False
-    subprocess.run(["apt-get", "install", "-y", "-qq", "libaio-dev"], check=False, capture_output=True)
-    return LIBAIO_HEADER.exists()
+    install = ["apt-get", "install", "-y", "-qq", "libaio-dev"]
+    done = subprocess.run(install, check=False, capture_output=True, text=True)
+    if done.returncode != 0 or not LIBAIO_HEADER.exists():
+        subprocess.run(["apt-get", "update", "-qq"], check=False, capture_output=True, text=True)
+        done = subprocess.run(install, check=False, capture_output=True, text=True)
+    if LIBAIO_HEADER.exists():
+        return True
+    last = ((done.stderr or done.stdout or "").strip().splitlines() or ["no output"])[-1]
+    print(f"note: libaio (for NVMe offload, notebook 02) did not install: apt-get said {last!r}. Fix: run "
+          "`!apt-get update && apt-get install -y libaio-dev` in a cell, then this cell again; the other lessons "
+          "do not need it.")
+    return False
 
 
 # Log lines of the libraries that say nothing a learner can act on, by logger and the start of the message:

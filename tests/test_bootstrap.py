@@ -57,7 +57,8 @@ def test_on_colab_the_install_adds_only_what_colab_lacks_once(tmp_path, monkeypa
     a constraint file; then helpers, editable; once per VM (marker)."""
     monkeypatch.setenv("COLAB_RELEASE_TAG", "test")
     calls = []
-    monkeypatch.setattr(bootstrap.subprocess, "run", lambda argv, **k: calls.append(argv))
+    monkeypatch.setattr(bootstrap.subprocess, "run",
+                        lambda argv, **k: calls.append(argv) or subprocess.CompletedProcess(argv, 0, "", ""))
     assert bootstrap.install_on_colab(tmp_path) is True
     assert len(calls) == 2 and calls[0][-4:] == ["-r", str(tmp_path / "requirements-colab.txt"), "-c",
                                                  str(tmp_path / "build" / "colab-installed-versions.txt")]
@@ -72,13 +73,51 @@ def test_on_colab_the_install_adds_only_what_colab_lacks_once(tmp_path, monkeypa
 
 def test_an_install_that_changes_an_imported_package_says_to_restart(tmp_path, monkeypatch):
     monkeypatch.setenv("COLAB_RELEASE_TAG", "test")
-    monkeypatch.setattr(bootstrap.subprocess, "run", lambda argv, **k: None)
+    monkeypatch.setattr(bootstrap.subprocess, "run", lambda argv, **k: subprocess.CompletedProcess(argv, 0, "", ""))
     real = bootstrap.installed_versions()
     seen = iter([real, {**real, "pytest": "0.1"}])  # this process has imported pytest
     monkeypatch.setattr(bootstrap, "installed_versions", lambda: next(seen))
     with pytest.raises(RuntimeError, match=r"changed pytest, .*Runtime > Restart session"):
         bootstrap.install_on_colab(tmp_path)
     assert (tmp_path / bootstrap.COLAB_MARKER).exists()  # the re-run after the restart does not install again
+
+
+def test_an_install_pypi_refuses_says_what_happened_and_what_to_do_and_can_be_rerun(tmp_path, monkeypatch, capsys):
+    """Issue 41 item 8: PyPI unreachable gave pip's 'No matching distribution' and a bare CalledProcessError."""
+    monkeypatch.setenv("COLAB_RELEASE_TAG", "test")
+    failed = "ERROR: No matching distribution found for deepspeed==0.19.8"
+    monkeypatch.setattr(bootstrap.subprocess, "run", lambda argv, **k: subprocess.CompletedProcess(argv, 1, "", failed))
+    with pytest.raises(RuntimeError, match=r"(?s)installing DeepSpeed.*failed \(pip exit 1\).*No matching.*could not "
+                                           r"reach PyPI.*run this cell again"):
+        bootstrap.install_on_colab(tmp_path)
+    assert not (tmp_path / bootstrap.COLAB_MARKER).exists()  # the re-run tries again
+    monkeypatch.setattr(bootstrap.subprocess, "run", lambda argv, **k: subprocess.CompletedProcess(argv, 0, "", ""))
+    assert bootstrap.install_on_colab(tmp_path) is True
+
+
+def test_libaio_refreshes_stale_package_lists_and_says_the_fix_when_it_still_fails(tmp_path, monkeypatch, capsys):
+    """Issue 41 item 8: apt-get install without apt-get update, its output discarded and its failure ignored."""
+    monkeypatch.setenv("COLAB_RELEASE_TAG", "test")
+    header = tmp_path / "libaio.h"
+    monkeypatch.setattr(bootstrap, "LIBAIO_HEADER", header)
+    calls = []
+
+    def apt(argv, **k):  # the install fails until the package lists are refreshed
+        calls.append(argv[:2])
+        if argv[1] == "install" and ["apt-get", "update"] in calls:
+            header.write_text("")
+            return subprocess.CompletedProcess(argv, 0, "", "")
+        return subprocess.CompletedProcess(argv, 100 if argv[1] == "install" else 0, "", "E: Unable to locate package")
+
+    monkeypatch.setattr(bootstrap.subprocess, "run", apt)
+    assert bootstrap.install_libaio() is True and calls == [["apt-get", "install"], ["apt-get", "update"],
+                                                            ["apt-get", "install"]]
+    header.unlink()
+    monkeypatch.setattr(bootstrap.subprocess, "run",
+                        lambda argv, **k: subprocess.CompletedProcess(argv, 100, "", "E: Unable to locate package"))
+    assert bootstrap.install_libaio() is False
+    out = capsys.readouterr().out
+    assert "E: Unable to locate package" in out and "apt-get update && apt-get install -y libaio-dev" in out
 
 
 def test_colab_requirements_name_only_what_colab_lacks():
