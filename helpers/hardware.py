@@ -162,9 +162,14 @@ class Runtime:
 
 
 def t4_budget_requested(t4_budget: bool | None = None) -> bool:
-    """The explicit parameter wins; otherwise DS_COURSE_T4_BUDGET=1/true/yes switches it on."""
+    """The explicit parameter (True or False) wins; otherwise DS_COURSE_T4_BUDGET=1/true/yes switches it on.
+    Anything else as the parameter is refused (issue 41: T4_BUDGET = 'no' was taken as True)."""
     if t4_budget is not None:
-        return bool(t4_budget)
+        if not isinstance(t4_budget, bool):
+            raise ValueError(f"T4_BUDGET = {t4_budget!r}: it takes True (keep a Colab T4's memory budget on a bigger "
+                             "GPU), False (use the whole GPU) or None (follow DS_COURSE_T4_BUDGET). Fix: T4_BUDGET = "
+                             f"{'True' if str(t4_budget).strip().lower() in {'1', 'true', 'yes', 'on'} else 'False'}")
+        return t4_budget
     return os.environ.get(T4_BUDGET_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
 
 

@@ -438,9 +438,18 @@ def _autocast(runtime: "Runtime") -> Any:
 
 def evaluate(model: Any, blocks: Any, runtime: "Runtime", batches: int = 4, batch_size: int = 4,
              autocast: bool = False) -> float:
-    """Mean loss over the first `batches` batches of `blocks` (no gradients)."""
+    """Mean loss over the first `batches` batches of `blocks` (no gradients). Fewer blocks than one batch make one
+    smaller batch of all of them; no blocks, or `batches` < 1, are refused (issue 41: both read "validation 0.000")."""
     import torch
 
+    from helpers.checks import check_number
+
+    check_number("eval_batches", batches, positive=True, integer=True, example=4,
+                 hint=" (validation batches; 0 would give no validation loss)")
+    if len(blocks) == 0:
+        raise ValueError("evaluate: no validation blocks, so there is no validation loss. Fix: give validation text "
+                         "of at least one block (the split's rows packed to the sequence length), or eval_every=0.")
+    batch_size = min(batch_size, len(blocks))
     was_training = model.training  # restored below: a model left in eval mode trains without dropout
     model.eval()
     losses = []
@@ -515,8 +524,8 @@ def _no_loading_bars() -> Iterator[None]:
             logging_.enable_progress_bar()
 
 
-def _check_run_inputs(steps: Any, train_blocks: Any, model_factory: Callable[[], Any],
-                      model_name: str) -> tuple[int, Callable[[], Any]]:
+def _check_run_inputs(steps: Any, train_blocks: Any, model_factory: Callable[[], Any], model_name: str,
+                      untimed_steps: Any = 2, eval_batches: Any = 4) -> tuple[int, Callable[[], Any]]:
     """train_run's inputs, before anything is built: `steps` a positive integer; and blocks no longer than the model's
     positions, checked on the built model before deepspeed.initialize and the first step (only the model says them:
     a ladder name may have been built with another n_positions). Returns the blocks' length and the factory, wrapped
@@ -525,6 +534,10 @@ def _check_run_inputs(steps: Any, train_blocks: Any, model_factory: Callable[[],
 
     check_number("steps", steps, positive=True, integer=True, example=20,
                  hint=" (optimizer steps to train; 0 or fewer would train nothing)")
+    check_number("untimed_steps", untimed_steps, positive=False, integer=True, example=2,
+                 hint=" (warm-up steps left out of tokens/s)")
+    check_number("eval_batches", eval_batches, positive=True, integer=True, example=4,
+                 hint=" (validation batches; 0 would give no validation loss)")
     seq_len = int(train_blocks[0]["input_ids"].shape[-1])
 
     def checked_factory() -> Any:
@@ -653,7 +666,11 @@ def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *,
     import torch
 
     settings = RunSettings.from_config(ds_config)
-    seq_len, model_factory = _check_run_inputs(steps, train_blocks, model_factory, model_name)  # issue 23
+    seq_len, model_factory = _check_run_inputs(steps, train_blocks, model_factory, model_name,  # issues 23, 41
+                                               untimed_steps, eval_batches)
+    # a run shorter than its warm-up times its last step(s) rather than none (issue 41: tokens/s read 0); the record
+    # says how many steps its tokens/s covers
+    untimed_steps = min(untimed_steps, steps - 1)
     nvme_folders = [] if plain_pytorch else _nvme_folders(ds_config)
     if nvme_path is None and nvme_folders:
         nvme_path = nvme_folders[0]
@@ -935,4 +952,5 @@ class _Loop:
         end = time.perf_counter()
         if timed_from is not None and steps > untimed_steps:
             result.tokens_per_s = round((steps - untimed_steps) * tokens_per_step / (end - timed_from), 1)
+            result.extras["timed_steps"] = steps - untimed_steps
         result.seconds = round(end - start, 2)

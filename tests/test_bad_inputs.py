@@ -613,3 +613,48 @@ def test_notebook_01s_step_counts_are_refused_with_a_fix_that_passes(kwargs, fix
     with pytest.raises(ValueError, match="Fix:"):
         check_run_lengths(**kwargs)
     check_run_lengths(**fix)
+
+
+# ---- issue 41 item 3: silent wrong numbers
+
+
+def test_evaluate_refuses_no_batches_and_no_blocks_and_uses_fewer_blocks_than_a_batch(cpu):
+    """'validation 0.000' came from eval_batches=0 or fewer validation blocks than the micro-batch."""
+    from transformers import AutoModelForCausalLM
+
+    from helpers.models import gpt2_config
+    from helpers.train import evaluate
+
+    model = AutoModelForCausalLM.from_config(gpt2_config("gpt2-tiny", n_positions=64, vocab_size=64))
+    with pytest.raises(ConfigError, match=r"eval_batches must be a positive integer \(got 0\).*Fix: eval_batches=4"):
+        evaluate(model, tiny_blocks(16, 8), cpu, batches=0, batch_size=4)
+    with pytest.raises(ValueError, match="no validation blocks.*Fix: "):
+        evaluate(model, tiny_blocks(16, 0), cpu, batches=4, batch_size=4)
+    loss = evaluate(model, tiny_blocks(16, 3), cpu, batches=4, batch_size=4)  # 3 blocks, micro-batch 4
+    assert loss > 1.0  # a real loss of a random model over 64 tokens (ln 64 = 4.2), not 0.0
+
+
+def test_a_t4_budget_that_is_not_a_bool_is_refused_with_a_fix_that_passes():
+    """T4_BUDGET = 'no' was taken as True."""
+    from helpers.hardware import t4_budget_requested
+
+    for bad, fix in [("no", False), ("yes", True), (1, True), ("False", False)]:
+        with pytest.raises(ValueError, match=rf"T4_BUDGET = {re.escape(repr(bad))}: .*Fix: T4_BUDGET = {fix}$"):
+            t4_budget_requested(bad)
+        assert t4_budget_requested(fix) is fix
+
+
+@pytest.mark.slow
+def test_a_run_shorter_than_its_warm_up_times_its_last_step_not_none(cpu, clean_dist_env):
+    """train_run with untimed_steps >= steps reported 0 tokens/s; now it times the last step and says so."""
+    from transformers import AutoModelForCausalLM
+
+    from helpers.models import gpt2_config
+    from helpers.train import train_run
+
+    config = build_ds_config(0, precision="fp32", micro_batch_size=2, scheduler=None)
+    r = train_run("short", lambda: AutoModelForCausalLM.from_config(gpt2_config("gpt2-tiny", n_positions=64,
+                                                                                vocab_size=64)),
+                  tiny_blocks(32), runtime=cpu, ds_config=config, plain_pytorch=True, steps=2, untimed_steps=2,
+                  progress=False)
+    assert r.tokens_per_s > 0 and r.extras["timed_steps"] == 1
