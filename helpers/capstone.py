@@ -4,8 +4,8 @@ module checks what the learner typed, picks the config with the planner, and run
 while watching it.
 
 - `check_capstone_inputs`: the parameters cell's values, refused with the fix before anything runs (issue 41's style);
-- `capstone_model`: what train.py loads for a model id (the Hub, the local cache, or offline a GPT-2-shaped stand-in
-  built from its config, saying so) and the words for its weights;
+- `capstone_model`: where train.py's from_pretrained gets a model id from (the Hub, the local cache, or offline a
+  GPT-2-shaped stand-in built from its config once the plan passes, saying so) and the words for its weights;
 - `pick_plan`: the first course config (`helpers.FALLBACK_LADDER`: ZeRO-2, then the offload configs) that the planner
   predicts fits this runtime, or a refusal naming a smaller model that one does fit;
 - `capstone_data`: the corpus train.py reads (a Hub name, or offline the shipped corpus, saying so);
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from helpers.hardware import Runtime
     from helpers.planner import Plan
 
-__all__ = ["CAPSTONE_SCRIPT", "ScriptRun", "capstone_data", "capstone_model", "check_capstone_inputs", "pick_plan",
+__all__ = ["CAPSTONE_SCRIPT", "ModelSource", "ScriptRun", "capstone_data", "capstone_model", "check_capstone_inputs", "pick_plan",
            "run_script"]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,52 +50,64 @@ def check_capstone_inputs(model_id: Any, *, seq_len: Any, steps: Any, micro_batc
     check_number("MICRO_BATCH", micro_batch, positive=True, integer=True, example=4)
 
 
-def _stand_in(model_id: str, work: Path) -> str:
-    """A GPT-2 of `model_id`'s size built from its config (random weights, seeded) with the course's tokenizer,
-    saved where from_pretrained reads it: what train.py loads where the Hub cannot serve the id."""
-    from helpers.data import TOKENIZER_FILES, load_text_dataset, train_tokenizer
-    from helpers.models import save_model_from_config
+@dataclasses.dataclass(frozen=True)
+class ModelSource:
+    """Where train.py's `from_pretrained` gets a model id from (`capstone_model`), decided before anything is built."""
 
-    folder = Path(save_model_from_config(work / f"stand-in-{model_id}", model_id))
-    if not any((folder / f).is_file() for f in TOKENIZER_FILES[:1]):
-        tokenizer = train_tokenizer(load_text_dataset("local")["train"]["text"], work / "stand-in-tokenizer")
-        tokenizer.save_pretrained(str(folder))
-    return str(folder)
+    model_id: str
+    weights: str  # the words for its weights: "pretrained", "stand-in (...)", "your folder's"
+    stand_in: bool  # no Hub here: a GPT-2 of the id's size is built from its config (random weights) by `path`
+
+    def path(self, work: str | Path) -> str:
+        """What train.py's --model gets: the id (or folder) itself, or the stand-in folder, built now if it is not
+        there yet (a GPT-2 of the id's size from its config, seeded, with the course's tokenizer)."""
+        if not self.stand_in:
+            return self.model_id
+        from helpers.data import load_text_dataset, train_tokenizer
+        from helpers.models import save_model_from_config
+
+        folder = Path(save_model_from_config(Path(work) / f"stand-in-{self.model_id}", self.model_id))
+        if not (folder / "tokenizer.json").is_file():
+            tokenizer = train_tokenizer(load_text_dataset("local")["train"]["text"], Path(work) / "stand-in-tokenizer")
+            tokenizer.save_pretrained(str(folder))
+        return str(folder)
 
 
-def capstone_model(model_id: str, work: str | Path) -> tuple[str, str]:
-    """(what train.py's from_pretrained loads, the words for its weights) for the id the learner typed.
+def capstone_model(model_id: str) -> ModelSource:
+    """Where the id the learner typed loads from, checked without downloading or building anything.
 
-    A folder loads as it is. A Hub id loads from the Hub (Colab) or the local cache (the course's stand-in cache says
-    "stand-in weights"). Where neither serves it, a GPT-2 ladder name (helpers.GPT2_LADDER: 'gpt2-tiny' ...
-    'gpt2-xl') is built from its config offline ("stand-in weights"); any other id is refused with the fix."""
+    A folder loads as it is. A Hub id loads from the Hub (Colab) or the local cache (the course's stand-in cache: its
+    weights are called "stand-in"). Where neither serves it, a GPT-2 size of the course (helpers.GPT2_LADDER:
+    'gpt2-tiny' ... 'gpt2-xl') becomes a stand-in built from its config (`ModelSource.path`, after the plan has
+    passed); any other id is refused with the fix."""
     from helpers.hub import HubUnreachableError, check_hub_name, hub_available, hub_stand_in
     from helpers.models import GPT2_LADDER, model_folder_problem
 
-    work = Path(work)
     if Path(model_id).is_dir():
         problem = model_folder_problem(model_id)
         if problem:
             raise ConfigError(f"MODEL_ID={model_id!r}: {problem}. Fix: a folder that save_pretrained wrote, or "
                               f"MODEL_ID = {_EXAMPLE_MODEL!r}.")
-        return model_id, "your folder's"
-    if model_id != "gpt2-tiny" and hub_available(model_id=model_id):
-        return model_id, "stand-in (course-initialised, not the real model's)" if hub_stand_in() else "pretrained"
-    if model_id != "gpt2-tiny":
-        try:
-            if check_hub_name(model_id, "model", variable="MODEL_ID") in ("hub", "cache"):
-                return model_id, "pretrained"
-        except HubUnreachableError as exc:
-            if model_id not in GPT2_LADDER:
-                reason = str(exc).split(". Fix:")[0]
-                raise ConfigError(f"MODEL_ID={model_id!r} cannot load here: {reason}. Fix: MODEL_ID = "
-                                  f"{_EXAMPLE_MODEL!r} (built from its config where the Hub is out of reach; with "
-                                  f"internet, the real one), or a folder that save_pretrained wrote.") from None
-        else:
-            if model_id not in GPT2_LADDER:  # not a Hub id at all ("local" answer): from_pretrained would fail
-                raise ConfigError(f"MODEL_ID={model_id!r} is neither a folder nor a Hugging Face model id. Fix: "
-                                  f"MODEL_ID = {_EXAMPLE_MODEL!r}, or a folder that save_pretrained wrote.")
-    return _stand_in(model_id, work), "stand-in (built from its config, random)"
+        return ModelSource(model_id, "your folder's", False)
+    stand_in = ModelSource(model_id, "stand-in (built from its config, random)", True)
+    if model_id == "gpt2-tiny":  # the course's CPU size, not a Hub id
+        return stand_in
+    if hub_available(model_id=model_id):
+        return ModelSource(model_id, "stand-in (course-initialised, not the real model's)" if hub_stand_in()
+                           else "pretrained", False)
+    try:
+        where = check_hub_name(model_id, "model", variable="MODEL_ID")
+    except HubUnreachableError as exc:
+        if model_id in GPT2_LADDER:
+            return stand_in
+        reason = str(exc).split(". Fix:")[0]
+        raise ConfigError(f"MODEL_ID={model_id!r} cannot load here: {reason}. Fix: MODEL_ID = {_EXAMPLE_MODEL!r} "
+                          "(built from its config where the Hub is out of reach; with internet, the real one), or a "
+                          "folder that save_pretrained wrote.") from None
+    if where == "local" and model_id not in GPT2_LADDER:  # not a Hub id at all: from_pretrained would fail
+        raise ConfigError(f"MODEL_ID={model_id!r} is neither a folder nor a Hugging Face model id. Fix: MODEL_ID = "
+                          f"{_EXAMPLE_MODEL!r}, or a folder that save_pretrained wrote.")
+    return ModelSource(model_id, "pretrained", False) if where != "local" else stand_in
 
 
 def pick_plan(model: str, runtime: "Runtime", *, seq_len: int, micro_batch: int,
@@ -153,7 +165,7 @@ def capstone_data(dataset: Any) -> tuple[str, str]:
                          else "from the Hugging Face Hub")
     if dataset != HUB_DEFAULTS["dataset"] and check_hub_name(dataset, "dataset", variable="DATASET") != "local":
         return dataset, "from the Hugging Face Hub"
-    return str(LOCAL_CORPUS), "the shipped corpus (data/shakespeare): no Hugging Face Hub here"
+    return str(LOCAL_CORPUS), "the shipped corpus, as no Hugging Face Hub answers here"
 
 
 @dataclasses.dataclass
@@ -191,15 +203,15 @@ class ScriptRun:
                  f"the first and last {k})",
                  f"peak RAM (process-tree RSS of train.py): {self.peak_rss_bytes / GB:.2f} GB; planner's estimate "
                  f"{report.ram_needed / GB:.2f} GB (with this kernel's RSS); budget {runtime.ram_budget_bytes / GB:.2f} GB",
-                 f"disk (checkpoint, offload folder): peak {self.peak_disk_bytes / GB:.2f} GB, checkpoint "
-                 f"{self.checkpoint_bytes / GB:.2f} GB"]
+                 f"disk (the output folder, and an NVMe offload folder if the config has one): peak "
+                 f"{self.peak_disk_bytes / GB:.2f} GB, of it the checkpoint {self.checkpoint_bytes / GB:.2f} GB"]
         if runtime.has_gpu:
             lines.insert(1, f"peak GPU memory (allocated): {self.peak_gpu_bytes / GiB:.2f} GiB; estimate "
                             f"{report.gpu_needed / GiB:.2f} GiB; budget {runtime.vram_budget_bytes / GiB:.2f} GiB")
             fits = (self.peak_gpu_bytes <= runtime.vram_budget_bytes
                     and self.peak_rss_bytes <= runtime.ram_budget_bytes)
-            lines.append(f"verdict ({runtime.label}): trained, and its measured peaks "
-                         + ("fit the budgets" if fits else "went over a budget"))
+            lines.append(f"verdict ({runtime.label}): trained; its measured peaks (GPU allocated, train.py's RSS) "
+                         + ("are within the budgets" if fits else "went over a budget"))
         else:
             lines.append(f"verdict (CPU numbers, {runtime.label}): trained at smoke size; this says nothing about a "
                          "T4, where the same cells run the Colab sizes")
@@ -246,7 +258,10 @@ def run_script(script: str | Path, args: list[str], *, out: str | Path, steps: i
     log = out / "loss.jsonl"
     if log.exists():
         log.unlink()  # a rerun's bar must not count the last run's steps
-    child_env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore", TOKENIZERS_PARALLELISM="false",
+    from helpers.runtime import DIST_ENV_VARS
+
+    child_env = {k: v for k, v in os.environ.items() if k not in DIST_ENV_VARS}  # the kernel's own, its port in use
+    child_env.update(PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore", TOKENIZERS_PARALLELISM="false",
                      **(env or {}))
     started = time.perf_counter()
     proc = subprocess.Popen([sys.executable, str(script), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -152,8 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         say("zero_to_fp32")
         from deepspeed.utils.zero_to_fp32 import convert_zero_checkpoint_to_fp32_state_dict
 
-        convert_zero_checkpoint_to_fp32_state_dict(str(args.out / "checkpoint"), str(args.out / "fp32"),
-                                                   tag="final", safe_serialization=True)
+        # pytorch_model.bin: safetensors refuses GPT-2's tied input and output embeddings (one tensor, two names)
+        convert_zero_checkpoint_to_fp32_state_dict(str(args.out / "checkpoint"), str(args.out / "fp32"), tag="final")
         tokenizer.save_pretrained(args.out / "fp32")
         model.config.save_pretrained(args.out / "fp32")  # with the config: from_pretrained(OUT/fp32) loads it
     say("done")
