@@ -181,6 +181,8 @@ class ScriptRun:
     peak_disk_bytes: int  # the output folder and the NVMe folder together
     checkpoint_bytes: int
     tail: list[str]  # the last lines the script printed (stdout and stderr)
+    peak_main_rss_bytes: int = 0  # train.py's own process alone
+    children: tuple[str, ...] = ()  # the processes train.py started (a compiler building an op, workers), by name
 
     @property
     def trained(self) -> bool:
@@ -190,6 +192,13 @@ class ScriptRun:
         """Means of the first and the last `k` steps' losses."""
         k = max(1, min(k, len(self.losses) // 2 or 1))
         return sum(self.losses[:k]) / k, sum(self.losses[-k:]) / k
+
+    @property
+    def _children_text(self) -> str:
+        if not self.children:
+            return ""
+        return (f" and the processes it started: {', '.join(self.children)}; train.py alone "
+                f"{self.peak_main_rss_bytes / GB:.2f} GB")
 
     def report(self, plan: "Plan", runtime: "Runtime") -> str:
         """The measured peaks beside the plan's estimate and the budgets, and a verdict from this run only."""
@@ -201,7 +210,7 @@ class ScriptRun:
         assert report is not None
         lines = [f"trained {len(self.losses)} steps in {self.seconds:.0f} s; loss {first:.3f} -> {last:.3f} (means of "
                  f"the first and last {k})",
-                 f"peak RAM (process-tree RSS of train.py): {self.peak_rss_bytes / GB:.2f} GB; planner's estimate "
+                 f"peak RAM (RSS of train.py{self._children_text}): {self.peak_rss_bytes / GB:.2f} GB; planner's estimate "
                  f"{report.ram_needed / GB:.2f} GB (with this kernel's RSS); budget {runtime.ram_budget_bytes / GB:.2f} GB",
                  f"disk (the output folder, and an NVMe offload folder if the config has one): peak "
                  f"{self.peak_disk_bytes / GB:.2f} GB, of it the checkpoint {self.checkpoint_bytes / GB:.2f} GB"]
@@ -276,12 +285,18 @@ def run_script(script: str | Path, args: list[str], *, out: str | Path, steps: i
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    peak_rss = peak_disk = 0
+    peak_rss = peak_disk = peak_main = 0
+    children: dict[int, str] = {}
     bar = progress_bar(total=steps, desc=desc)
     shown: dict[str, str] = {}
     try:
         while proc.poll() is None:
             peak_rss = max(peak_rss, _tree_rss(watched))
+            try:
+                peak_main = max(peak_main, watched.memory_info().rss)
+                children.update({c.pid: c.name() for c in watched.children(recursive=True)})
+            except psutil.Error:
+                pass
             peak_disk = max(peak_disk, folder_bytes(out) + (folder_bytes(nvme_path) if nvme_path else 0))
             done = len(_read_log(log))
             if done > bar.n:
@@ -310,4 +325,4 @@ def run_script(script: str | Path, args: list[str], *, out: str | Path, steps: i
                      losses=[r["loss"] for r in rows], step_seconds=[r["seconds"] for r in rows],
                      peak_rss_bytes=peak_rss, peak_gpu_bytes=max((r["peak_gpu_bytes"] for r in rows), default=0),
                      peak_disk_bytes=max(peak_disk, folder_bytes(out)), checkpoint_bytes=folder_bytes(out / "checkpoint"),
-                     tail=list(tail))
+                     tail=list(tail), peak_main_rss_bytes=peak_main, children=tuple(sorted(set(children.values()))))
