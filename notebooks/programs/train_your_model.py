@@ -47,14 +47,25 @@ def say(text: str) -> None:
     print(text, flush=True)
 
 
+def port_taken(port: str) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", int(port)))
+        except OSError:
+            return True
+    return False
+
+
 def single_process_env() -> None:
-    """The variables torch.distributed reads, for a run without a launcher (the deepspeed launcher sets them)."""
-    if "MASTER_PORT" not in os.environ:
+    """The variables torch.distributed reads, for a run without a launcher (the deepspeed launcher sets them). A
+    single process whose inherited MASTER_PORT is taken (a notebook kernel's own process group, when started with
+    `!python train.py`) gets a free port instead."""
+    for key, value in (("MASTER_ADDR", "127.0.0.1"), ("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+        os.environ.setdefault(key, value)
+    if "MASTER_PORT" not in os.environ or (os.environ["WORLD_SIZE"] == "1" and port_taken(os.environ["MASTER_PORT"])):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             os.environ["MASTER_PORT"] = str(s.getsockname()[1])
-    for key, value in (("MASTER_ADDR", "127.0.0.1"), ("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
-        os.environ.setdefault(key, value)
 
 
 def load_text(data: str):
