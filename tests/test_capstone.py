@@ -78,9 +78,11 @@ def test_an_unknown_model_id_is_refused_offline_and_its_fix_is_a_stand_in(monkey
 
 
 @pytest.mark.slow
-def test_the_script_trains_smoke_sized_on_cpu_and_both_checkpoints_load(tmp_path, monkeypatch):
-    """The notebook's own path, CPU-sized: the plan's config, train.py in a fresh process (fp32, gloo), the loss
-    logged per step, DeepSpeed's checkpoint and the zero_to_fp32 folder that from_pretrained loads."""
+@pytest.mark.parametrize("stage", [2, 3])
+def test_the_script_trains_smoke_sized_on_cpu_and_both_checkpoints_load(tmp_path, monkeypatch, stage):
+    """The notebook's own path, CPU-sized: the plan's config (ZeRO-2 here; ZeRO-3, the HfDeepSpeedConfig branch, the
+    course's zero3 config), train.py in a fresh process (fp32, gloo), the loss logged per step, DeepSpeed's checkpoint
+    and the zero_to_fp32 folder that from_pretrained loads."""
     from transformers import AutoModelForCausalLM
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -90,7 +92,7 @@ def test_the_script_trains_smoke_sized_on_cpu_and_both_checkpoints_load(tmp_path
     source = helpers.capstone_model("gpt2-tiny")
     kind, plan = helpers.pick_plan("gpt2-tiny", runtime, seq_len=32, micro_batch=2)
     assert kind == "zero2"
-    config = dict(plan.config)
+    config = plan.config if stage == 2 else helpers.course_config("zero3", runtime, micro_batch_size=2)
     (tmp_path / "ds_config.json").write_text(json.dumps(config))
     out = tmp_path / "out"
     run = helpers.run_script(SCRIPT, ["--model", source.path(tmp_path), "--deepspeed", str(tmp_path / "ds_config.json"),
