@@ -194,11 +194,14 @@ class ScriptRun:
         return sum(self.losses[:k]) / k, sum(self.losses[-k:]) / k
 
     @property
-    def _children_text(self) -> str:
-        if not self.children:
-            return ""
-        return (f" and the processes it started: {', '.join(self.children)}; train.py alone "
-                f"{self.peak_main_rss_bytes / GB:.2f} GB")
+    def _ram_text(self) -> str:
+        """train.py's own peak RSS, and its process tree's where the processes it started (a compiler checking or
+        building an op) added more than 5 %."""
+        main = self.peak_main_rss_bytes or self.peak_rss_bytes
+        text = f"peak RAM (RSS) of train.py: {main / GB:.2f} GB"
+        if self.children and self.peak_rss_bytes > 1.05 * main:
+            text += f"; with the processes it started ({', '.join(self.children)}): {self.peak_rss_bytes / GB:.2f} GB"
+        return text
 
     def report(self, plan: "Plan", runtime: "Runtime") -> str:
         """The measured peaks beside the plan's estimate and the budgets, and a verdict from this run only."""
@@ -210,7 +213,7 @@ class ScriptRun:
         assert report is not None
         lines = [f"trained {len(self.losses)} steps in {self.seconds:.0f} s; loss {first:.3f} -> {last:.3f} (means of "
                  f"the first and last {k})",
-                 f"peak RAM (RSS of train.py{self._children_text}): {self.peak_rss_bytes / GB:.2f} GB; planner's estimate "
+                 f"{self._ram_text}; planner's estimate "
                  f"{report.ram_needed / GB:.2f} GB (with this kernel's RSS); budget {runtime.ram_budget_bytes / GB:.2f} GB",
                  f"disk (the output folder, and an NVMe offload folder if the config has one): peak "
                  f"{self.peak_disk_bytes / GB:.2f} GB, of it the checkpoint {self.checkpoint_bytes / GB:.2f} GB"]
