@@ -49,6 +49,10 @@ RECORDS = re.compile(r"\bhelpers\.record_figures?\(")
 TIME_LINE = re.compile(r"\*\*Time:\*\* about (\d+)-(\d+) minutes on a Colab T4")
 FULL_TIME_LINE = re.compile(r"\*\*Time:\*\* about (\d+)-(\d+) minutes on a Colab T4 to run \(the GPU check's estimate, "
                             r"see the README[^)]*\), plus about (\d+) minutes? to read\b")
+# a notebook the GPU check has not run yet (a new draft, no entry in reports/gpu_check.json) says so instead of a T4 time:
+# "**Time:** not yet measured on a GPU (no GPU-check run of this notebook yet), plus about 12 minutes to read"
+UNMEASURED_TIME_LINE = re.compile(r"\*\*Time:\*\* not yet measured on a GPU \(no GPU-check run of this notebook yet\), "
+                                  r"plus about (\d+) minutes? to read\b")
 # reading speeds (words a minute) and a figure's seconds: see the module's docstring
 READING_WPM = {"markdown": 200, "code": 100, "outputs": 200}
 FIGURE_SECONDS = 15
@@ -84,9 +88,13 @@ def words(text: str) -> int:
     return len(re.findall(r"\S+", text))
 
 
-def time_line(minutes: tuple[int, int], read: int, caveat: str = "") -> str:
+def time_line(minutes: tuple[int, int] | None, read: int, caveat: str = "") -> str:
     """The intro's full `**Time:**` line (FULL_TIME_LINE), e.g. `time_line(t4_minutes(estimate), reading_minutes(p))`;
-    `caveat` goes inside the parenthesis, after the README ("; plus the disk's own time ...")."""
+    `caveat` goes inside the parenthesis, after the README ("; plus the disk's own time ..."). `minutes` None: a
+    notebook with no GPU-check entry yet (UNMEASURED_TIME_LINE)."""
+    if minutes is None:
+        return (f"**Time:** not yet measured on a GPU (no GPU-check run of this notebook yet), plus about {read} "
+                f"minute{'s' if read != 1 else ''} to read")
     low, high = minutes
     return (f"**Time:** about {low}-{high} minutes on a Colab T4 to run (the GPU check's estimate, see the README"
             f"{caveat}), plus about {read} minute{'s' if read != 1 else ''} to read")
@@ -150,7 +158,8 @@ def shape(path: Path, executed: Path | None = None) -> dict:
            "max_record_calls_per_cell": max((len(RECORDS.findall(c)) for c in code), default=0),
            "sections_before_going_deeper": [h for h in ("## Summary", "## Exercises") if h in text],
            "time_line": [int(x) for x in m.groups()] if (m := TIME_LINE.search(text)) else None,
-           "full_time_line": [int(x) for x in m.groups()] if (m := FULL_TIME_LINE.search(text)) else None}
+           "full_time_line": [int(x) for x in m.groups()] if (m := FULL_TIME_LINE.search(text)) else None,
+           "unmeasured_time_line": int(m.group(1)) if (m := UNMEASURED_TIME_LINE.search(text)) else None}
     if executed is not None and executed.exists():
         ex = nbformat.read(executed, as_version=4)
         longest, longest_main, bars, outputs = 0, 0, 0, 0
@@ -199,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.time_line:
         report = json.loads((ROOT / "reports" / "gpu_check.json").read_text())["notebooks"]
         for p in paths:
-            print(f"{p}: {time_line(t4_minutes(report[p.name]['t4_estimate']), reading_minutes(p))}")
+            minutes = t4_minutes(report[p.name]["t4_estimate"]) if p.name in report else None  # None: not run yet
+            print(f"{p}: {time_line(minutes, reading_minutes(p))}")
         return 0
     rows = [shape(p, ROOT / "reports" / "executed" / p.name) | {"reading_minutes": round(reading_time(p), 1)}
             for p in paths]

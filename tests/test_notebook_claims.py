@@ -37,7 +37,7 @@ def cell(nb, cell_id: str) -> str:
     return next(c.source for c in nb.cells if c.get("id") == cell_id)
 
 
-@pytest.mark.parametrize("name", [NB00, NB04])
+@pytest.mark.parametrize("name", [NB00, NB04, "07_your_model_on_a_t4.ipynb"])
 def test_every_acronym_is_expanded_in_the_markdown_cell_where_it_first_appears(name):
     cells = [c.source for c in notebook(name).cells if c.cell_type == "markdown"]
     for acronym, expansions in EXPANSIONS.items():

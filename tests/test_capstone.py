@@ -1,0 +1,106 @@
+"""helpers.capstone and notebooks/programs/train_your_model.py (notebook 07, issue 40 item 3): the standalone script
+imports no helpers, the notebook writes it word for word, it trains smoke-sized on CPU and its checkpoints load, and
+bad input is refused before anything runs, each fix passing the same check."""
+import ast
+import json
+
+import nbformat
+import pytest
+
+import helpers
+from conftest import ROOT
+
+SCRIPT = ROOT / "notebooks" / "programs" / "train_your_model.py"
+NB07 = next(p for folder in ("notebooks", "notebooks/drafts") for p in (ROOT / folder).glob("07_*.ipynb"))
+
+
+def test_the_script_imports_only_torch_transformers_datasets_and_deepspeed():
+    modules = set()
+    for node in ast.walk(ast.parse(SCRIPT.read_text())):
+        if isinstance(node, ast.Import):
+            modules.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            modules.add((node.module or "").split(".")[0])
+    assert modules <= {"__future__", "argparse", "json", "os", "socket", "time", "pathlib", "torch", "transformers",
+                       "datasets", "deepspeed"}, modules
+    text = SCRIPT.read_text()
+    for api in ("HfDeepSpeedConfig(config)", "deepspeed.initialize(", "engine.backward(loss)", "engine.step()",
+                "engine.save_checkpoint(", "convert_zero_checkpoint_to_fp32_state_dict(", "gradient_checkpointing_enable"):
+        assert api in text, api
+    assert text.index("HfDeepSpeedConfig(config)") < text.index("AutoModelForCausalLM.from_pretrained(")
+
+
+def test_the_notebook_writes_the_script_word_for_word():
+    cells = [c.source for c in nbformat.read(NB07, as_version=4).cells
+             if c.cell_type == "code" and c.source.startswith("%%writefile")]
+    assert len(cells) == 1 and cells[0].splitlines()[0] == "%%writefile {WORK}/train.py"
+    assert cells[0].split("\n", 1)[1] + "\n" == SCRIPT.read_text(), "copy notebooks/programs/train_your_model.py in"
+
+
+def test_bad_parameters_are_refused_with_a_fix_that_passes():
+    good = dict(seq_len=512, steps=30, micro_batch=4)
+    helpers.check_capstone_inputs("gpt2-medium", **good)
+    for model_id, changes, fix in (("", {}, None), ("gpt2-medium", {"seq_len": 0}, {"seq_len": 512}),
+                                   ("gpt2-medium", {"steps": 2.5}, {"steps": 30}),
+                                   ("gpt2-medium", {"micro_batch": -1}, {"micro_batch": 4})):
+        with pytest.raises(helpers.ConfigError, match="Fix: "):
+            helpers.check_capstone_inputs(model_id, **(good | changes))
+        if fix:
+            helpers.check_capstone_inputs(model_id, **(good | fix))
+
+
+def test_a_model_too_big_for_a_t4_and_a_too_long_block_are_refused_before_anything_is_built(tmp_path):
+    t4 = helpers.colab_t4_profile()
+    with pytest.raises(helpers.ConfigError, match=r"any course config, NVMe offload included.*Fix: MODEL_ID = "
+                                                  r"'gpt2-xl'") as refused:
+        helpers.pick_plan("gpt2-6.7b", t4, seq_len=512, micro_batch=4, nvme_path="/content/nvme")
+    assert not list(tmp_path.iterdir())
+    kind, plan = helpers.pick_plan("gpt2-xl", t4, seq_len=512, micro_batch=4, nvme_path="/content/nvme")
+    assert plan.report.fits and "nvme" in kind and "offload_optimizer" in plan.config["zero_optimization"]
+    assert "gpt2-xl" in str(refused.value)
+    with pytest.raises(helpers.ConfigError, match="Fix: SEQ_LEN = 1024"):
+        helpers.pick_plan("gpt2-medium", t4, seq_len=2048, micro_batch=4)
+    kind, plan = helpers.pick_plan("gpt2-medium", t4, seq_len=1024, micro_batch=4)
+    assert plan.report.fits
+    kind, plan = helpers.pick_plan("gpt2-medium", t4, seq_len=512, micro_batch=4)
+    assert kind == "zero2" and plan.report.fits  # the Colab default trains without offload
+
+
+def test_an_unknown_model_id_is_refused_offline_and_its_fix_is_a_stand_in(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(helpers.ConfigError, match="Fix: MODEL_ID = 'gpt2-medium'"):
+        helpers.capstone_model("no-such-org/no-such-model")
+    with pytest.raises(helpers.ConfigError, match="neither a folder nor a Hugging Face model id"):
+        helpers.capstone_model("not a model id!")
+    source = helpers.capstone_model("gpt2-medium")
+    assert source.stand_in and source.weights.startswith("stand-in")
+    assert helpers.capstone_data("Salesforce/wikitext:wikitext-2-raw-v1")[0] == str(helpers.LOCAL_CORPUS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [2, 3])
+def test_the_script_trains_smoke_sized_on_cpu_and_both_checkpoints_load(tmp_path, monkeypatch, stage):
+    """The notebook's own path, CPU-sized: the plan's config (ZeRO-2 here; ZeRO-3, the HfDeepSpeedConfig branch, the
+    course's zero3 config), train.py in a fresh process (fp32, gloo), the loss logged per step, DeepSpeed's checkpoint
+    and the zero_to_fp32 folder that from_pretrained loads."""
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    runtime = helpers.detect_runtime()
+    if runtime.has_gpu:
+        pytest.skip("the CPU smoke run (a GPU machine runs the notebook itself)")
+    source = helpers.capstone_model("gpt2-tiny")
+    kind, plan = helpers.pick_plan("gpt2-tiny", runtime, seq_len=32, micro_batch=2)
+    assert kind == "zero2"
+    config = plan.config if stage == 2 else helpers.course_config("zero3", runtime, micro_batch_size=2)
+    (tmp_path / "ds_config.json").write_text(json.dumps(config))
+    out = tmp_path / "out"
+    run = helpers.run_script(SCRIPT, ["--model", source.path(tmp_path), "--deepspeed", str(tmp_path / "ds_config.json"),
+                                      "--data", str(helpers.LOCAL_CORPUS), "--seq-len", "32", "--steps", "3",
+                                      "--out", str(out), "--consolidate"], out=out, steps=3)
+    assert run.trained, run.tail
+    assert len(run.losses) == 3 and run.peak_rss_bytes > 0 and run.checkpoint_bytes > 0
+    assert [json.loads(line)["step"] for line in (out / "loss.jsonl").read_text().splitlines()] == [1, 2, 3]
+    assert (out / "checkpoint" / "final").is_dir() and "did not train" not in run.report(plan, runtime)
+    model = AutoModelForCausalLM.from_pretrained(out / "fp32")
+    assert sum(p.numel() for p in model.parameters()) == plan.shape.n_params
