@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from helpers.gpt import GPTConfig
 
 __all__ = ["SCALE_OUT_SHAPES", "STATE_PARTS", "gpt_config", "corpus_blocks", "zero_rows", "with_estimates",
-           "estimate_parts", "scaling_table", "comm_table", "zero_findings", "pipeline_layers", "lm_loss", "PipelineSchedule",
+           "estimate_parts", "scaling_table", "WIRE_FACTORS", "wire_bytes", "comm_table", "zero_findings", "pipeline_layers", "lm_loss", "PipelineSchedule",
            "pipeline_schedule", "autotp_config", "topology_table"]
 
 STATE_PARTS = ("params", "grads", "optimizer")  # the parts `helpers.rank.rank_state_bytes` measures
@@ -106,19 +106,34 @@ def scaling_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+# what a ring algorithm moves per rank, as a multiple of the message each rank hands in (N ranks): an all-reduce
+# sends and receives ~2(N-1)/N of it, a reduce-scatter (N-1)/N, an all-gather receives the N-1 other parts, and a
+# broadcast passes the message on once; nothing crosses at N=1
+WIRE_FACTORS = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter_tensor": lambda n: (n - 1) / n,
+                "all_gather_into_tensor": lambda n: n - 1, "broadcast": lambda n: 1.0 if n > 1 else 0.0}
+
+
+def wire_bytes(sent: dict[str, int], world: int) -> float:
+    """Bytes a rank moves over its links for the messages `sent` ({collective: message bytes}), by WIRE_FACTORS
+    (a collective not listed counts its message once)."""
+    return sum(WIRE_FACTORS.get(op, lambda n: 1.0 if n > 1 else 0.0)(world) * b for op, b in sent.items())
+
+
 def comm_table(rows: Sequence[dict[str, Any]]) -> str:
-    """MB each rank passed to DeepSpeed's collectives per optimizer step, per (stage, N): the `comm_bytes_per_step`
-    that notebooks/programs/scale_out_train.py reads off deepspeed.comm's comms logger (message bytes per call)."""
+    """MB each rank handed to DeepSpeed's collectives per optimizer step, per (stage, N): the `comm_bytes_per_step`
+    that notebooks/programs/scale_out_train.py reads off deepspeed.comm's comms logger (message bytes per call); and
+    the MB that moves over the rank's links for them (`wire_bytes`)."""
     ops = sorted({op for r in rows for op in r.get("comm_bytes_per_step", {})})
     if not ops:
         return "no communication recorded (these rank reports predate the comms logger)"
     short = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter"}
-    head = f"{'stage':>5}{'N':>3}" + "".join(f"{short.get(op, op):>16}" for op in ops) + f"{'total':>10}"
-    lines = ["MB per rank per optimizer step, by collective (deepspeed.comm's comms logger)", head, "-" * len(head)]
+    head = f"{'stage':>5}{'N':>3}" + "".join(f"{short.get(op, op):>16}" for op in ops) + f"{'on the wire':>13}"
+    lines = ["MB per rank per optimizer step: messages per collective (deepspeed.comm's comms logger), then what a "
+             "ring moves for them", head, "-" * len(head)]
     for r in sorted(rows, key=lambda r: (r["stage"], r["world"])):
         sent = r.get("comm_bytes_per_step", {})
         lines.append(f"{r['stage']:>5}{r['world']:>3}" + "".join(f"{sent.get(op, 0) / 1e6:>16.3f}" for op in ops)
-                     + f"{sum(sent.values()) / 1e6:>10.3f}")
+                     + f"{wire_bytes(sent, r['world']) / 1e6:>13.3f}")
     return "\n".join(lines)
 
 

@@ -274,7 +274,8 @@ def test_comm_table_lists_each_collective_per_stage_and_n():
     table = scale_out.comm_table(_rows())
     lines = table.splitlines()
     assert "all_gather" in lines[1] and "reduce_scatter" in lines[1] and "all_reduce" in lines[1]
-    assert lines[3].split() == ["0", "1", "0.000", "0.004", "0.000", "0.004"]
-    assert lines[-1].split() == ["3", "4", "0.008", "0.000", "0.004", "0.012"]
+    assert lines[3].split() == ["0", "1", "0.000", "0.004", "0.000", "0.000"]  # N=1: nothing crosses a link
+    assert lines[4].split() == ["0", "4", "0.000", "0.004", "0.000", "0.006"]  # ring all-reduce: 2 x 3/4
+    assert lines[-1].split() == ["3", "4", "0.008", "0.000", "0.004", "0.027"]  # 3 x 0.008 + 3/4 x 0.004
     old = [{k: v for k, v in r.items() if k != "comm_bytes_per_step"} for r in _rows()]
     assert scale_out.comm_table(old).startswith("no communication recorded")
