@@ -65,6 +65,13 @@ def test_benchmark_on_two_cpu_ranks_each_rank_holds_its_share(tmp_path):
     # DeepSpeed 0.19.8 would share it only where a torch.device equals a device name string, which never holds
     assert near(rows[3]["params"], half, 64) and rows[3]["optimizer_master"] == pytest.approx(half, rel=0.01)
     assert near(rows[3]["optimizer"], 3 * half, 64) and near(rows[3]["grads_held"], half + bucket, 64)
+    # what each rank sent per step, counted by deepspeed.comm's comms logger (message bytes): the gradients once
+    # (all-reduce at stages 0-2, reduce-scatter at 3); stages 1-3 also gather parameters; the config is the run's
+    sent = {s: r["comm_bytes_per_step"] for s, r in rows.items()}
+    assert sent[0]["all_reduce"] >= full and "all_gather_into_tensor" not in sent[0]
+    assert sent[3]["reduce_scatter_tensor"] == full and sent[3]["all_gather_into_tensor"] > 0
+    assert all(sent[s]["all_gather_into_tensor"] >= half for s in (1, 2))
+    assert [r["config"]["zero_optimization"]["stage"] for r in rows.values()] == [0, 1, 2, 3]
     for r in rows.values():
         assert r["model_states"] == r["params"] + r["grads_peak"] + r["optimizer"]
         assert r["estimate"] == sum(scale_out.estimate_parts(n, r["stage"], 2, "fp32").values())
@@ -234,3 +241,41 @@ def test_committed_reports_hold_what_notebook_05_reads():
     text = "\n".join(c.source for c in nb.cells)
     assert "the committed GPU benchmark report is read at the end" not in text
     assert 'glob("scale_out*.json")' in text and 'b.get("device") == "cuda"' in text
+
+
+def _rows(ns=(1, 4), n_params=1000):
+    """Synthetic rows as helpers.with_estimates returns them (fp32): ZeRO-k partitions its parts over N."""
+    rows = []
+    for s in range(4):
+        for n in ns:
+            params = 4 * n_params // (n if s == 3 else 1)
+            grads = 4 * n_params // (n if s >= 2 else 1)
+            optimizer = (8 if s == 0 else 12) * n_params // (n if s >= 1 else 1)
+            rows.append({"stage": s, "world": n, "n_params": n_params, "precision": "fp32", "params": params,
+                         "grads_peak": grads, "grads_held": grads, "optimizer": optimizer,
+                         "optimizer_master": 0 if s == 0 else 4 * n_params // n, "model_states": params + grads + optimizer,
+                         "losses": [2.0, 1.5], "comm_bytes_per_step": {"all_reduce": 4 * n_params} if s < 3 else
+                         {"reduce_scatter_tensor": 4 * n_params, "all_gather_into_tensor": 8 * n_params}})
+    return scale_out.with_estimates(rows)
+
+
+def test_zero_findings_are_computed_from_the_rows_and_name_the_master_copy():
+    lines = scale_out.zero_findings(_rows())
+    assert lines[0] == "ZeRO-0: model states per rank 0.02 MB at N=1 -> 0.02 MB at N=4 (x1.00; 1/N would be x0.25)"
+    assert lines[3].startswith("ZeRO-3: model states per rank 0.02 MB at N=1 -> 0.01 MB at N=4 (x0.25;")
+    # N=1: ZeRO-1 adds 4 bytes per parameter (the fp32 master copy) to ZeRO-0's 16: +25 %, as the estimate says
+    assert "At N=1 ZeRO-1 holds +25% of ZeRO-0's model states" in lines[4] and "= 1.00 x the fp32 parameters'" in lines[4]
+    assert "the estimate says +25%" in lines[4]
+    assert lines[-1].startswith("Largest loss difference of ZeRO-1/2/3 to ZeRO-0 at the same N: 0.0e+00 (the same model")
+    assert not any("At N=1" in line for line in scale_out.zero_findings(_rows(ns=(2, 4))))
+
+
+def test_comm_table_lists_each_collective_per_stage_and_n():
+    table = scale_out.comm_table(_rows())
+    lines = table.splitlines()
+    assert "all_gather" in lines[1] and "reduce_scatter" in lines[1] and "all_reduce" in lines[1]
+    assert lines[3].split() == ["0", "1", "0.000", "0.004", "0.000", "0.000"]  # N=1: nothing crosses a link
+    assert lines[4].split() == ["0", "4", "0.000", "0.004", "0.000", "0.006"]  # ring all-reduce: 2 x 3/4
+    assert lines[-1].split() == ["3", "4", "0.008", "0.000", "0.004", "0.027"]  # 3 x 0.008 + 3/4 x 0.004
+    old = [{k: v for k, v in r.items() if k != "comm_bytes_per_step"} for r in _rows()]
+    assert scale_out.comm_table(old).startswith("no communication recorded")

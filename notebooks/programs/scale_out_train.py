@@ -36,9 +36,11 @@ def train_stage(stage: int, run: rank.RankSetup, args: argparse.Namespace) -> di
     if stage == 3:  # partition every parameter, however small; fetch them in buckets of the same size
         config["zero_optimization"].update(stage3_param_persistence_threshold=0,
                                            stage3_prefetch_bucket_size=bucket)
+    config["comms_logger"] = {"enabled": True}  # deepspeed.comm counts every collective's calls and bytes
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    deepspeed.comm.comms_logger.comms_dict.clear()  # count the training steps only, not the start
     batches = rank.rank_batches(run.blocks, args.micro_batch, run.rank, run.world, seed=args.seed)
     losses, held = [], {}
     start = time.perf_counter()
@@ -51,13 +53,16 @@ def train_stage(stage: int, run: rank.RankSetup, args: argparse.Namespace) -> di
             engine.step()  # ZeRO-1/2 update their optimizer partition, then all-gather the parameters
             losses.append(round(loss.item(), 6))
     seconds = time.perf_counter() - start
+    sent = {op: sum(size * calls[0] for size, calls in sizes.items())  # {op: {message bytes: [calls, ...]}}
+            for op, sizes in deepspeed.comm.comms_logger.comms_dict.items()}
     after = rank.rank_state_bytes(engine)
     row = {"stage": stage, "world": run.world, "rank": run.rank, "device": run.device, "backend": run.backend,
            "precision": run.precision, "n_params": n_params, "bucket_elements": bucket,
            "params": after["params"], "grads_peak": grad_peak.peak, "grads_held": held["grads"],
            "optimizer": after["optimizer"], "optimizer_master": after["optimizer_master"],
            "optimizer_moments": after["optimizer_moments"], "peak_gpu_bytes": rank.peak_gpu_bytes(),
-           "losses": losses, "seconds": round(seconds, 2)}
+           "losses": losses, "seconds": round(seconds, 2), "config": config,
+           "comm_bytes_per_step": {op: b // args.steps for op, b in sorted(sent.items()) if b}}
     row["model_states"] = row["params"] + row["grads_peak"] + row["optimizer"]  # the most held at once
     if not after["optimizer_moments"]:
         row["note"] = "no optimizer state yet: every step was skipped (fp16 overflow); run more --steps"
