@@ -39,10 +39,11 @@ from helpers.launch import *  # noqa: F403
 from helpers.rank import *  # noqa: F403
 from helpers.scale_out import *  # noqa: F403
 from helpers.capstone import *  # noqa: F403
+from helpers.workarounds import *  # noqa: F403
 
 MODULES = ("atomic", "checks", "hardware", "runtime", "records", "progress", "overflow_check", "memory", "host_buffers", "host_trace", "config", "data", "models", "hub", "health",
            "limits", "step_time", "long_context", "planner", "bootstrap", "train", "fresh_process", "plots", "planner_ui", "checkpoints", "moe", "integrations", "launch",
-           "rank", "scale_out", "capstone")
+           "rank", "scale_out", "capstone", "workarounds")
 
 
 def _public_names() -> list[str]:

@@ -1,0 +1,24 @@
+"""helpers.workarounds: every DeepSpeed workaround in one list, checked against the installed DeepSpeed (issue 43)."""
+import importlib
+
+import pytest
+
+from helpers.workarounds import DEEPSPEED_WORKAROUNDS
+
+
+@pytest.mark.parametrize("w", DEEPSPEED_WORKAROUNDS, ids=[w.name for w in DEEPSPEED_WORKAROUNDS])
+def test_each_workaround_was_checked_against_the_installed_deepspeed_and_its_code_exists(w):
+    """Fails when DeepSpeed moves past the versions an entry was checked on: re-check its code (`where`) against the
+    new version and its upstream report, then add the version to `checked` or remove the workaround."""
+    import deepspeed
+
+    module, _, name = w.where.partition(".")
+    assert hasattr(importlib.import_module(f"helpers.{module}"), name), f"{w.name}: helpers.{w.where} does not exist"
+    assert deepspeed.__version__ in w.checked, (
+        f"{w.name} ({w.upstream}) was checked against DeepSpeed {', '.join(w.checked)}; this is "
+        f"{deepspeed.__version__}: re-check helpers.{w.where}, then update helpers/workarounds.py")
+
+
+def test_the_list_names_each_workaround_once():
+    names = [w.name for w in DEEPSPEED_WORKAROUNDS]
+    assert len(names) == len(set(names)) and len({w.where for w in DEEPSPEED_WORKAROUNDS}) == len(names)
