@@ -364,6 +364,22 @@ def reestimated(lines: list[dict[str, Any]], config: dict[str, Any], technique: 
             if x.get("kind") in ("attempt", "trying") else x for x in lines]
 
 
+def check_model_arguments(args: argparse.Namespace) -> None:
+    """The model's shape and the lengths, refused up front with the fix (helpers.long_context_config's own check)."""
+    for name in ("logits_tile", "max_seq_len", "max_steps"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"--{name.replace('_', '-')} {getattr(args, name)}: must be 1 or more")
+    bad = [n for n in args.lengths if n < 1]
+    if bad:
+        raise SystemExit(f"--lengths {' '.join(map(str, args.lengths))}: every length must be 1 token or more "
+                         f"(got {bad}). Fix: drop them, e.g. --lengths {' '.join(str(n) for n in args.lengths if n >= 1) or 4096}")
+    try:
+        helpers.long_context_config(hidden=args.hidden, intermediate=args.intermediate, layers=args.layers,
+                                    heads=args.heads, kv_heads=args.kv_heads, vocab=256)
+    except ValueError as err:
+        raise SystemExit(f"the model's shape: {err}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--child", type=Path, help=argparse.SUPPRESS)
@@ -397,6 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     args.kv_heads = args.kv_heads or args.heads
     if args.child:
         return child(args.child)
+    check_model_arguments(args)  # before any rung builds a 222M engine (issue 41: --heads 7 failed five times, exit 0)
 
     started = time.perf_counter()
     runtime = helpers.detect_runtime(t4_budget=True if args.emulate else None)  # the emulation: fp16, T4_VRAM_GIB

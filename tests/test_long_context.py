@@ -586,3 +586,22 @@ def test_the_configs_activation_checkpointing_block_is_read_by_configure_and_rel
     assert ds_checkpointing.CPU_CHECKPOINT is True and ds_checkpointing.PARTITION_ACTIVATIONS is False
     helpers.release_cpu_checkpoints()
     assert ds_checkpointing.CPU_CHECKPOINT is False and ds_checkpointing._cpu_offload_engine is None
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--heads", "7"], "the model's shape: hidden (1024) must be a multiple of 8 x heads"),
+    (["--lengths", "0", "4096"], "every length must be 1 token or more (got [0]). Fix: drop them, e.g. --lengths 4096"),
+    (["--logits-tile", "0"], "--logits-tile 0: must be 1 or more"),
+])
+def test_the_benchmark_refuses_a_bad_shape_or_length_before_any_rung_and_writes_nothing(args, says, tmp_path):
+    """Issue 41 item 6: --heads 7 printed the child's ValueError five times, exited 0 and wrote a report of empty rows
+    (over reports/long_context.json by default); --lengths 0 built a 222M engine per rung first."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    out = tmp_path / "lc.json"
+    proc = subprocess.run([sys.executable, "benchmarks/long_context.py", *args, "--out", str(out), "--work-dir",
+                           str(tmp_path / "work")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and says in proc.stderr and not out.exists() and not (tmp_path / "work").exists()
