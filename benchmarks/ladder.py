@@ -241,6 +241,13 @@ def main(argv: list[str] | None = None) -> int:
                         "CPU cores each (e.g. 0:zero3_nvme_optimizer,zero2_offload_cpu 1:zero3_nvme_all)")
     args = p.parse_args(argv)
 
+    bad = [x for x in args.rerun if x.count(":") != 1 or x.split(":")[0] not in CONFIGS
+           or x.split(":")[1] not in GPT2_LADDER]
+    if bad:  # issue 41: a garbage --rerun was ignored
+        raise SystemExit(f"--rerun {' '.join(bad)}: each is CONFIG:SIZE with CONFIG one of {list(CONFIGS)} and SIZE "
+                         f"one of {list(GPT2_LADDER)}. Fix: e.g. --rerun zero3_nvme_optimizer:gpt2-xl")
+    if args.emulate:  # the whole emulation: fp16 and the T4 budget too, here and in every child (issue 41: without
+        os.environ[helpers.T4_BUDGET_ENV] = "1"  # DS_COURSE_T4_BUDGET it ran bf16 with the whole GPU's memory)
     started = time.perf_counter()
     runtime = helpers.detect_runtime()
     if args.emulate:

@@ -284,3 +284,16 @@ def _ladder_help_options() -> list[str]:
     with contextlib.redirect_stdout(buf), contextlib.suppress(SystemExit):
         ladder.main(["--help"])
     return [w.strip("[],") for w in buf.getvalue().split() if w.startswith(("--", "[--"))]
+
+
+def test_a_rerun_that_names_no_rung_is_refused_with_the_form_that_works(tmp_path):
+    """Issue 41 item 6: `ladder.py --rerun garbage` was ignored; the fix's example is itself a rung."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    proc = subprocess.run([sys.executable, "benchmarks/ladder.py", "--rerun", "garbage", "plain:gpt2",
+                           "--out", str(tmp_path / "l.json")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "--rerun garbage: each is CONFIG:SIZE" in proc.stderr
+    assert "Fix: e.g. --rerun zero3_nvme_optimizer:gpt2-xl" in proc.stderr and not (tmp_path / "l.json").exists()
