@@ -74,10 +74,12 @@ def save_checkpoint(engine: Any, directory: str | Path, tag: str | None = None) 
     folder is removed by the next save. The tag defaults to DeepSpeed's `global_step<N>`.
     """
     directory = Path(directory)
-    tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
+    tag = _check_tag(tag if tag is not None else f"global_step{engine.global_steps}")
     partial = directory / f"{tag}.partial"  # the same name on every rank
-    if engine.global_rank == 0 and partial.exists():
-        shutil.rmtree(partial)
+    if engine.global_rank == 0 and directory.is_dir():  # every interrupted save's folder, whatever its tag (issue 41:
+        for stale in directory.glob("*.partial"):      # another tag's stayed, GBs on Colab)
+            if stale.is_dir():
+                shutil.rmtree(stale)
     _barrier()
     engine.save_checkpoint(str(directory), tag=partial.name, save_latest=False)
     if engine.global_rank == 0:
@@ -87,9 +89,51 @@ def save_checkpoint(engine: Any, directory: str | Path, tag: str | None = None) 
     return directory
 
 
+def _check_tag(tag: Any) -> str:
+    """A checkpoint tag names one folder: no path separator, not '.', '..' or a '.partial' name (issue 41: a tag with
+    '/' failed with FileNotFoundError and left its .partial folder)."""
+    text = str(tag)
+    if not text or text in (".", "..") or "/" in text or os.sep in text or text.endswith(".partial"):
+        fix = text.replace("/", "_").replace(os.sep, "_").removesuffix(".partial").strip(".") or "step0"
+        raise ValueError(f"checkpoint tag {tag!r}: a tag names one folder inside the checkpoint directory. "
+                         f"Fix: tag={fix!r}")
+    return text
+
+
+def _saved_tags(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.is_dir() and not p.name.endswith(".partial")) \
+        if directory.is_dir() else []
+
+
 def resume_checkpoint(engine: Any, directory: str | Path, tag: str | None = None) -> dict[str, Any]:
-    """engine.load_checkpoint into a freshly initialised engine of the same config; returns client state."""
-    path, client_state = engine.load_checkpoint(str(directory), tag=tag)
+    """engine.load_checkpoint into a freshly initialised engine of the same config; returns client state.
+
+    Checked first, each with its fix (issue 41: DeepSpeed ends in a bare AssertionError): the tag ('latest' when
+    None) is a saved folder, not an interrupted save's; the checkpoint was saved at the engine's kind of ZeRO stage
+    (a ZeRO-3 checkpoint holds partitioned model states, stages 0-2 one model file: neither loads into the other)."""
+    directory = Path(directory)
+    chosen = tag
+    if chosen is None and (directory / "latest").is_file():
+        chosen = (directory / "latest").read_text().strip()
+    if chosen is not None:
+        chosen = _check_tag(chosen)
+        if not (directory / chosen).is_dir():
+            saved = _saved_tags(directory)
+            fix = f"tag={saved[-1]!r} (saved here: {', '.join(saved)})" if saved else "save a checkpoint first"
+            interrupted = (directory / f"{chosen}.partial").exists()
+            raise FileNotFoundError(f"no DeepSpeed checkpoint {chosen!r} in {directory}"
+                                    + (": its save was interrupted (only a .partial folder is there). Fix: save it "
+                                       f"again, or resume from {fix}" if interrupted else f". Fix: {fix}"))
+        stage = getattr(engine, "zero_optimization_stage", lambda: None)()
+        if stage is not None:
+            saved_stage3 = any((directory / chosen).glob("zero_pp_rank_*_mp_rank_*_model_states.pt"))
+            if saved_stage3 != (stage == 3):
+                raise ValueError(
+                    f"checkpoint {directory / chosen} was saved by a {'ZeRO-3' if saved_stage3 else 'ZeRO stage 0-2'} "
+                    f"engine and this engine is ZeRO stage {stage}: DeepSpeed loads a checkpoint only into the kind of "
+                    "stage that saved it. Fix: resume with the config it was saved with, or consolidate it "
+                    "(consolidate_to_hf, zero_to_fp32) and start the new config from those weights")
+    path, client_state = engine.load_checkpoint(str(directory), tag=chosen)
     if path is None:
         interrupted = tag is not None and (Path(directory) / f"{tag}.partial").exists()
         raise FileNotFoundError(f"no DeepSpeed checkpoint found in {directory} (tag {tag!r})"

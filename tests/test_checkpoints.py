@@ -174,6 +174,37 @@ def test_an_interrupted_checkpoint_save_keeps_the_previous_one_and_latest(tmp_pa
     assert (tmp_path / "latest").read_text() == "global_step2" and len(os.listdir(tmp_path / "global_step2")) == 2
 
 
+class FakeStage3Engine(FakeEngine):
+    def zero_optimization_stage(self):
+        return 3
+
+
+def test_a_save_removes_every_interrupted_save_and_refuses_a_tag_that_is_a_path(tmp_path):
+    """Issue 41 item 4: after a kill during the save of B, B.partial stayed when the next save was tag C; a tag with
+    '/' raised FileNotFoundError and left step0.partial."""
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(FakeEngine(1, interrupt=True), tmp_path, tag="B")
+    save_checkpoint(FakeEngine(2), tmp_path, tag="C")
+    assert sorted(os.listdir(tmp_path)) == ["C", "latest"]
+    with pytest.raises(ValueError, match=r"tag 'run/step0': a tag names one folder.*Fix: tag='run_step0'") as err:
+        save_checkpoint(FakeEngine(3), tmp_path, tag="run/step0")
+    assert sorted(os.listdir(tmp_path)) == ["C", "latest"]  # nothing written
+    save_checkpoint(FakeEngine(3), tmp_path, tag=str(err.value).split("tag=")[-1].strip("'"))  # the fix passes
+    assert (tmp_path / "latest").read_text() == "run_step0"
+
+
+def test_resume_names_the_saved_tags_and_refuses_another_zero_stage_before_deepspeed_asserts(tmp_path):
+    save_checkpoint(FakeEngine(1), tmp_path, tag="step1")
+    with pytest.raises(FileNotFoundError, match=r"no DeepSpeed checkpoint 'step9'.*Fix: tag='step1' \(saved here: "
+                                                r"step1\)"):
+        resume_checkpoint(FakeEngine(1), tmp_path, tag="step9")
+    with pytest.raises(ValueError, match=r"saved by a ZeRO stage 0-2 engine and this engine is ZeRO stage 3.*Fix: "
+                                         r"resume with the config it was saved with"):
+        resume_checkpoint(FakeStage3Engine(1), tmp_path)  # tag None: 'latest' -> step1
+    with pytest.raises(FileNotFoundError, match="no DeepSpeed checkpoint found"):  # the stage matches: DeepSpeed's turn
+        resume_checkpoint(FakeEngine(1), tmp_path)
+
+
 def test_consolidate_to_hf_writes_whole_models_and_refuses_a_folder_of_other_files(tmp_path, monkeypatch):
     import deepspeed.utils.zero_to_fp32 as z2f
     from transformers import AutoModelForCausalLM, PreTrainedModel
