@@ -246,7 +246,10 @@ def _rendering(p: "Plan | None", name: str, error: str = "", refusal_fix: dict[s
 # The class lands on the planner's own element (its VBox's view): no :has() inside :has(), which browsers refuse.
 _LIVE = ".ds-planner:not(.jupyter-widgets-disconnected)"
 _DEAD = ".ds-planner.jupyter-widgets-disconnected"
-RERUN_NOTE = "Re-run this cell for the live planner"
+# issue 41 item 9: after a restart, re-running this cell alone met NameError (helpers, runtime are gone): the note
+# names what works
+RERUN_NOTE = ("Re-run this cell for the live planner, after the cells above it when the kernel restarted (Run > "
+              "Run All Above: the setup cell brings back helpers)")
 _STATIC_STYLE = (f"<style>.jp-OutputArea:has({_LIVE}) .ds-plan-static {{display: none}}\n"
                  f".output_wrapper .output:has({_LIVE}) .ds-plan-static {{display: none}}\n"
                  f"body:not(:has(.jp-OutputArea)):has({_LIVE}) .ds-plan-static {{display: none}}\n"
