@@ -351,7 +351,7 @@ if __name__ == "__main__":
 
 # the RAM account's rows (helpers.planner's and helpers.memory's names) in the words notebook 02 uses
 RAM_ROW_WORDS = {
-    "params": "fp16 parameters", "grads": "gradients", "optimizer": "optimizer: fp32 weights + 2 moments",
+    "params": "parameters", "grads": "gradients", "optimizer": "optimizer: fp32 weights + 2 moments",
     "activations": "activations", "buffers": "offload/swap buffers", "step on host": "fp16 overflow check, a moment",
     "runtime": "training process's growth", "staging": "zero.Init leftovers (CPU run)",
     "model copy": "fp32 model built in RAM first", "step temporaries": "optimizer step's temporaries",
@@ -729,7 +729,7 @@ class OffloadRuns:
                          + (f"{r.peak_vram_gib:.2f} GiB on the GPU, " if rt.has_gpu else "")
                          + f"{rss:.2f} GB of RAM ({'within' if rss <= budget else 'OVER'} the {budget:.2f} GB budget)"
                          + (f", {r.disk_gb:.1f} GB on disk" if r.disk_gb else "")
-                         + f", {r.tokens_per_s:,.0f} tokens/s" + ("" if rt.has_gpu else " on CPU") + ".")
+                         + f", {r.speed_spread()[1]:,.0f} tokens/s (median step)" + ("" if rt.has_gpu else " on CPU") + ".")
         for name, rep in self.refused.items():
             lines.append(f"- {name}: refused by pre-flight ({'; '.join(rep.problems)}).")
         for name, r in self.failed.items():
