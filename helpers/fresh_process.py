@@ -33,7 +33,7 @@ from helpers.memory import GB, GiB
 if TYPE_CHECKING:
     from helpers.train import RunResult
 
-__all__ = ["train_in_fresh_process", "child_baseline_rss", "run_process_group"]
+__all__ = ["train_in_fresh_process", "child_baseline_rss", "run_process_group", "OffloadRuns"]
 
 ROOT = Path(__file__).resolve().parent.parent
 _PROGRESS = "DS_COURSE_PROGRESS "  # prefix of the child's progress lines on stdout
@@ -345,3 +345,407 @@ def _child(spec_path: str) -> int:
 
 if __name__ == "__main__":
     sys.exit(_child(sys.argv[1]))
+
+
+# ---------------------------------------------------------------- notebook 02's runs: pre-flight, then a fresh child
+
+# the RAM account's rows (helpers.planner's and helpers.memory's names) in the words notebook 02 uses
+RAM_ROW_WORDS = {
+    "params": "parameters", "grads": "gradients", "optimizer": "optimizer: fp32 weights + 2 moments",
+    "activations": "activations", "buffers": "offload/swap buffers", "step on host": "fp16 overflow check, a moment",
+    "runtime": "training process's growth", "staging": "zero.Init leftovers (CPU run)",
+    "model copy": "fp32 model built in RAM first", "step temporaries": "optimizer step's temporaries",
+    "already in use": "this kernel + a fresh child",
+}
+# short column heads of the RAM account, per course config (helpers.config.OFFLOAD_KINDS)
+RAM_COLUMN_HEADS = {
+    "zero2_offload_cpu": ("ZeRO-2", "opt: CPU", "params: GPU"), "zero3_offload_cpu": ("ZeRO-3", "opt: CPU", "params: CPU"),
+    "zero3_nvme_optimizer_gpu_params": ("ZeRO-3", "opt: NVMe", "params: GPU"),
+    "zero3_nvme_optimizer": ("ZeRO-3", "opt: NVMe", "params: CPU"),
+    "zero3_nvme_all": ("ZeRO-3", "opt: NVMe", "params: NVMe"),
+}
+
+
+class OffloadRuns:
+    """Notebook 02's offload configs on one runtime: each config built, checked before anything is allocated
+    (`helpers.preflight`), then trained in a fresh child process (`train_in_fresh_process`), its RAM measured with this
+    kernel's share; what ran, what was refused and what failed are kept for the summary.
+
+        runs = helpers.OffloadRuns(runtime, WORK, nvme_path=NVME_PATH, seq_len=512, micro_batch=2, steps=4, lr=3e-4)
+        runs.prepare()                       # DeepSpeed's ops built, tokenizer and blocks, a fresh child's RSS
+        print(runs.ram_account(helpers.colab_t4_profile(), "gpt2-large"))
+        cfg = runs.config("ZeRO-3, optimizer on NVMe", "gpt2-large")   # the complete DeepSpeed config it runs
+        r = runs.train("ZeRO-3, optimizer on NVMe", "gpt2-large", cfg)
+    """
+
+    def __init__(self, runtime: Any, work: str | Path, *, nvme_path: str | Path, seq_len: int, micro_batch: int,
+                 steps: int, lr: float, seed: int = 0, run_over_ram_budget: bool = True, max_blocks: int = 512,
+                 initial_scale_power: int = 12) -> None:
+        from helpers.config import NAMED_CONFIGS, OFFLOAD_KINDS
+
+        self.runtime, self.work, self.nvme_path = runtime, Path(work), Path(nvme_path)
+        self.seq_len, self.micro_batch, self.steps, self.lr, self.seed = seq_len, micro_batch, steps, lr, seed
+        self.run_over_ram_budget, self.max_blocks = run_over_ram_budget, max_blocks
+        self.initial_scale_power = initial_scale_power
+        self.configs = {NAMED_CONFIGS[k].label: k for k in OFFLOAD_KINDS}  # label -> course config name
+        self.results: dict[str, Any] = {}
+        self.ram_used: dict[str, float] = {}  # GB: the child's peak + this kernel's share
+        self.refused: dict[str, Any] = {}
+        self.failed: dict[str, Any] = {}
+        self.child_rss = 0
+        self.blocks: Any = None
+        self._fixes_said: set[str] = set()
+
+    # -- setup
+    def prepare(self) -> "OffloadRuns":
+        """Build DeepSpeed's CPU Adam and async I/O ops now (no measured run compiles them), train the tokenizer, pack
+        the blocks, and measure what a fresh child holds before its model exists (torch, DeepSpeed, the data)."""
+        from helpers.data import load_text_dataset, pack_blocks, train_tokenizer
+        from helpers.runtime import build_ops
+
+        build_ops("cpu_adam", "async_io")
+        ds = load_text_dataset("local")
+        tokenizer = train_tokenizer(ds["train"]["text"], self.work / "tokenizer")
+        self.blocks = pack_blocks(ds["train"], tokenizer, self.seq_len, max_blocks=self.max_blocks)
+        self.child_rss = child_baseline_rss(self.work / "tokenizer", seq_len=self.seq_len, max_blocks=self.max_blocks)
+        self.nvme_path.mkdir(parents=True, exist_ok=True)
+        return self
+
+    def ram_beside(self) -> int:
+        """RAM taken before a child's model exists: this kernel (after giving back what it can) + a fresh child."""
+        from helpers.runtime import release_host_memory
+
+        return release_host_memory() + self.child_rss
+
+    # -- configs and estimates
+    def kind(self, name: str) -> str:
+        if name not in self.configs:
+            raise ValueError(f"no offload config {name!r}. Fix: one of {list(self.configs)}")
+        return self.configs[name]
+
+    def config(self, name: str, model: str, runtime: Any = None, *, micro_batch: int | None = None) -> dict[str, Any]:
+        """The complete DeepSpeed config of `name` for `model` (its NVMe buffers hold the largest tensor; NVMe files
+        go to a folder of this config's own under the NVMe path). `initial_scale_power` 12, not DeepSpeed's 16: a
+        higher start only adds steps skipped on fp16 overflow at the start, and these runs take 4 steps."""
+        from helpers.config import offload_config
+        from helpers.models import model_shape
+
+        kind = self.kind(name)
+        return offload_config(kind, runtime or self.runtime, largest_param=model_shape(model).largest_layer_params,
+                              nvme_path=str(self.nvme_path / kind), micro_batch_size=micro_batch or self.micro_batch,
+                              lr=self.lr, warmup_steps=max(1, self.steps // 10), check_paths=False,
+                              initial_scale_power=self.initial_scale_power)
+
+    def plain_estimate(self, model: str, runtime: Any = None, *, seq_len: int | None = None,
+                       micro_batch: int | None = None) -> Any:
+        """Plain PyTorch AMP + AdamW's estimate (activations, peak GPU bytes) for `model`."""
+        from helpers.memory import estimate_run
+        from helpers.models import model_shape
+
+        rt = runtime or self.runtime
+        return estimate_run(None, model_shape(model), seq_len=seq_len or self.seq_len, precision=rt.precision,
+                            checkpointing=True, micro_batch=micro_batch or self.micro_batch)
+
+    def preflight(self, name: str, model: str, runtime: Any = None, *, ram_in_use: int, seq_len: int | None = None,
+                  micro_batch: int | None = None) -> Any:
+        """`helpers.preflight` of config `name` for `model` beside `ram_in_use` bytes (nothing printed or raised)."""
+        from helpers.models import model_shape
+        from helpers.planner import preflight
+
+        rt = runtime or self.runtime
+        shape = model_shape(model)
+        cfg = self.config(name, model, rt, micro_batch=micro_batch)
+        act = self.plain_estimate(model, rt, seq_len=seq_len, micro_batch=micro_batch).activation_bytes
+        return preflight(cfg, shape.n_params, rt, largest_layer_params=shape.largest_layer_params,
+                         activation_bytes=act, zero_init=cfg["zero_optimization"]["stage"] == 3,
+                         ram_in_use=ram_in_use, raise_on_failure=False)
+
+    def reports(self, model: str, runtime: Any = None, *, ram_in_use: int, seq_len: int | None = None,
+                micro_batch: int | None = None) -> dict[str, Any]:
+        return {n: self.preflight(n, model, runtime, ram_in_use=ram_in_use, seq_len=seq_len, micro_batch=micro_batch)
+                for n in self.configs}
+
+    def ram_account(self, runtime: Any, model: str, *, seq_len: int | None = None, micro_batch: int | None = None,
+                    ram_in_use: int | None = None, title: str = "") -> str:
+        """ONE table: a column per offload config, a row per thing that lives in host RAM (GB), the total, the
+        budget it must stay under, and the verdict computed from them; above it, plain PyTorch's GPU need."""
+        from helpers.models import model_shape
+
+        rt = runtime
+        shape = model_shape(model)
+        in_use = self.ram_beside() if ram_in_use is None else ram_in_use
+        reps = self.reports(model, rt, ram_in_use=in_use, seq_len=seq_len, micro_batch=micro_batch)
+        plain = self.plain_estimate(model, rt, seq_len=seq_len, micro_batch=micro_batch).peak_bytes
+        lines = [title or f"{shape.name} ({shape.n_params / 1e6:,.0f}M parameters) on {rt.label}:"]
+        if rt.has_gpu:
+            budget = rt.vram_budget_bytes
+            lines.append(f"plain PyTorch AMP + AdamW needs ~{plain / GiB:.2f} GiB of GPU memory, budget "
+                         f"{budget / GiB:.2f} GiB: " + ("out of memory" if plain > budget else
+                                                        "within 10% of it: out of memory likely (the allocator needs "
+                                                        "room beyond the bytes counted)" if plain > 0.9 * budget
+                                                        else "fits"))
+        else:
+            lines.append("no GPU here: what a GPU run keeps on the GPU sits in RAM too, and the rows count it")
+        names = list(reps)
+        rows = [r for r in RAM_ROW_WORDS if any(rep.ram_rows.get(r) for rep in reps.values())]
+        rows += [r for rep in reps.values() for r in rep.ram_rows if r not in rows]
+        width, col = 36, 13
+        for i in range(3):
+            lines.append(f"{'RAM, GB' if i == 2 else '':<{width}}"
+                         + "".join(f"{RAM_COLUMN_HEADS.get(self.configs[n], (n, '', ''))[i]:>{col}}" for n in names))
+        for r in rows:
+            lines.append(f"{RAM_ROW_WORDS.get(r, r):<{width}}"
+                         + "".join(f"{reps[n].ram_rows[r] / GB:>{col}.2f}" if reps[n].ram_rows.get(r) else f"{'-':>{col}}"
+                                   for n in names))
+        lines.append(f"{'total':<{width}}" + "".join(f"{reps[n].ram_needed / GB:>{col}.2f}" for n in names))
+        limit = {n: reps[n].ram_budget * (1 - reps[n].ram_margin) for n in names}
+        margin = next(iter(reps.values())).ram_margin
+        lines.append(f"{f'must stay under ({1 - margin:.0%} of budget)':<{width}}"
+                     + "".join(f"{limit[n] / GB:>{col}.2f}" for n in names))
+        lines.append(f"{'verdict':<{width}}" + "".join(
+            f"{('fits' if reps[n].fits else 'refused'):>{col}}"
+            for n in names))
+        if any(rep.disk_needed for rep in reps.values()):
+            lines.append(f"{'on NVMe (GB)':<{width}}"
+                         + "".join(f"{reps[n].disk_needed / GB:>{col}.2f}" if reps[n].disk_needed else f"{'-':>{col}}"
+                                   for n in names))
+        lines.append(f"budget {next(iter(reps.values())).ram_budget / GB:.2f} GB of RAM; the last row: "
+                     f"{in_use / GB:.2f} GB measured here (this kernel + a fresh child process)")
+        return "\n".join(lines)
+
+    def teachable(self, model: str, ram_in_use: int) -> bool:
+        """An offload config fits `model` here, and plain PyTorch does not take the kernel's RAM."""
+        from helpers.config import course_config
+        from helpers.models import model_shape
+        from helpers.planner import preflight
+
+        if not any(r.fits for r in self.reports(model, ram_in_use=ram_in_use).values()):
+            return False
+        shape = model_shape(model)
+        cfg = course_config("plain", self.runtime, micro_batch_size=self.micro_batch, lr=self.lr)
+        rep = preflight(cfg, shape.n_params, self.runtime, largest_layer_params=shape.largest_layer_params,
+                        activation_bytes=self.plain_estimate(model).activation_bytes, raise_on_failure=False)
+        return not any(p.startswith("CPU RAM") for p in rep.problems)
+
+    def choose_model(self, model: str) -> str:
+        """This runtime's RAM account for `model`; where no offload config fits it here, the largest GPT-2 one of them
+        trains (printed, with its own account). Returns the model the lesson trains."""
+        from helpers.models import GPT2_LADDER, model_shape
+
+        self._asked = model
+        in_use = self.ram_beside()
+        print(self.ram_account(self.runtime, model, ram_in_use=in_use))
+        if self.teachable(model, in_use):
+            return model
+        smaller = [m for m in reversed(GPT2_LADDER) if model_shape(m).n_params < model_shape(model).n_params]
+        fallback = next((m for m in smaller if self.teachable(m, in_use)), None)
+        print(f"\nNo offload config trains {model} within this runtime's RAM: "
+              + (f"the lesson continues with {fallback}, the largest GPT-2 one of them trains here."
+                 if fallback else "not even the smallest GPT-2 fits; the sections below print the refusals only."))
+        if fallback:
+            print(self.ram_account(self.runtime, fallback, ram_in_use=in_use).split("\n", 2)[2])
+        return fallback or model
+
+    # -- runs
+    def plain(self, model: str) -> Any:
+        """Plain PyTorch AMP + AdamW on `model` in this kernel (`helpers.train_run`: an out-of-memory error is caught,
+        everything freed, the message kept); prints the verdict from the run."""
+        from helpers.config import course_config
+        from helpers.models import gpt2_config
+        from helpers.runtime import gpu_allocated_bytes, release_host_memory
+        from helpers.train import train_run
+
+        rt = self.runtime
+        config = gpt2_config(model)
+
+        def build() -> Any:
+            import torch
+            from transformers import AutoModelForCausalLM
+
+            torch.manual_seed(self.seed)
+            return AutoModelForCausalLM.from_config(config)
+
+        name = "plain PyTorch AMP" if rt.has_gpu else "plain PyTorch"
+        cfg = course_config("plain", rt, micro_batch_size=self.micro_batch, lr=self.lr,
+                            warmup_steps=max(1, self.steps // 10))
+        estimate = self.plain_estimate(model).peak_bytes
+        baseline = gpu_allocated_bytes()
+        r = train_run(name, build, self.blocks, runtime=rt, ds_config=cfg, plain_pytorch=True, steps=self.steps,
+                      checkpointing=True, untimed_steps=1, estimated_bytes=estimate, model_name=model)
+        after = gpu_allocated_bytes()
+        budget = f"{rt.vram_budget_bytes / GiB:.2f} GiB"
+        if r.error:
+            print(f"{model} with {name}: {r.error[:300]}")
+            print(f"peak before the failure {r.peak_vram_gib:.2f} GiB, estimated {estimate / GiB:.2f} GiB, budget "
+                  f"{budget}; after teardown {(after - baseline) / 2**20:.0f} MiB above the baseline")
+            if after > baseline + 2**20:
+                raise RuntimeError("GPU memory is not back at its baseline after the out-of-memory error")
+        elif rt.has_gpu:
+            print(f"{model} FITS with {name} here: {r.peak_vram_gib:.2f} GiB of {budget} (estimated "
+                  f"{estimate / GiB:.2f} GiB)" + (": this GPU is not held to a T4's budget (DS_COURSE_T4_BUDGET=1 "
+                                                  "shows the wall)" if not (rt.t4_budget or rt.is_colab) else ""))
+        else:
+            print(f"no GPU: there is no VRAM wall on CPU; {name} trained {model} in RAM on CPU (loss "
+                  f"{r.losses[0]:.3f} -> {r.losses[-1]:.3f}). The Colab what-if above shows the T4's wall.")
+        if not r.error:
+            self.results[name] = r
+            self.ram_used[name] = r.peak_rss_gb
+        self.plain_result = r
+        print(f"this kernel now holds {release_host_memory() / GB:.2f} GB of RAM")
+        return r
+
+    def train(self, name: str, model: str, cfg: dict[str, Any] | None = None) -> Any:
+        """Pre-flight `cfg` (default `config(name, model)`) beside this kernel, then train it in a fresh child process;
+        prints measured against estimated. Returns the RunResult, or None when refused or when the child failed."""
+        import shutil
+
+        from helpers.memory import estimate_run
+        from helpers.models import model_shape
+        from helpers.planner import preflight
+        from helpers.records import record_figure
+        from helpers.runtime import release_host_memory
+
+        rt = self.runtime
+        shape = model_shape(model)
+        cfg = cfg if cfg is not None else self.config(name, model)
+        est = estimate_run(cfg, shape, seq_len=self.seq_len, precision=rt.precision, checkpointing=True)
+        kernel_rss = release_host_memory()
+        report = preflight(cfg, shape.n_params, rt, largest_layer_params=shape.largest_layer_params,
+                           activation_bytes=est.activation_bytes, zero_init=cfg["zero_optimization"]["stage"] == 3,
+                           ram_in_use=kernel_rss + self.child_rss, raise_on_failure=False)
+        print(f"{name}, {model}: pre-flight {report.needs()} with this kernel ({kernel_rss / GB:.2f} GB) and a fresh "
+              f"child ({self.child_rss / GB:.2f} GB) -> " + ("fits" if report.fits else "; ".join(report.problems)))
+        if not report.fits:
+            ram_only = all(p.startswith("CPU RAM") for p in report.problems)
+            if ram_only and self.run_over_ram_budget and not rt.is_colab \
+                    and report.ram_needed < 0.8 * rt.ram_total_bytes:
+                print(f"  on Colab it is refused; this machine has {rt.ram_total_bytes / GB:.0f} GB of RAM, so it runs "
+                      "anyway, to measure how far past the budget it goes")
+            else:
+                fix = report.fix()
+                print("  REFUSED before allocating anything. "
+                      + ("The fix is the one printed above." if fix in self._fixes_said else fix + "."))
+                self._fixes_said.add(fix)
+                self.refused[name if model == self._model else f"{name}, {model}"] = report
+                return None
+        nvme_dirs = {Path(s["nvme_path"]) for s in cfg["zero_optimization"].values()
+                     if isinstance(s, dict) and s.get("device") == "nvme"}
+        for d in nvme_dirs:
+            shutil.rmtree(d, ignore_errors=True)
+            d.mkdir(parents=True)
+        nvme = next(iter(nvme_dirs), None)
+        try:
+            r = train_in_fresh_process(name, cfg, model, tokenizer_dir=self.work / "tokenizer", steps=self.steps,
+                                       seq_len=self.seq_len, nvme_path=nvme, max_blocks=self.max_blocks,
+                                       seed=self.seed, estimated_vram_bytes=est.peak_bytes)
+        finally:  # an interrupted cell leaves no swap files behind
+            for d in nvme_dirs:
+                shutil.rmtree(d, ignore_errors=True)
+        if r.error:
+            print(f"  the child process did not finish: {r.error[:400]}")
+            print("  " + (f"pre-flight had predicted {report.ram_needed / GB:.2f} GB of RAM: too low for this runtime."
+                          if "out-of-memory killer" in r.error else "DeepSpeed failed inside the child (not a memory "
+                          "limit).") + " This kernel is unharmed.")
+            self.failed[name] = r
+            return None
+        if r.params != shape.n_params:
+            raise RuntimeError(f"the child trained {r.params:,} parameters, not {model}'s {shape.n_params:,}")
+        total_gb = r.peak_rss_gb + kernel_rss / GB
+        on = "" if rt.has_gpu else " on CPU"
+        print(f"  loss {r.losses[0]:.3f} -> {r.losses[-1]:.3f}; {r.speed_text()}{on}")
+        if rt.has_gpu:
+            print(f"  GPU peak {r.peak_vram_gib:.2f} GiB (estimated {r.estimated_vram_gib:.2f}) of "
+                  f"{rt.vram_budget_bytes / GiB:.2f} GiB")
+        print(f"  RAM peak: child {r.peak_rss_gb:.2f} GB + this kernel {kernel_rss / GB:.2f} GB = {total_gb:.2f} GB "
+              f"(estimated {report.ram_needed / GB:.2f}); budget {rt.ram_budget_bytes / GB:.2f} GB: "
+              + ("within it" if total_gb <= rt.ram_budget_bytes / GB else
+                 f"{total_gb / (rt.ram_budget_bytes / GB):.1f}x OVER it: on Colab it would be killed"))
+        if nvme:
+            print(f"  NVMe folder peak {r.disk_gb:.2f} GB (estimated {report.disk_needed / GB:.2f} GB)")
+        if not r.losses[-1] < r.losses[0]:
+            raise RuntimeError(f"{name}: the loss did not fall ({r.losses[0]:.3f} -> {r.losses[-1]:.3f})")
+        self.results[name] = r
+        self.ram_used[name] = total_gb
+        record_figure(name, {"peak_vram_gib": r.peak_vram_gib, "estimated_vram_gib": r.estimated_vram_gib,
+                             "peak_rss_gb": round(r.peak_rss_gb, 2), "kernel_rss_gb": round(kernel_rss / GB, 2),
+                             "estimated_rss_gb": round(report.ram_needed / GB, 2), "disk_gb": round(r.disk_gb, 2),
+                             "tokens_per_s": r.tokens_per_s,
+                             "loss_first_last": [round(r.losses[0], 3), round(r.losses[-1], 3)]})
+        return r
+
+    plain_result: Any = None
+
+    def compare(self) -> str:
+        """What ran, side by side: the results table, speed ratios of median steps against the first offload config
+        that ran (each ran once: no run-to-run noise measured, so none is judged), the config that needed least RAM,
+        and the share of an NVMe-optimizer step the disk takes on this runtime (the step-time model, measured rates)."""
+        from helpers.limits import measure_limits
+        from helpers.models import model_shape
+        from helpers.step_time import estimate_step_time
+        from helpers.train import results_table, speed_ratios
+
+        ran = list(self.results.values())
+        if not ran:
+            return "no config trained here (each refusal is printed above with its fix): nothing to compare."
+        lines = [results_table(ran)]
+        offload = [r.name for r in ran if r.name in self.configs]
+        cpu = "" if self.runtime.has_gpu else "; CPU: fp32 on this machine's cores, which says little about a GPU"
+        if len(offload) > 1:
+            lines.append(speed_ratios(ran, reference=offload[0]).table(cpu))
+        least = min(self.ram_used, key=self.ram_used.get)
+        lines.append(f"least RAM: {least} ({self.ram_used[least]:.2f} GB with this kernel's share)")
+        nvme = "ZeRO-3, params on GPU, optimizer on NVMe"
+        if nvme in self.results:
+            shape = model_shape(self.results[nvme].model or self._model)
+            est = estimate_step_time(self.config(nvme, shape.name), shape, measure_limits(str(self.nvme_path)),
+                                     seq_len=self.seq_len, micro_batch=self.micro_batch, name=nvme)
+            disk = est.resource_seconds().get("disk", 0.0)
+            self.disk_share = disk / est.seconds if est.seconds else 0.0
+            lines.append(f"{nvme}: the disk takes {self.disk_share:.0%} of a step ({disk:.2f} of {est.seconds:.2f} s, "
+                         "predicted from this runtime's measured disk speed), paid once per optimizer step")
+        return "\n".join(lines)
+
+    disk_share: float | None = None
+
+    _asked: str = ""
+
+    def summary(self, *, zero3_init: tuple[float, float], resume_gap: float, logit_diff: float) -> str:
+        """The notebook's summary, every line computed from the runs above."""
+        rt, model, asked_model = self.runtime, self._model, self._asked
+        budget = rt.ram_budget_bytes / GB
+        lines = []
+        if asked_model and asked_model != model:
+            lines.append(f"- no offload config could train {asked_model} within this runtime's {budget:.2f} GB of RAM, "
+                         f"so the lesson ran on {model}, the largest GPT-2 one of them trains here.")
+        p = self.plain_result
+        if p is not None and p.error:
+            lines.append(f"- plain PyTorch AMP could not train {model} on {rt.label}: out of memory at "
+                         f"{p.peak_vram_gib:.2f} GiB (estimated need {self.plain_estimate(model).peak_bytes / GiB:.2f} GiB).")
+        for name, r in self.results.items():
+            if name not in self.configs:
+                continue
+            rss = self.ram_used[name]
+            lines.append(f"- {name}: trained it (loss {r.losses[0]:.2f} -> {r.losses[-1]:.2f}) with "
+                         + (f"{r.peak_vram_gib:.2f} GiB on the GPU, " if rt.has_gpu else "")
+                         + f"{rss:.2f} GB of RAM ({'within' if rss <= budget else 'OVER'} the {budget:.2f} GB budget)"
+                         + (f", {r.disk_gb:.1f} GB on disk" if r.disk_gb else "")
+                         + f", {r.speed_spread()[1]:,.0f} tokens/s (median step)" + ("" if rt.has_gpu else " on CPU") + ".")
+        for name, rep in self.refused.items():
+            lines.append(f"- {name}: refused by pre-flight ({'; '.join(rep.problems)}).")
+        for name, r in self.failed.items():
+            lines.append(f"- {name}: its child process did not finish ({r.error[:120]}); this kernel went on.")
+        if self.disk_share is not None:
+            lines.append(f"- with the optimizer on NVMe the disk takes {self.disk_share:.0%} of a step here (predicted): "
+                         "more tokens per optimizer step share that cost (Going deeper).")
+        plain_loss, zero3_loss = zero3_init
+        lines.append(f"- ZeRO-3 built through HfDeepSpeedConfig starts at the same loss as a normal model ({zero3_loss:.3f} "
+                     f"vs {plain_loss:.3f}); engine.load_checkpoint repeats the straight run (largest gap "
+                     f"{resume_gap:.1e}); zero_to_fp32 gives a Hugging Face model with the engine's logits (max "
+                     f"difference {logit_diff:.1e}).")
+        return "\n".join(lines)
+
+    _model: str = ""  # the lesson's model (set by the notebook through `use`): refusals of it are named by config only
+
+    def use(self, model: str) -> str:
+        self._model = model
+        return model

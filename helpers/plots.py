@@ -320,10 +320,12 @@ def plot_losses(losses: Sequence[float], title: str = "Training loss", show: boo
 
 
 def plot_speed_vs_memory(runs: Sequence["RunResult"], ram_gb: Sequence[float] | None = None,
-                         ram_budget_gb: float | None = None, title: str = "Speed for scale", show: bool | None = None) -> "Figure | None":
+                         ram_budget_gb: float | None = None, title: str = "Speed for scale", show: bool | None = None,
+                         ram_label: str = "peak process RSS (GB)") -> "Figure | None":
     """Left: peak VRAM vs tokens/s per run (scatter); right: RAM per run (notebook 02).
 
-    `ram_gb`: the RAM to show per run (e.g. with the notebook kernel's share added); default each run's peak RSS.
+    `ram_gb`: the RAM to show per run (e.g. with the notebook kernel's share added; say so in `ram_label`); default
+    each run's peak RSS.
     """
     fig = _figure(11, 4)
     ax, ax2 = fig.subplots(1, 2)
@@ -349,10 +351,10 @@ def plot_speed_vs_memory(runs: Sequence["RunResult"], ram_gb: Sequence[float] | 
     fig.suptitle(title)  # the long runtime label once, above both panels (it overlapped the right panel's title)
     ax2.bar(range(len(names)), list(peak_rss_gb), color=[f"C{i}" for i in range(len(names))])
     if ram_budget_gb:
-        ax2.axhline(ram_budget_gb, color="#C44E52", linestyle="--", label=f"RAM budget {ram_budget_gb:.1f} GB")
+        ax2.axhline(ram_budget_gb, color="#C44E52", linestyle="--", label=f"RAM budget {ram_budget_gb:.2f} GB")
         ax2.legend(fontsize=8)
     ax2.set_xticks(range(len(names)), list(names), rotation=20, ha="right", fontsize=8)
-    ax2.set_ylabel("peak process RSS (GB)")
+    ax2.set_ylabel(ram_label)
     ax2.set_title("CPU RAM")
     return _show(fig, show)
 
@@ -388,8 +390,8 @@ def plot_step_time(curve: dict[int, "StepTimeEstimate"], measured: dict[int, flo
     ax2.set_xscale("log", base=2)
     ax2.set_xticks(steps, [str(g) for g in steps])
     ax2.set_yscale("log")
-    ax2.set_xlabel("micro-batches per optimizer step")
-    ax2.set_ylabel("tokens/s")
+    ax2.set_xlabel("micro-batches per optimizer step (log scale)")
+    ax2.set_ylabel("tokens/s (log scale)")
     ax2.set_title("tokens/s against accumulation")
     fig.suptitle(title)  # the long label once, above both panels
     ax2.legend(fontsize=7)

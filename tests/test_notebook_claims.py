@@ -1,4 +1,4 @@
-"""What notebooks 00 and 04 say follows what they print (issue 52): acronyms expanded where they first appear, the T4's
+"""What notebooks 00, 02 and 04 say follows what they print (issue 52): acronyms expanded where they first appear, the T4's
 memory printed from helpers.hardware's constants, the estimate-vs-measurement words computed from the numbers, no
 speed verdict from one run, the ZeRO-3 save cited and described as this run saved it, the ZeRO-0 fp16 exercise
 pointing to its fix, and the premises of 00's explanation of DeepSpeed's estimator against the course's. The drafts
@@ -15,6 +15,7 @@ import pytest
 from conftest import ROOT
 
 NB00, NB04 = "00_setup_and_ds_report.ipynb", "04_hf_trainer_and_accelerate.ipynb"
+NB02 = "02_zero3_offload_nvme.ipynb"
 # acronym -> what its first markdown cell must also say (any one of them)
 EXPANSIONS = {
     "ZeRO": ["Zero Redundancy Optimizer"], "CUDA": ["NVIDIA's GPU programming platform"], "nvcc": ["compiler"],
@@ -37,7 +38,7 @@ def cell(nb, cell_id: str) -> str:
     return next(c.source for c in nb.cells if c.get("id") == cell_id)
 
 
-@pytest.mark.parametrize("name", [NB00, NB04, "07_your_model_on_a_t4.ipynb"])
+@pytest.mark.parametrize("name", [NB00, NB02, NB04, "07_your_model_on_a_t4.ipynb"])
 def test_every_acronym_is_expanded_in_the_markdown_cell_where_it_first_appears(name):
     cells = [c.source for c in notebook(name).cells if c.cell_type == "markdown"]
     for acronym, expansions in EXPANSIONS.items():
@@ -47,7 +48,7 @@ def test_every_acronym_is_expanded_in_the_markdown_cell_where_it_first_appears(n
             assert any(e in flat for e in expansions), (name, acronym, flat[:300])
 
 
-@pytest.mark.parametrize("name", [NB00, NB04])
+@pytest.mark.parametrize("name", [NB00, NB02, NB04])
 def test_the_t4_memory_is_printed_from_the_constants_never_written(name):
     nb = notebook(name)
     for kind in ("markdown", "code"):
