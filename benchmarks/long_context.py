@@ -364,7 +364,7 @@ def reestimated(lines: list[dict[str, Any]], config: dict[str, Any], technique: 
             if x.get("kind") in ("attempt", "trying") else x for x in lines]
 
 
-def check_model_arguments(args: argparse.Namespace) -> None:
+def check_model_arguments(args: argparse.Namespace, shape: bool = True) -> None:
     """The model's shape and the lengths, refused up front with the fix (helpers.long_context_config's own check)."""
     for name in ("logits_tile", "max_seq_len", "max_steps"):
         if getattr(args, name) < 1:
@@ -373,6 +373,8 @@ def check_model_arguments(args: argparse.Namespace) -> None:
     if bad:
         raise SystemExit(f"--lengths {' '.join(map(str, args.lengths))}: every length must be 1 token or more "
                          f"(got {bad}). Fix: drop them, e.g. --lengths {' '.join(str(n) for n in args.lengths if n >= 1) or 4096}")
+    if not shape:
+        return
     try:
         helpers.long_context_config(hidden=args.hidden, intermediate=args.intermediate, layers=args.layers,
                                     heads=args.heads, kv_heads=args.kv_heads, vocab=256)
@@ -413,7 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     args.kv_heads = args.kv_heads or args.heads
     if args.child:
         return child(args.child)
-    check_model_arguments(args)  # before any rung builds a 222M engine (issue 41: --heads 7 failed five times, exit 0)
+    # before any rung builds a 222M engine (issue 41: --heads 7 failed five times, exit 0); a resumed run's shape is
+    # checked against the earlier run's instead (resumed_lines names the settings to run with)
+    check_model_arguments(args, shape=not args.resume_from)
 
     started = time.perf_counter()
     runtime = helpers.detect_runtime(t4_budget=True if args.emulate else None)  # the emulation: fp16, T4_VRAM_GIB
