@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -242,26 +241,12 @@ def _read_log(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _stop_group(proc: subprocess.Popen) -> None:
-    """SIGINT to the script's process group, SIGKILL after 5 s."""
-    for sig in (signal.SIGINT, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except OSError:
-            return
-        try:
-            proc.wait(timeout=5)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def run_script(script: str | Path, args: list[str], *, out: str | Path, steps: int, nvme_path: str | None = None,
                env: dict[str, str] | None = None, timeout_s: float | None = None, desc: str = "train.py") -> ScriptRun:
     """`python script *args` in a fresh process group, watched: a progress bar from the first second (the script's
     last printed line, the step from its loss.jsonl), peak RSS of its process tree, disk of `out` and `nvme_path`.
     Interrupting the cell stops the whole group."""
-    from helpers.fresh_process import _tree_rss
+    from helpers.fresh_process import _stop_group, _tree_rss
     from helpers.progress import progress_bar
 
     import psutil
@@ -310,12 +295,12 @@ def run_script(script: str | Path, args: list[str], *, out: str | Path, steps: i
                 bar.set_postfix(post)
                 shown = post
             if timeout_s is not None and time.perf_counter() - started > timeout_s:
-                _stop_group(proc)
+                _stop_group(proc, drain=False)
                 tail.append(f"stopped after the time limit of {timeout_s:.0f} s")
                 break
             time.sleep(0.2)
     except BaseException:  # KeyboardInterrupt included: never leave the script running
-        _stop_group(proc)
+        _stop_group(proc, drain=False)
         raise
     finally:
         proc.wait()

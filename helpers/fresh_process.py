@@ -242,14 +242,19 @@ def run_process_group(argv: list[str], *, cwd: str | Path | None = None, env: di
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
-def _stop_group(proc: subprocess.Popen) -> None:
+def _stop_group(proc: subprocess.Popen, drain: bool = True) -> None:
+    """SIGINT to the child's process group, SIGKILL after 5 s. `drain`: read its pipes while waiting (communicate);
+    False where another thread reads them (helpers.capstone.run_script), which only waits."""
     for sig, wait in ((signal.SIGINT, 5.0), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(proc.pid, sig)
         except OSError:
             return
         try:
-            proc.communicate(timeout=wait)
+            if drain:
+                proc.communicate(timeout=wait)
+            else:
+                proc.wait(timeout=wait)
             return
         except subprocess.TimeoutExpired:
             continue

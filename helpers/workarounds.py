@@ -25,43 +25,45 @@ class Workaround:
     upstream: str
 
 
+CHECKED = ("0.19.8",)  # the DeepSpeed versions every entry below was checked against
+
 DEEPSPEED_WORKAROUNDS: tuple[Workaround, ...] = (
-    Workaround("ZeRO-0 fp16 loss scale", "train.stage0_fp16_loss", ("0.19.8",),
+    Workaround("ZeRO-0 fp16 loss scale", "train.stage0_fp16_loss", CHECKED,
                "with ZeRO off in fp16 the loss is never scaled, yet the optimizer divides by the scale: gradients "
                "65,536x too small (notebook 01)",
                "deepspeedai/DeepSpeed#8393 (open); runtime/engine.py backward"),
-    Workaround("chunked fp16 overflow check", "overflow_check.chunk_zero3_overflow_check", ("0.19.8",),
+    Workaround("chunked fp16 overflow check", "overflow_check.chunk_zero3_overflow_check", CHECKED,
                "ZeRO-3's has_overflow runs torch.isinf over the whole host gradient buffer: 3 bytes per parameter of "
                "RAM at each step (GPT-2 XL +4.67 GB; notebook 02)",
                "not filed; runtime/zero/stage3.py:3013 has_overflow"),
-    Workaround("ZeRO-3 globals that keep torn-down engines", "runtime.release_zero3_globals", ("0.19.8",),
+    Workaround("ZeRO-3 globals that keep torn-down engines", "runtime.release_zero3_globals", CHECKED,
                "parameter_offload.FWD_MODULE_STACK and the coordinator's lru_cache keep every destroyed engine's "
                "model alive (+2.3 GiB per training in one kernel)",
                "not filed; runtime/zero/parameter_offload.py, partitioned_param_coordinator.py"),
-    Workaround("NVMe parameter swap buffers never freed", "runtime.release_nvme_swappers", ("0.19.8",),
+    Workaround("NVMe parameter swap buffers never freed", "runtime.release_nvme_swappers", CHECKED,
                "the page-locked parameter swap buffers outlive engine.destroy() (+0.85 GB locked per run)",
                "not filed; runtime/swap_tensor/partitioned_param_swapper.py:131, :396"),
-    Workaround("hooks an interrupted ZeRO-3 constructor leaves", "runtime.remove_deepspeed_hooks", ("0.19.8",),
+    Workaround("hooks an interrupted ZeRO-3 constructor leaves", "runtime.remove_deepspeed_hooks", CHECKED,
                "an interrupt while the stage-3 optimizer registers its hooks leaves hooks engine.destroy() cannot "
                "remove",
                "not filed; runtime/zero/stage3.py"),
-    Workaround("cpu_checkpointing's page-locked pool", "long_context.checkpoints_on_cpu", ("0.19.8",),
+    Workaround("cpu_checkpointing's page-locked pool", "long_context.checkpoints_on_cpu", CHECKED,
                "_ActivationOffloadEngine.reset() never empties its pool keyed by exact shape: each new sequence length "
                "locks a new set (killed at 12.13 GB; notebook 06)",
                "not filed; runtime/activation_checkpointing/offload_activations.py (came with #8282)"),
-    Workaround("TiledFusedLogitsLoss under fp16", "long_context.tiled_causal_lm_loss", ("0.19.8",),
+    Workaround("TiledFusedLogitsLoss under fp16", "long_context.tiled_causal_lm_loss", CHECKED,
                "the weight gradient taken in forward misses the fp16 loss scale (1/256 of right at scale 256)",
                "not filed; runtime/sequence_parallel/ulysses_sp.py TiledFusedLogitsLoss"),
-    Workaround("/dev/shm all-reduce buffers left behind", "launch.remove_shm_buffers", ("0.19.8",),
+    Workaround("/dev/shm all-reduce buffers left behind", "launch.remove_shm_buffers", CHECKED,
                "CPU ranks' deepspeed_allreduce_buffer_* files are never unlinked (69 MB per rank per run)",
                "not filed; ops/csrc/cpu/comm/shm.cpp"),
-    Workaround("async_io check in a fresh process", "health.async_io_available", ("0.19.8",),
+    Workaround("async_io check in a fresh process", "health.async_io_available", CHECKED,
                "an interrupt in the kernel made AsyncIOBuilder().is_compatible() answer False from then on",
                "not filed; op_builder/async_io.py is_compatible"),
-    Workaround("aio thread count key", "config.build_ds_config", ("0.19.8",),
+    Workaround("aio thread count key", "config.build_ds_config", CHECKED,
                "the older aio key thread_count is ignored without a warning: configs write intra_op_parallelism",
                "not filed; runtime/swap_tensor/aio_config.py"),
-    Workaround("plain PyTorch on DeepSpeed's own scheduler", "train.lr_scheduler_from_config", ("0.19.8",),
+    Workaround("plain PyTorch on DeepSpeed's own scheduler", "train.lr_scheduler_from_config", CHECKED,
                "WarmupLR warms up over at least 2 steps, its first updates at warmup_min_lr: a plain baseline on its "
                "own LambdaLR trains a step ahead (notebook 01)",
                "behaviour, worth a docs note; runtime/lr_schedules.py WarmupLR"),
