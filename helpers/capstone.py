@@ -241,11 +241,39 @@ def _read_log(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+# In T4 budget mode on a bigger GPU, the script runs under this wrapper: it caps the script's CUDA allocator as
+# helpers.hardware.apply_t4_budget caps the notebook's (the script imports no helpers), then runs it as __main__.
+_CAPPED_RUN = """import runpy, sys
+import torch
+cap = int(sys.argv[1])
+if torch.cuda.is_available():
+    props = torch.cuda.get_device_properties(0)
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap / props.total_memory), 0)
+    if (props.major, props.minor) >= (8, 0):  # a T4 has neither flash nor cuDNN attention
+        torch.backends.cuda.enable_flash_sdp(False)
+        torch.backends.cuda.enable_cudnn_sdp(False)
+sys.argv = sys.argv[2:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def _script_command(script: str | Path, args: list[str], runtime: "Runtime | None" = None) -> list[str]:
+    """The command run_script starts: `python script *args`; on a GPU bigger than the T4 it stands in for (T4 budget
+    mode), the same run under _CAPPED_RUN, so the script gets the notebook's VRAM budget and attention kernels."""
+    command = [sys.executable, str(script), *args]
+    if runtime is not None and runtime.has_gpu and runtime.t4_budget and \
+            runtime.vram_budget_bytes < runtime.gpu_total_bytes:
+        command[1:2] = ["-c", _CAPPED_RUN, str(runtime.vram_budget_bytes), str(script)]
+    return command
+
+
 def run_script(script: str | Path, args: list[str], *, out: str | Path, steps: int, nvme_path: str | None = None,
-               env: dict[str, str] | None = None, timeout_s: float | None = None, desc: str = "train.py") -> ScriptRun:
+               env: dict[str, str] | None = None, timeout_s: float | None = None, desc: str = "train.py",
+               runtime: "Runtime | None" = None) -> ScriptRun:
     """`python script *args` in a fresh process group, watched: a progress bar from the first second (the script's
     last printed line, the step from its loss.jsonl), peak RSS of its process tree, disk of `out` and `nvme_path`.
-    Interrupting the cell stops the whole group."""
+    Interrupting the cell stops the whole group. With `runtime` in T4 budget mode on a bigger GPU, the script's CUDA
+    allocator is capped at the notebook's budget (`_script_command`)."""
     from helpers.fresh_process import _stop_group, _tree_rss
     from helpers.progress import progress_bar
 
@@ -261,7 +289,7 @@ def run_script(script: str | Path, args: list[str], *, out: str | Path, steps: i
     child_env.update(PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore", TOKENIZERS_PARALLELISM="false",
                      **(env or {}))
     started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, str(script), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(_script_command(script, args, runtime), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=child_env, start_new_session=True)
     watched = psutil.Process(proc.pid)
     tail: list[str] = ["starting Python"]

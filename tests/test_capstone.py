@@ -104,3 +104,28 @@ def test_the_script_trains_smoke_sized_on_cpu_and_both_checkpoints_load(tmp_path
     assert (out / "checkpoint" / "final").is_dir() and "did not train" not in run.report(plan, runtime)
     model = AutoModelForCausalLM.from_pretrained(out / "fp32")
     assert sum(p.numel() for p in model.parameters()) == plan.shape.n_params
+
+
+def test_in_t4_budget_mode_on_a_bigger_gpu_the_script_runs_capped_with_its_own_argv(tmp_path):
+    """The emulation caps the notebook's allocator; train.py imports no helpers, so run_script starts it under a
+    wrapper that sets the same cap. The wrapper must run the script as __main__ with the script's own argv, and is
+    used only where the budget is below the GPU (a real T4, or no budget, runs `python script` as printed)."""
+    import dataclasses
+    import subprocess
+    import sys
+
+    from helpers.capstone import _script_command
+
+    base = helpers.detect_runtime()
+    bigger = dataclasses.replace(base, device="cuda", t4_budget=True, gpu_total_bytes=80 * 2**30,
+                                 vram_budget_bytes=int(14.44 * 2**30))
+    script = tmp_path / "show.py"
+    script.write_text("import sys\nif __name__ == '__main__':\n    print(repr(sys.argv))\n    raise SystemExit(3)\n")
+    assert _script_command(script, ["--a", "1"]) == [sys.executable, str(script), "--a", "1"]
+    assert _script_command(script, ["--a", "1"], dataclasses.replace(bigger, gpu_total_bytes=bigger.vram_budget_bytes)
+                           ) == [sys.executable, str(script), "--a", "1"]
+    command = _script_command(script, ["--a", "1"], bigger)
+    assert command[1] == "-c" and command[3] == str(bigger.vram_budget_bytes)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stderr
+    assert done.stdout.strip() == repr([str(script), "--a", "1"])
