@@ -12,6 +12,9 @@ process and takes the ones before it, measuring after each:
   deepspeed  + one ZeRO-2 fp16 step of a GPT-2 (the course's zero2 config, T4 budget mode) through
              deepspeed.initialize, in a world of one process with the five distributed variables set as helpers
              do (NCCL's communicator, DeepSpeed's kernels, more CUDA modules loaded lazily)
+--nccl-variants: the deepspeed stage again in fresh children, one per NCCL setting (VARIANTS: fewer channels, smaller
+buffers, NCCL's cuMem allocations off, CUDA's eager module loading), side by side, measured by NVML per process
+(process less reserved); which of DeepSpeed's ~1 GiB (H100, 2026-12-06) is NCCL's buffers, which is code.
 Outside the allocator = total - free - reserved (torch.cuda.mem_get_info, torch.cuda.memory_reserved): total - free
 counts every process on the GPU, so the GPU must be otherwise idle; NVML's per-process figure is recorded beside it
 when pynvml is importable (it also names other processes on the GPU). Without a GPU it refuses.
@@ -37,6 +40,15 @@ GiB = 2**30
 STAGES = ("context", "matmul", "deepspeed")
 WHAT = {"context": "CUDA context (one small tensor)", "matmul": "+ cuBLAS fp16 matmul (4096 x 4096)",
         "deepspeed": "+ one ZeRO-2 fp16 step through deepspeed.initialize"}
+# the deepspeed stage again under each of these (--nccl-variants): what NCCL's settings and lazy loading change
+VARIANTS: dict[str, dict[str, str]] = {
+    "as the course runs": {},
+    "NCCL_MAX_NCHANNELS=1": {"NCCL_MAX_NCHANNELS": "1"},
+    "NCCL_BUFFSIZE=1 MiB": {"NCCL_BUFFSIZE": str(2**20)},
+    "both": {"NCCL_MAX_NCHANNELS": "1", "NCCL_BUFFSIZE": str(2**20)},
+    "NCCL_CUMEM_ENABLE=0": {"NCCL_CUMEM_ENABLE": "0"},
+    "CUDA_MODULE_LOADING=EAGER": {"CUDA_MODULE_LOADING": "EAGER"},
+}
 T4_SMS, T4_THREADS_PER_SM = 40, 1024  # deviceQuery on a Tesla T4 (helpers.hardware's T4_TOTAL_BYTES comment)
 NO_GPU = ("benchmarks/cuda_context.py measures GPU memory outside PyTorch's allocator and needs a CUDA GPU; this "
           "machine has none (torch.cuda.is_available() is False): run it on the GPU machine")
@@ -144,6 +156,50 @@ def child(stage: str, size: str, seq_len: int) -> int:
     return 0
 
 
+def nccl_variants(size: str, seq_len: int, timeout_s: float = 240) -> dict[str, Any]:
+    """The deepspeed stage under each of VARIANTS' settings, in fresh children side by side; per part, what the child
+    holds outside the allocator by NVML (its used memory less reserved), and the parts' differences. A child whose
+    NVML figure is missing (no pynvml) is reported without numbers."""
+    procs = {name: subprocess.Popen([sys.executable, __file__, "--child", "deepspeed", "--size", size,
+                                     "--seq-len", str(seq_len)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, cwd=ROOT, env={**os.environ, **env})
+             for name, env in VARIANTS.items()}
+    out: dict[str, Any] = {}
+    for name, proc in procs.items():
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+        lines = [x for x in stdout.splitlines() if x.startswith("{")]
+        if proc.returncode != 0 or not lines:
+            out[name] = {"env": VARIANTS[name], "error": f"exit {proc.returncode}: {stderr[-600:]}"}
+            continue
+        parts = {r["stage"]: r.get("nvml_outside") for r in json.loads(lines[-1])["snapshots"]}
+        gib = {k: None if v is None else round(v / GiB, 3) for k, v in parts.items()}
+        adds = (None if None in (parts.get("deepspeed"), parts.get("matmul"))
+                else round((parts["deepspeed"] - parts["matmul"]) / GiB, 3))
+        out[name] = {"env": VARIANTS[name], "outside_gib": gib, "deepspeed_adds_gib": adds}
+    return out
+
+
+def variants_markdown(variants: dict[str, Any]) -> list[str]:
+    """The --nccl-variants table: after each part of the deepspeed stage, outside the allocator (NVML), per setting."""
+    parts = ["context", "matmul", "deepspeed: NCCL communicator", "deepspeed: initialize", "deepspeed"]
+    lines = ["", "The deepspeed stage under NCCL's and CUDA's settings (fresh children side by side; NVML: the process's "
+             "used memory less reserved, GiB):", "",
+             "| setting | " + " | ".join(WHAT.get(p, p) for p in parts) + " | DeepSpeed adds |",
+             "|---|" + "---|" * (len(parts) + 1)]
+    for name, v in variants.items():
+        if "error" in v:
+            lines.append(f"| {name} | failed: {v['error'][:120]!r} |")
+            continue
+        cells = ["-" if v["outside_gib"].get(p) is None else f"{v['outside_gib'][p]:.3f}" for p in parts]
+        adds = "-" if v["deepspeed_adds_gib"] is None else f"{v['deepspeed_adds_gib']:.3f}"
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {adds} |")
+    return lines
+
+
 def markdown(report: dict[str, Any]) -> str:
     lines = [f"# What a course process holds outside PyTorch's allocator ({report['gpu']}, {report['date']})", "",
              f"torch {report['torch']} (CUDA {report['cuda']}), deepspeed {report['deepspeed']}, "
@@ -182,7 +238,8 @@ def markdown(report: dict[str, Any]) -> str:
                   f"{c['T4_DEEPSPEED_ALLOWANCE_GIB']}: {'holds' if c['allowance_holds'] else 'too small'}."]
     lines += [f"This GPU's context after the matmul: {c['context_gib']:.3f} GiB; helpers.T4_CUDA_CONTEXT_GIB = "
               f"{c['T4_CUDA_CONTEXT_GIB']} is a T4's (real T4s' out-of-memory messages), not this GPU's.",
-              *(["", *(f"Not idle: {n}" for n in report["not_idle"])] if report["not_idle"] else [])]
+              *(["", *(f"Not idle: {n}" for n in report["not_idle"])] if report["not_idle"] else []),
+              *(variants_markdown(report["nccl_variants"]) if report.get("nccl_variants") else [])]
     return "\n".join(lines) + "\n"
 
 
@@ -191,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=ROOT / "reports" / "cuda_context.json")
     p.add_argument("--size", default="gpt2", help="the GPT-2 of the deepspeed stage (default gpt2, 124M)")
     p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--nccl-variants", action="store_true",
+                   help="also the deepspeed stage under each NCCL/CUDA setting of VARIANTS (side by side, by NVML)")
     p.add_argument("--child", choices=STAGES, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     import torch
@@ -240,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
                               "t4_estimate_gib": round(t4["deepspeed"], 3)} if None not in t4.values() else {})},
               "how": "each stage in a fresh child process with the stages before it; outside = total - free - reserved "
                      "after torch.cuda.synchronize(); nvml_outside = NVML's used memory of this process less reserved"}
+    if args.nccl_variants:  # after the idle-GPU stages: these children share the GPU, measured per process
+        report["nccl_variants"] = nccl_variants(args.size, args.seq_len)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     args.out.with_suffix(".md").write_text(markdown(report))

@@ -6,8 +6,8 @@
 #                 notebooks side by side under the Colab T4 emulation (scripts/gpu_evidence.sh: each kernel in its own
 #                 cgroup on 2 cores, the T4 budget cap; ~540 s with 02 the longest). Brings back evidence.tgz
 #                 (parts/*.json, nb/*.ipynb, logs/)
-#   context_long  benchmarks/cuda_context.py first (the GPU must be idle: what a course process holds outside
-#                 PyTorch's allocator, part by part), then the long-context search again for the rungs whose
+#   context_long  benchmarks/cuda_context.py --nccl-variants first (the GPU must be idle: what a course process holds
+#                 outside PyTorch's allocator, part by part, and under NCCL's settings), then the long-context search again for the rungs whose
 #                 committed longest length ran within 1 GiB of the old 15 GiB cap (issue 51), 5 rungs side by side, each
 #                 in its own enclosure; the optimizer-on-CPU rung's row is kept (its GPU peak, 6.6 GiB, is far from any
 #                 cap: RAM ends it). Brings back cuda_context.*, long_context.json/.md/.log, long_context_logs.tgz
@@ -36,10 +36,12 @@ step_notebooks() {
 }
 
 step_context_long() {
-  timeout 150 python3 benchmarks/cuda_context.py --out "$OUT/cuda_context.json" >"$OUT/cuda_context.log" 2>&1
+  # with --nccl-variants: DeepSpeed's step again under NCCL's channel/buffer settings, to place issue 51's allowance
+  timeout 170 python3 benchmarks/cuda_context.py --nccl-variants --out "$OUT/cuda_context.json" \
+    >"$OUT/cuda_context.log" 2>&1
   say "cuda_context: exit $?"
-  # a rung stops at 330 s (its unfinished length counts as such) so that the report and the lines come back
-  timeout 400 python3 benchmarks/long_context.py --emulate --optimizer-offload --parallel 5 --rung-timeout-s 330 \
+  # a rung stops at 320 s (its unfinished length counts as such) so that the report and the lines come back
+  timeout 385 python3 benchmarks/long_context.py --emulate --optimizer-offload --parallel 5 --rung-timeout-s 320 \
     --rungs "plain" "checkpointing" "+ tiled logits" "+ tiled MLP" "+ checkpoints on CPU" \
     --keep-rows-from reports/long_context.json --out "$OUT/long_context.json" --work-dir /tmp/long-context \
     >"$OUT/long_context.log" 2>&1

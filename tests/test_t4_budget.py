@@ -72,6 +72,21 @@ def test_cuda_context_benchmark_refuses_without_a_gpu(tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1 and "needs a CUDA GPU" in proc.stderr
 
 
+def test_cuda_context_nccl_variants_table_names_each_setting_and_what_deepspeed_adds():
+    """--nccl-variants' table: one row per NCCL/CUDA setting, a failed child shown as failed (not as zeros)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import cuda_context
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    ok = {"env": {}, "outside_gib": {"context": 0.6, "matmul": 0.66, "deepspeed: NCCL communicator": 0.9,
+                                     "deepspeed: initialize": 1.2, "deepspeed": 1.25}, "deepspeed_adds_gib": 0.59}
+    table = cuda_context.variants_markdown({"NCCL_MAX_NCHANNELS=1": ok, "both": {"env": {}, "error": "exit 1: x"}})
+    rows = [line for line in table if line.startswith("| NCCL") or line.startswith("| both")]
+    assert rows[0].endswith("| 0.900 | 1.200 | 1.250 | 0.590 |") and "failed" in rows[1]
+    assert set(cuda_context.VARIANTS) >= {"as the course runs", "NCCL_MAX_NCHANNELS=1", "NCCL_BUFFSIZE=1 MiB"}
+
+
 # ------------------------------------------------------------------ committed reports against the budget
 
 _BYTES_KEYS = ("peak_gpu_allocated", "peak_gpu_reserved", "peak_gpu_bytes", "max_peak_gpu_bytes")
