@@ -95,12 +95,21 @@ def train_in_fresh_process(name: str, ds_config: dict[str, Any], model: str, *, 
     many bytes the run allocates, by the DeepSpeed line that asked for it (`helpers.host_trace`, issue 25), in
     `extras["host_trace"]`; it slows the run (a Python call per operator), so never on a timed run.
     `chunked_overflow_check`: the child calls `helpers.chunk_zero3_overflow_check()` first (fp16 ZeRO-3 with the
-    optimizer offloaded: ~3 bytes per parameter less host RAM at each step; DeepSpeed 0.19.8 only).
+    optimizer offloaded: ~3 bytes per parameter less host RAM at each step; DeepSpeed 0.19.8 only). An NVMe config
+    is refused (ConfigError) before the child starts when its folder lacks what `model` writes there.
     """
     import psutil
     from helpers.progress import progress_bar
 
-    from helpers.train import RunResult
+    from helpers.train import RunResult, _check_nvme_need, _check_nvme_space, _nvme_folders
+
+    folders = [] if plain_pytorch else _nvme_folders(ds_config)
+    if folders:  # the disk this model's NVMe files need, before a child starts (issue 41 item 1)
+        from helpers.models import model_shape
+
+        shape = model_shape(model)
+        _check_nvme_space(folders)
+        _check_nvme_need(ds_config, shape.n_params, shape.largest_layer_params, model=model)
 
     with tempfile.TemporaryDirectory(prefix="ds-course-child-") as tmp:
         spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
