@@ -716,3 +716,60 @@ def test_a_run_shorter_than_its_warm_up_times_its_last_step_not_none(cpu, clean_
                   tiny_blocks(32), runtime=cpu, ds_config=config, plain_pytorch=True, steps=2, untimed_steps=2,
                   progress=False)
     assert r.tokens_per_s > 0 and r.extras["timed_steps"] == 1
+
+
+# ---- issue 41 item 6's rest: benchmarks refuse up front
+
+
+def _benchmark(name, monkeypatch):
+    import importlib.util
+    import sys
+
+    from conftest import ROOT
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module, sys.modules["_bench"]
+
+
+@pytest.mark.slow
+def test_stages_refuses_a_seq_len_longer_than_the_model_takes_naming_the_longest_that_works(monkeypatch, capsys,
+                                                                                             tmp_path):
+    import helpers
+
+    stages, bench = _benchmark("stages", monkeypatch)
+    monkeypatch.setattr(helpers, "detect_runtime", lambda *a, **k: pytest.fail("nothing may run"))
+    for argv, fix in ((["--seq-len", "100000"], "--seq-len 1024"), (["--seq-len", "0"], "--seq-len 512"),
+                      (["--steps", "0"], "--steps 20")):
+        with pytest.raises(SystemExit) as exit_:
+            stages.main(["--sizes", "gpt2-tiny", *argv])
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and f"Fix: {fix}" in err, err
+    with pytest.raises(SystemExit):
+        stages.main(["--sizes", "gpt2-tiny", "--seq-len", "100000"])
+    assert "longer than gpt2-tiny takes (1024 positions" in capsys.readouterr().err
+    # the fix passes the same check
+    import argparse
+
+    p = argparse.ArgumentParser()
+    bench.add_run_options(p, out=tmp_path / "out.json", work_dir=tmp_path)
+    bench.check_run_options(p, p.parse_args(["--seq-len", "1024"]), ["gpt2-tiny"])
+
+
+def test_nvme_buffers_refuses_a_file_as_its_nvme_path_with_a_folder_that_passes(tmp_path, monkeypatch, capsys):
+    import subprocess
+
+    nvme_buffers, _ = _benchmark("nvme_buffers", monkeypatch)
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("no setting may run"))
+    a_file = tmp_path / "nvme"
+    a_file.write_text("a file")
+    with pytest.raises(SystemExit) as exit_:
+        nvme_buffers.main(["--nvme-path", str(a_file)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "is a file, not a folder" in err, err
+    fix = re.search(r"--nvme-path='([^']+)'", err).group(1)
+    from helpers.config import _nvme_folder_to_make
+
+    assert _nvme_folder_to_make(fix) == __import__("pathlib").Path(fix) and fix != str(a_file)
