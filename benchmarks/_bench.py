@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["add_run_options", "run_settings", "local_train_blocks", "write_report"]
+__all__ = ["add_run_options", "check_run_options", "run_settings", "local_train_blocks", "write_report"]
 
 
 def add_run_options(p: argparse.ArgumentParser, *, out: Path, work_dir: Path) -> None:
@@ -25,6 +25,30 @@ def add_run_options(p: argparse.ArgumentParser, *, out: Path, work_dir: Path) ->
     p.add_argument("--no-checkpointing", dest="checkpointing", action="store_false")
     p.add_argument("--out", type=Path, default=out)
     p.add_argument("--work-dir", type=Path, default=work_dir)
+
+
+def check_run_options(p: argparse.ArgumentParser, args: argparse.Namespace, sizes: list[str]) -> None:
+    """Refuse, before any model is built or any data packed, the run options that would fail later: counts below 1,
+    and a --seq-len longer than a model in `sizes` takes (issue 41: `stages.py --seq-len 100000` ended in
+    datasets' "Invalid key: 0 is out of bounds"). argparse's error: the usage, the message with the longest
+    --seq-len that works, exit status 2."""
+    import helpers
+
+    defaults = {a.dest: a.default for a in p._actions}
+    for name in ("steps", "micro_batch", "seq_len"):
+        if getattr(args, name) < 1:
+            flag = "--" + name.replace("_", "-")
+            p.error(f"{flag} {getattr(args, name)}: must be at least 1. Fix: {flag} {defaults[name]}")
+    if args.untimed_steps < 0:
+        p.error(f"--untimed-steps {args.untimed_steps}: must be 0 or more. Fix: --untimed-steps {defaults['untimed_steps']}")
+    positions = {size: helpers.model_shape(size).n_positions for size in sizes}
+    known = {size: n for size, n in positions.items() if n}
+    if known and args.seq_len > min(known.values()):
+        longest = min(known.values())
+        names = ", ".join(size for size, n in known.items() if n < args.seq_len)
+        p.error(f"--seq-len {args.seq_len} is longer than {names} takes ({longest} positions: a longer block fails "
+                f"in its position embedding, and the shipped corpus packs into few or no blocks that long). "
+                f"Fix: --seq-len {longest} (the longest that works)")
 
 
 def run_settings(args: argparse.Namespace) -> dict[str, Any]:

@@ -102,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--configs", nargs="+", default=["zero2", "zero3"])
     _bench.add_run_options(p, out=ROOT / "reports" / "integrations.json", work_dir=ROOT / "build" / "bench_integrations")
     args = p.parse_args(argv)
+    _bench.check_run_options(p, args, [args.size])  # before anything is built
 
     runtime = helpers.detect_runtime()
     print(runtime, flush=True)

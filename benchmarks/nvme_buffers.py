@@ -10,6 +10,7 @@ import argparse
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 # (buffer_count, buffer_size, prefetch_bucket_size, max_live_parameters, max_reuse_distance)
 GRID = [(0, 5_000_000, 10**7, 3 * 10**7, 0), (1, 100_000, 10**7, 3 * 10**7, 0), (1, 5_000_000, 10**7, 3 * 10**7, 0),
@@ -59,10 +60,18 @@ print("RESULT OK")
 '''
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nvme-path", default=tempfile.gettempdir())
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    from helpers.checks import ConfigError
+    from helpers.config import _nvme_folder_to_make
+
+    try:  # a file (or a path under one) is refused before any setting runs (issue 41: a raw NotADirectoryError)
+        args.nvme_path = str(_nvme_folder_to_make(args.nvme_path, "--nvme-path"))
+    except ConfigError as exc:
+        p.error(str(exc))
+    Path(args.nvme_path).mkdir(parents=True, exist_ok=True)
     print("count  buffer_size  prefetch  max_live  reuse_distance  result")
     for setting in GRID:
         with tempfile.TemporaryDirectory(dir=args.nvme_path) as nvme:

@@ -98,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", nargs="+", default=["gpt2", "gpt2-medium"])
     _bench.add_run_options(p, out=ROOT / "reports" / "stages.json", work_dir=ROOT / "build" / "bench")
     args = p.parse_args(argv)
+    _bench.check_run_options(p, args, args.sizes)  # before anything is built
 
     runtime = helpers.detect_runtime()
     print(runtime, flush=True)

@@ -144,6 +144,77 @@ def _pip(argv: list[str], what: str) -> None:
                        "this cell again (nothing was marked installed, so it tries again).")
 
 
+# what a complete checkout has (an interrupted `git clone` on Colab leaves a folder without some of them)
+CHECKOUT_FILES = ("helpers/__init__.py", "pyproject.toml", COLAB_REQUIREMENTS)
+GIT_LOOKUP_TIMEOUT_S = 10.0  # `git ls-remote`: one round trip to GitHub; offline it fails or times out, and is skipped
+
+
+def _check_checkout(root: Path) -> None:
+    """Refuse a course folder that lacks what a checkout has, naming the fix (issue 41 item 8: an interrupted clone
+    left /content/deepspeed-course that every later run of the cell took for the course)."""
+    missing = [name for name in CHECKOUT_FILES if not (root / name).is_file()]
+    if not missing:
+        return
+    fix = (f"run `!rm -rf {root}` in a cell, then this cell again: it clones the course anew" if in_colab() else
+           f"restore them (`git -C {root} checkout -- .`), or clone the course again")
+    raise RuntimeError(f"the course folder {root} is incomplete ({', '.join(missing)} missing): an interrupted "
+                       f"`git clone`, or files removed. What to do: {fix}.")
+
+
+def _git(root: Path, *args: str, timeout: float = GIT_LOOKUP_TIMEOUT_S) -> subprocess.CompletedProcess | None:
+    """`git -C root *args`, its output captured, never prompting; None when git is missing or took too long."""
+    try:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def _ok(done: subprocess.CompletedProcess | None) -> bool:
+    return done is not None and done.returncode == 0
+
+
+def _update_checkout(root: Path) -> bool:
+    """On Colab: bring a checkout an earlier session of this VM cloned up to the course on GitHub (issue 41 item 8:
+    a notebook opened from GitHub ran against the older helpers the bootstrap cell found). Returns True when it is
+    the newest (or cannot be compared: offline, no git, not a clone: nothing happens).
+
+    One `git ls-remote` (a round trip, no download) compares this commit with GitHub's. An older checkout with no
+    changes of the learner's is updated (fetch, reset to GitHub's commit, the install marker removed so the install
+    checks its pins again), then RuntimeError says to restart the session: this Python has the old helpers loaded.
+    One with changes of the learner's is left alone, with a note giving the command that updates it."""
+    if not in_colab() or not (root / ".git").exists():
+        return True
+    here, there = _git(root, "rev-parse", "HEAD"), _git(root, "ls-remote", "origin", "HEAD")
+    if not _ok(here) or not _ok(there) or not there.stdout.split():  # type: ignore[union-attr]
+        return True
+    local, remote = here.stdout.strip(), there.stdout.split()[0]  # type: ignore[union-attr]
+    if local == remote:
+        return True
+    command = (f"!git -C {root} fetch --depth 1 origin HEAD && git -C {root} reset --hard FETCH_HEAD && "
+               f"rm -f {root / COLAB_MARKER}")
+    restart = "then choose Runtime > Restart session and run this cell again"
+    changed = _git(root, "status", "--porcelain", "--untracked-files=no")
+    if not _ok(changed) or changed.stdout.strip():  # type: ignore[union-attr]
+        print(f"note: the course on GitHub ({remote[:7]}) is newer than this VM's copy {root} ({local[:7]}), which "
+              f"has changes of yours (`!git -C {root} status`), so it was not updated: notebooks opened from GitHub "
+              f"may need the newer helpers. To update (your changes to the course's files are lost): {command}, "
+              f"{restart}.")
+        return False
+    fetched = _git(root, "fetch", "--depth", "1", "origin", "HEAD", timeout=300)
+    reset = _git(root, "reset", "--hard", "FETCH_HEAD") if _ok(fetched) else None
+    if not _ok(reset):
+        said = ((fetched if not _ok(fetched) else reset) or subprocess.CompletedProcess([], 1, "", "timed out"))
+        last = ((said.stderr or said.stdout or "").strip().splitlines() or ["no output"])[-1]
+        print(f"note: the course on GitHub ({remote[:7]}) is newer than this VM's copy {root} ({local[:7]}) and the "
+              f"update failed (git said {last!r}). To update: {command}, {restart}.")
+        return False
+    (root / COLAB_MARKER).unlink(missing_ok=True)  # the install checks its pins again (they may have changed)
+    raise RuntimeError(f"the course on GitHub is newer than this VM's copy: {root} is updated now ({local[:7]} -> "
+                       f"{remote[:7]}), but this Python has the older helpers loaded. What to do: choose Runtime > "
+                       "Restart session, then run this cell again.")
+
+
 def install_libaio() -> bool:
     """On Colab, libaio's headers for DeepSpeed's async_io op (NVMe offload), once; True when it installed them.
 
@@ -253,9 +324,12 @@ def start_notebook() -> None:
     """Everything a notebook needs before its parameters cell (the runtime comes after them:
     `runtime = helpers.detect_runtime(T4_BUDGET)`, once).
 
-    Prints one status block: where the course code is, torch and DeepSpeed versions.
+    Prints one status block: where the course code is, torch and DeepSpeed versions. First the checkout is checked:
+    complete (`_check_checkout`) and, on Colab, as new as the course on GitHub (`_update_checkout`).
     """
     root = course_root()
+    _check_checkout(root)  # an interrupted clone: the fix, before pip reads a file it lacks
+    _update_checkout(root)  # Colab: a copy an earlier session cloned, older than the course on GitHub
     installed = install_on_colab(root)
     install_libaio()
     quiet_warnings()

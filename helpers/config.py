@@ -86,6 +86,26 @@ def _nvme_path_arg(path: Any) -> str | None:
     return os.path.expanduser(os.fspath(path))
 
 
+def _nvme_folder_to_make(path: Any, name: str = "nvme_path") -> Path:
+    """An NVMe folder's path as a Path, `~` expanded (os.makedirs('~/nvme') would make a folder named '~'), before
+    the folder is made: refused (ConfigError, with a fix that passes) when it is not a path or names a file (the
+    raw FileExistsError / NotADirectoryError otherwise). `name`: the parameter the fix names (NVME_PATH, --nvme-path).
+    """
+    folder = _nvme_path_arg(path)
+    if folder is None:
+        raise ConfigError(f"{name} is empty: NVMe offload needs a folder on a fast local disk. Fix: {name}="
+                          "'/content/nvme' on Colab (helpers.default_nvme_path() gives the course's folder here).")
+    p = Path(folder)
+    blocker = next((q for q in [p, *p.parents] if q.exists() and not q.is_dir()), None)
+    if blocker is not None:
+        other = _folder_beside(blocker)
+        within = "" if blocker == p else f" (its parent {str(blocker)!r} is a file)"
+        raise ConfigError(f"NVMe offload folder {str(p)!r} cannot be a folder{within}: {str(blocker)!r} is a file, "
+                          f"not a folder, and DeepSpeed writes its swap files into a folder. Fix: pick a folder, "
+                          f"e.g. {name}={str(other)!r} (create it first: os.makedirs({str(other)!r}, exist_ok=True)).")
+    return p
+
+
 def check_nvme_path(path: str | os.PathLike[str] | None, bytes_needed: int = 0) -> Path:
     """The NVMe offload folder must exist, be writable and have free space for what will be written (notebook 02).
 
@@ -97,12 +117,7 @@ def check_nvme_path(path: str | os.PathLike[str] | None, bytes_needed: int = 0) 
     if path is None:
         raise ConfigError("NVMe offload needs a folder on a fast local disk. Fix: nvme_path='/content/nvme' "
                           "on Colab (create it first: os.makedirs(nvme_path, exist_ok=True)).")
-    p = Path(path)
-    if p.exists() and not p.is_dir():
-        other = _folder_beside(p)
-        raise ConfigError(f"NVMe offload folder {str(p)!r} is a file, not a folder: DeepSpeed writes its swap files "
-                          f"into a folder. Fix: pick a folder, e.g. nvme_path={str(other)!r} (create it first: "
-                          f"os.makedirs({str(other)!r}, exist_ok=True)).")
+    p = _nvme_folder_to_make(path)
     if not p.is_dir():
         raise ConfigError(f"NVMe offload folder {str(p)!r} does not exist. Fix: create it first "
                           f"(os.makedirs({str(p)!r}, exist_ok=True)) or pass another nvme_path.")

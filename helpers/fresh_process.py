@@ -95,12 +95,21 @@ def train_in_fresh_process(name: str, ds_config: dict[str, Any], model: str, *, 
     many bytes the run allocates, by the DeepSpeed line that asked for it (`helpers.host_trace`, issue 25), in
     `extras["host_trace"]`; it slows the run (a Python call per operator), so never on a timed run.
     `chunked_overflow_check`: the child calls `helpers.chunk_zero3_overflow_check()` first (fp16 ZeRO-3 with the
-    optimizer offloaded: ~3 bytes per parameter less host RAM at each step; DeepSpeed 0.19.8 only).
+    optimizer offloaded: ~3 bytes per parameter less host RAM at each step; DeepSpeed 0.19.8 only). An NVMe config
+    is refused (ConfigError) before the child starts when its folder lacks what `model` writes there.
     """
     import psutil
     from helpers.progress import progress_bar
 
-    from helpers.train import RunResult
+    from helpers.train import RunResult, _check_nvme_need, _check_nvme_space, _nvme_folders
+
+    folders = [] if plain_pytorch else _nvme_folders(ds_config)
+    if folders:  # the disk this model's NVMe files need, before a child starts (issue 41 item 1)
+        from helpers.models import model_shape
+
+        shape = model_shape(model)
+        _check_nvme_space(folders)
+        _check_nvme_need(ds_config, shape.n_params, shape.largest_layer_params, model=model)
 
     with tempfile.TemporaryDirectory(prefix="ds-course-child-") as tmp:
         spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
@@ -388,7 +397,11 @@ class OffloadRuns:
                  initial_scale_power: int = 12) -> None:
         from helpers.config import NAMED_CONFIGS, OFFLOAD_KINDS
 
-        self.runtime, self.work, self.nvme_path = runtime, Path(work), Path(nvme_path)
+        from helpers.config import _nvme_folder_to_make
+
+        # '~/nvme' expanded (Path('~/nvme').mkdir made a folder named '~'), a file refused with a folder that is not
+        self.runtime, self.work = runtime, Path(work)
+        self.nvme_path = _nvme_folder_to_make(nvme_path, "NVME_PATH")
         self.seq_len, self.micro_batch, self.steps, self.lr, self.seed = seq_len, micro_batch, steps, lr, seed
         self.run_over_ram_budget, self.max_blocks = run_over_ram_budget, max_blocks
         self.initial_scale_power = initial_scale_power
@@ -416,6 +429,14 @@ class OffloadRuns:
         self.nvme_path.mkdir(parents=True, exist_ok=True)
         return self
 
+    @property
+    def own_nvme(self) -> Path:
+        """This kernel's NVMe folder, <nvme_path>/pid-<pid>: another kernel using the same NVMe path (a second tab
+        of this notebook) swaps in its own and neither removes the other's files (issue 41 item 7)."""
+        from helpers.runtime import _own_nvme_folder
+
+        return _own_nvme_folder(self.nvme_path, make=False)
+
     def ram_beside(self) -> int:
         """RAM taken before a child's model exists: this kernel (after giving back what it can) + a fresh child."""
         from helpers.runtime import release_host_memory
@@ -430,14 +451,15 @@ class OffloadRuns:
 
     def config(self, name: str, model: str, runtime: Any = None, *, micro_batch: int | None = None) -> dict[str, Any]:
         """The complete DeepSpeed config of `name` for `model` (its NVMe buffers hold the largest tensor; NVMe files
-        go to a folder of this config's own under the NVMe path). `initial_scale_power` 12, not DeepSpeed's 16: a
-        higher start only adds steps skipped on fp16 overflow at the start, and these runs take 4 steps."""
+        go to a folder of this config's own in this kernel's folder under the NVMe path, `own_nvme`).
+        `initial_scale_power` 12, not DeepSpeed's 16: a higher start only adds steps skipped on fp16 overflow at the
+        start, and these runs take 4 steps."""
         from helpers.config import offload_config
         from helpers.models import model_shape
 
         kind = self.kind(name)
         return offload_config(kind, runtime or self.runtime, largest_param=model_shape(model).largest_layer_params,
-                              nvme_path=str(self.nvme_path / kind), micro_batch_size=micro_batch or self.micro_batch,
+                              nvme_path=str(self.own_nvme / kind), micro_batch_size=micro_batch or self.micro_batch,
                               lr=self.lr, warmup_steps=max(1, self.steps // 10), check_paths=False,
                               initial_scale_power=self.initial_scale_power)
 
@@ -604,11 +626,12 @@ class OffloadRuns:
         prints measured against estimated. Returns the RunResult, or None when refused or when the child failed."""
         import shutil
 
+        from helpers.config import _nvme_folder_to_make
         from helpers.memory import estimate_run
         from helpers.models import model_shape
         from helpers.planner import preflight
         from helpers.records import record_figure
-        from helpers.runtime import release_host_memory
+        from helpers.runtime import _own_nvme_folder, release_host_memory
 
         rt = self.runtime
         shape = model_shape(model)
@@ -633,8 +656,10 @@ class OffloadRuns:
                 self._fixes_said.add(fix)
                 self.refused[name if model == self._model else f"{name}, {model}"] = report
                 return None
-        nvme_dirs = {Path(s["nvme_path"]) for s in cfg["zero_optimization"].values()
+        nvme_dirs = {_nvme_folder_to_make(s["nvme_path"]) for s in cfg["zero_optimization"].values()
                      if isinstance(s, dict) and s.get("device") == "nvme"}
+        if nvme_dirs:
+            _own_nvme_folder(self.nvme_path)  # made; folders of kernels that are gone removed; removed at exit
         for d in nvme_dirs:
             shutil.rmtree(d, ignore_errors=True)
             d.mkdir(parents=True)
@@ -646,6 +671,8 @@ class OffloadRuns:
         finally:  # an interrupted cell leaves no swap files behind
             for d in nvme_dirs:
                 shutil.rmtree(d, ignore_errors=True)
+            with contextlib.suppress(OSError):  # this kernel's folder, once empty
+                self.own_nvme.rmdir()
         if r.error:
             print(f"  the child process did not finish: {r.error[:400]}")
             print("  " + (f"pre-flight had predicted {report.ram_needed / GB:.2f} GB of RAM: too low for this runtime."

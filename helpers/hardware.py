@@ -461,18 +461,92 @@ def sized(gpu: T, cpu: T, runtime: Runtime | None = None) -> T:
     return gpu if has_gpu else cpu
 
 
+def _kind_of(defaults: tuple[Any, ...]) -> str:
+    """What a parameter's defaults (its Colab and CPU values) are: 'bool', 'int', 'float', 'str', 'sequence' or ''
+    (anything else: not checked)."""
+    if all(isinstance(d, bool) for d in defaults):
+        return "bool"
+    if all(isinstance(d, int) and not isinstance(d, bool) for d in defaults):
+        return "int"
+    if all(isinstance(d, (int, float)) and not isinstance(d, bool) for d in defaults):
+        return "float"
+    if all(isinstance(d, str) for d in defaults):
+        return "str"
+    if all(isinstance(d, (tuple, list)) and d for d in defaults):
+        return "sequence"
+    return ""
+
+
+def _parameter_problem(value: Any, defaults: tuple[Any, ...]) -> str:
+    """'' when `value` is of the kind its defaults are (and in their range), else what it must be."""
+    kind = _kind_of(defaults)
+    numbers = [d for d in defaults if isinstance(d, (int, float)) and not isinstance(d, bool)]
+    zero_ok = any(d == 0 for d in numbers)  # a default of 0 (an aux-loss coefficient) makes 0 a valid value
+    sign = "non-negative" if zero_ok else "positive"
+    if kind == "bool":
+        return "" if isinstance(value, bool) else "True or False"
+    if kind == "int":
+        ok = isinstance(value, int) and not isinstance(value, bool) and (value >= 0 if zero_ok else value > 0)
+        return "" if ok else f"a {sign} integer"
+    if kind == "float":
+        ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+              and abs(value) != float("inf") and (value >= 0 if zero_ok else value > 0))
+        return "" if ok else f"a {sign} number"
+    if kind == "str":
+        return "" if isinstance(value, str) and value.strip() else "a non-empty string"
+    if kind == "sequence":
+        items = tuple(i for d in defaults for i in d)
+        item_kind = _kind_of(items)
+        item_sign = "non-negative" if any(i == 0 for i in items if not isinstance(i, (bool, str))) else "positive"
+        what = {"int": f"{item_sign} integers", "float": f"{item_sign} numbers", "str": "non-empty strings",
+                "bool": "True/False values"}.get(item_kind, "items")
+        bad = [i for i in value if _parameter_problem(i, items)] if isinstance(value, (tuple, list)) else []
+        if not isinstance(value, (tuple, list)) or not value or bad:
+            return f"a non-empty tuple of {what}" + (f" ({bad[0]!r} is not one)" if bad else "")
+    return ""
+
+
+def _check_parameter(name: str, value: Any, colab_value: Any, cpu_value: Any) -> None:
+    """Refuse a notebook parameter whose value is not of its defaults' kind (issue 41: STEPS = 0, LOGITS_TILE = -1,
+    TRY_LENGTHS = (), SEQ_LEN = '512', float lengths), before anything heavy runs; the fix passes this check."""
+    problem = _parameter_problem(value, (colab_value, cpu_value))
+    if not problem:
+        return
+    fix: Any = colab_value
+    if isinstance(value, (str, float)) and _kind_of((colab_value, cpu_value)) in ("int", "float"):
+        try:  # '512' or 512.0 where an int is meant: the same number, as the right kind
+            number = float(value)
+            candidate: Any = int(number) if isinstance(colab_value, int) and number.is_integer() else number
+            if not _parameter_problem(candidate, (colab_value, cpu_value)):
+                fix = candidate
+        except (TypeError, ValueError, OverflowError):
+            pass
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    same_kind = type(value) is type(colab_value) or (number and _kind_of((colab_value, cpu_value)) == "float")
+    kind_name = type(value).__name__
+    got = repr(value) + ("" if same_kind else f" ({'an' if kind_name[0] in 'aeiou' else 'a'} {kind_name})")
+    raise ValueError(f"{name} = {got} in the parameters cell: it must be {problem}. Fix: {name} = {fix!r}"
+                     + (" (its Colab value)" if fix == colab_value else "") + " in the parameters cell, then run it "
+                     "and this cell again.")
+
+
 def smoke_size(namespace: dict[str, Any], runtime: Runtime, **values: tuple[Any, Any]) -> dict[str, Any]:
     """Shrink a notebook's parameters for a CPU smoke run, saying so; keep any value the learner changed.
 
     ``helpers.smoke_size(globals(), runtime, MICRO_BATCH=(4, 2))``: on a CPU runtime, MICRO_BATCH becomes 2 if it
     still holds the parameters cell's Colab value 4, and a value you set yourself is kept. Prints one line of what
-    changed and returns {name: value now}. On a GPU nothing changes.
+    changed and returns {name: value now}. On a GPU nothing changes. First, on any runtime, every named parameter's
+    value must be of its defaults' kind: an int a positive int (not a bool, str or float), a float a positive
+    number, a string non-empty, a tuple non-empty with items of its defaults' items' kind (0 is allowed where a
+    default is 0); anything else is refused with ValueError naming the parameter and a value that passes.
     """
     now: dict[str, Any] = {}
     shrunk, kept = [], []
-    for name, (colab_value, cpu_value) in values.items():
+    for name, (colab_value, cpu_value) in values.items():  # every value checked before any is changed
         if name not in namespace:
             raise NameError(f"{name} is not defined. Fix: run the parameters cell first.")
+        _check_parameter(name, namespace[name], colab_value, cpu_value)
+    for name, (colab_value, cpu_value) in values.items():
         current = namespace[name]
         if not runtime.has_gpu and current == colab_value and cpu_value != colab_value:
             namespace[name] = cpu_value

@@ -143,7 +143,7 @@ def measure_disk(path: str | os.PathLike[str], *, size_bytes: int = 1 << 30, buf
                            "then run `ds_report` to check that async_io is [OKAY].") from exc
     handle = op.aio_handle(settings["block_size"], settings["queue_depth"], settings["single_submit"],
                            settings["overlap_events"], settings["intra_op_parallelism"])
-    folder = Path(path)
+    folder = Path(os.path.expanduser(os.fspath(path)))  # '~/nvme' is the home folder's (not a folder named '~')
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / f".ds-course-disk-probe-{os.getpid()}"
     pieces = max(1, size_bytes // buffer_bytes)
@@ -460,7 +460,7 @@ def measure_limits(nvme_path: str | os.PathLike[str] | None = None, *, runtime: 
     from helpers.hardware import detect_runtime, usable_cpus
 
     runtime = runtime or detect_runtime()
-    disk = str(nvme_path) if nvme_path else None
+    disk = os.path.expanduser(os.fspath(nvme_path)) if nvme_path else None
     path = _cache_file(runtime.label, disk)
     if cache and not refresh and path.exists():
         try:

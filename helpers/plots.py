@@ -143,12 +143,23 @@ def _plan_label(p: "Plan") -> str:
     return label + (", zero.Init" if p.zero_init and parts[0] == "ZeRO-3" else "")
 
 
+# the planner's picture, in inches (100 px each as figure_html draws it): it fits the 449 px output column JupyterLab
+# leaves at a 900 px window with its file browser open (issue 41 item 9)
+PLAN_PICTURE_WIDTH_IN = 4.4
+
+
 def _plan_figure(plans: Sequence["Plan"], title: str | None) -> "Figure":
     """One horizontal panel per budget (GPU GiB, RAM GB, disk GB), one stacked bar per plan, the budget dashed (and,
     for RAM, where the share kept free for the estimate's error begins, dotted; for the GPU, where the planner's
     margin begins, dotted: a total past it is tight, drawn in TIGHT_COLOR); each bar's total at its end; the
     legend on the right in the table's row order. Laid out in inches by hand: the planner redraws it on every change
-    and matplotlib's automatic layouts take most of the time."""
+    and matplotlib's automatic layouts take most of the time.
+
+    One plan (the planner's picture) is drawn PLAN_PICTURE_WIDTH_IN wide, its legend below the panels and its title
+    wrapped: at 900 px with JupyterLab's file browser open the output column is 449 px, and the 760 px picture showed
+    its left part only (the title cut, the totals and the legend hidden until scrolled; issue 41 item 9)."""
+    import textwrap
+
     from matplotlib.figure import Figure
 
     from helpers.planner import _row_order
@@ -157,12 +168,21 @@ def _plan_figure(plans: Sequence["Plan"], title: str | None) -> "Figure":
     panels = _plan_panels(plans)
     single = len(plans) == 1
     longest = max((len(_plan_label(p)) for p in plans), default=0)
-    width, left, right = 7.6, (1.15 if single else 0.25 + 0.062 * longest), 1.55  # inches: y labels, legend
-    heights = [max(len(plans), 1) * 0.36 + 0.22 for _ in panels]
-    gap, top = 0.62, (0.42 if title else 0.22)
-    height = top + sum(heights) + gap * len(panels) - 0.12
-    fig = Figure(figsize=(width, height))
     names = _row_order(*(getattr(p.report, f"{key}_rows") for p in plans for key, *_ in panels))
+    if single:  # narrow: y labels, the panels, the totals inside them; the legend below
+        width, left, right = PLAN_PICTURE_WIDTH_IN, 0.2 + 0.072 * max(len(panel[1]) for panel in panels), 0.25
+        used = [n for n in names if any(getattr(plans[0].report, f"{key}_rows").get(n) for key, *_ in panels)]
+        columns = max(1, min(3, int((width - 0.2) // (0.45 + 0.066 * max((len(n) for n in used), default=8)))))
+        legend_rows = -(-len(used) // columns)
+        bottom = 0.12 + 0.19 * legend_rows
+        lines = textwrap.wrap(title, int((width - 0.2) * 72 / 5.6)) if title else []  # ~5.6 pt a character at 10 pt
+    else:
+        width, left, right = 7.6, 0.25 + 0.062 * longest, 1.55  # inches: y labels, legend on the right
+        columns, bottom, lines = 1, 0.0, [title] if title else []
+    heights = [max(len(plans), 1) * 0.36 + 0.22 for _ in panels]
+    gap, top = 0.62, (0.25 + 0.17 * len(lines) if lines else 0.22)
+    height = top + sum(heights) + gap * len(panels) - 0.12 + bottom
+    fig = Figure(figsize=(width, height))
     handles: dict[str, Any] = {}
     y_top = height - top
     for (key, label, unit, unit_name), panel_height in zip(panels, heights):
@@ -204,10 +224,15 @@ def _plan_figure(plans: Sequence["Plan"], title: str | None) -> "Figure":
         for side in ("top", "right"):
             ax.spines[side].set_visible(False)
     order = [n for n in names if n in handles]  # the table's row order, top to bottom
-    fig.legend([handles[n] for n in order], order, loc="upper left", fontsize=8, frameon=False,
-               bbox_to_anchor=((width - right + 0.12) / width, (height - top) / height), borderaxespad=0)
-    if title:
-        fig.text(0.5, 1 - 0.1 / height, title, ha="center", va="top", fontsize=10)
+    if single:  # below the panels, row by row in the table's order
+        fig.legend([handles[n] for n in order], order, loc="lower left", fontsize=8, frameon=False, ncol=columns,
+                   bbox_to_anchor=(0.1 / width, 0.06 / height), borderaxespad=0, columnspacing=1.0,
+                   handlelength=1.5, handletextpad=0.5, labelspacing=0.35)
+    else:
+        fig.legend([handles[n] for n in order], order, loc="upper left", fontsize=8, frameon=False,
+                   bbox_to_anchor=((width - right + 0.12) / width, (height - top) / height), borderaxespad=0)
+    if lines:
+        fig.text(0.5, 1 - 0.1 / height, "\n".join(lines), ha="center", va="top", fontsize=10, linespacing=1.2)
     return fig
 
 

@@ -284,6 +284,53 @@ def remove_nvme_leftovers(nvme_path: str | os.PathLike[str]) -> int:
     return freed
 
 
+# Two kernels of one checkout (two browser tabs, a notebook and a script) share the course's NVMe folder: each swapped
+# into <folder>/zero_stage_3/.../rank0 under the same names, DeepSpeed's parameter swapper empties its rank folder
+# when made, and each run removed the files new since it started: they deleted each other's (issue 41 item 7). Each
+# process now swaps under <folder>/pid-<its pid>/ (its child processes inside it too).
+_PROCESS_NVME_PREFIX = "pid-"
+_OWN_NVME_FOLDERS: set[str] = set()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def _remove_folder(path: str | os.PathLike[str]) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _own_nvme_folder(base: str | os.PathLike[str], *, make: bool = True) -> Path:
+    """This process's NVMe folder under the shared one `base`: <base>/pid-<pid> (issue 41 item 7).
+
+    With `make`: created; the pid-<n> folders of processes that are gone (a kernel killed or restarted mid-run) are
+    removed with what they hold; and this one is removed when the process exits. The pid is this machine's: a
+    checkout shared between machines or containers with their own pid numbers would need a folder each."""
+    base = Path(os.path.expanduser(os.fspath(base)))
+    own = base / f"{_PROCESS_NVME_PREFIX}{os.getpid()}"
+    if not make:
+        return own
+    own.mkdir(parents=True, exist_ok=True)
+    for other in base.glob(f"{_PROCESS_NVME_PREFIX}*"):
+        pid = other.name[len(_PROCESS_NVME_PREFIX):]
+        if other != own and other.is_dir() and pid.isdigit() and not _pid_alive(int(pid)):
+            _remove_folder(other)
+    if str(own) not in _OWN_NVME_FOLDERS:
+        import atexit
+
+        _OWN_NVME_FOLDERS.add(str(own))
+        atexit.register(_remove_folder, own)
+    return own
+
+
 def release_zero3_globals(module: Any = None) -> None:
     """Drop what DeepSpeed's ZeRO-3 keeps of a destroyed engine in process-wide state (DeepSpeed 0.19.8).
 

@@ -16,9 +16,11 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import shutil
 import time
 import traceback
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Sequence
 
 from helpers.memory import GB, GiB, measure_peak
@@ -580,6 +582,71 @@ def _check_nvme_space(folders: list[str]) -> None:
         check_nvme_path(folder, NVME_NEEDS.get(folder, 0))
 
 
+def _nvme_need_by_folder(ds_config: dict[str, Any], n_params: int, largest_param: int = 0) -> dict[str, int]:
+    """{NVMe folder (real path): bytes the config writes there for a model of `n_params` parameters}, from the
+    course's estimate (`estimate_for_config(...).nvme`: parameters to offload_param's folder, the optimizer states
+    and fp32 gradients to offload_optimizer's)."""
+    from helpers.memory import estimate_for_config
+
+    est = estimate_for_config(ds_config, int(n_params), largest_layer_params=int(largest_param))
+    zero = ds_config.get("zero_optimization") or {}
+    need: dict[str, int] = {}
+    for section, rows in (("offload_param", ("params",)), ("offload_optimizer", ("optimizer", "grads"))):
+        part = zero.get(section) or {}
+        if part.get("device") == "nvme" and part.get("nvme_path"):
+            folder = os.path.realpath(os.path.expanduser(str(part["nvme_path"])))
+            need[folder] = need.get(folder, 0) + sum(est.nvme.get(row, 0) for row in rows)
+    return need
+
+
+def _check_nvme_need(ds_config: dict[str, Any], n_params: int, largest_param: int = 0, *, model: str = "",
+                     written: dict[str, int] | None = None) -> None:
+    """Refuse (ConfigError) a run whose NVMe folder lacks the space the course's estimate says this model writes
+    there, whatever the config was built with (issue 41 item 1: a config built without n_params passed the 1 GB
+    floor; a 77M model then wrote 1.4 GB on a disk with 1.1 GB free, DeepSpeed's C++ reader aborted the process and
+    left its swap files). `written`: bytes this run already wrote to each folder (ZeRO-3's zero.Init swaps the
+    parameters out while the model is built): they count as free. The fix names a smaller model that fits."""
+    from helpers.checks import ConfigError
+    from helpers.config import _leftovers_note
+
+    for folder, needed in _nvme_need_by_folder(ds_config, n_params, largest_param).items():
+        if not needed or not os.path.isdir(folder):
+            continue
+        mine = (written or {}).get(folder, 0)
+        room = shutil.disk_usage(folder).free + mine
+        if room >= needed:
+            continue
+        fits = int(n_params * room / needed * 0.95) // 1_000_000
+        smaller = (f"train a model of at most ~{fits:,}M parameters (the need grows with the parameter count)"
+                   if fits else "train without NVMe offload")
+        raise ConfigError(
+            f"NVMe offload folder {folder!r} has {room / 1e9:.2f} GB free"
+            + (f" (with the {mine / 1e9:.2f} GB this run wrote while building the model)" if mine else "")
+            + f", but {model or 'this model'} ({n_params / 1e6:,.1f}M parameters) writes about {needed / 1e9:.2f} GB "
+            f"there with this config (helpers.estimate_for_config(ds_config, n_params).nvme): DeepSpeed would fill "
+            f"the disk and abort the process in its C++ reader.{_leftovers_note(Path(folder))} Refused before DeepSpeed "
+            f"started. "
+            f"Fix: point nvme_path at a folder on a disk with at least {needed / 1e9:.1f} GB free (build the config "
+            f"again with nvme_path=<that folder> and n_params={n_params}), or {smaller}.")
+
+
+def _new_swap_bytes(snapshot: dict[str, set[str]]) -> dict[str, int]:
+    """{folder: bytes of the files under its zero_stage_3/ that are not in `snapshot`} (this run's own so far)."""
+    from helpers.runtime import SWAP_ROOT
+
+    written: dict[str, int] = {}
+    for folder, before in snapshot.items():
+        total = 0
+        for parent, _dirs, files in os.walk(os.path.join(folder, SWAP_ROOT)):
+            for name in files:
+                path = os.path.join(parent, name)
+                if path not in before:
+                    with contextlib.suppress(OSError):
+                        total += os.stat(path).st_blocks * 512
+        written[folder] = total
+    return written
+
+
 def _swap_snapshot(folders: list[str]) -> dict[str, set[str]]:
     """{folder: the paths under its zero_stage_3/ (swap files and folders)} before a run."""
     from helpers.runtime import SWAP_ROOT
@@ -654,7 +721,9 @@ def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *,
     model is built, in deepspeed.initialize or in a step) tears down what was built before it is re-raised, and
     the frames of its traceback are cleared, so a kept traceback (IPython's `sys.last_traceback`) holds no engine
     or model. With NVMe offload the folder's free space is checked before every run (`check_nvme_path`, against
-    the need its config was built for or the last run's measured use), naming the swap files earlier runs left.
+    the need its config was built for or the last run's measured use), naming the swap files earlier runs left,
+    and again once the model is built, before `deepspeed.initialize`, against the course's estimate for its
+    parameter count (a config built without `n_params` is checked too: ConfigError, with what was built removed).
     `on_phase(name)` and `on_step(step, loss)` report progress (a child process sends them on).
     `time_micro_batches=True` (benchmarks/offload_speed.py) waits for the GPU after every micro-batch and keeps
     the seconds of each in `extras["micro_batch_s"]` (one list per optimizer step; the last micro-batch of a step
@@ -689,6 +758,9 @@ def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *,
     loop = _Loop(result, settings, runtime, hooks, ds_config, plain_pytorch,
                  on_step or (lambda step, loss: None), on_phase or (lambda phase: None))
     loop.time_micro_batches = time_micro_batches
+    if nvme_folders:  # once the model exists, before deepspeed.initialize: its NVMe need, from its parameter count
+        loop.check_nvme = lambda n, largest: _check_nvme_need(ds_config, n, largest, model=model_name,
+                                                              written=_new_swap_bytes(swap_before))
     try:
         with measure_peak(nvme_path=nvme_path) as mem:
             try:
@@ -738,6 +810,7 @@ class _Loop:
         self.ds_config, self.plain, self.on_step, self.on_phase = ds_config, plain, on_step, on_phase
         self.ns: dict[str, Any] = {}
         self.time_micro_batches = False
+        self.check_nvme: Callable[[int, int], None] | None = None  # (parameters, largest tensor): refuses a full disk
 
     def build(self, model_factory: Callable[[], Any], checkpointing: bool, train_blocks: Any) -> None:
         """Model, then the optimizer: a DeepSpeed engine, or AdamW + warm-up + GradScaler for plain PyTorch."""
@@ -770,6 +843,9 @@ class _Loop:
                                                 init_scale=2.0 ** fp16.get("initial_scale_power", 16),
                                                 growth_interval=int(fp16.get("loss_scale_window", 1000)))
         else:
+            if self.check_nvme is not None:
+                largest = max((getattr(p, "ds_numel", p.numel()) for p in model.parameters()), default=0)
+                self.check_nvme(self.result.params, largest)
             import deepspeed
 
             self.on_phase("deepspeed.initialize")

@@ -266,6 +266,64 @@ def test_preflight_checks_the_nvme_folder_of_the_config(ten_mb_disk):
         preflight(cfg, 3_300_000, roomy, largest_layer_params=GPT2_EMBEDDING // 12, ram_in_use=0)
 
 
+def _disk_with(monkeypatch, folder, free):
+    """`folder` on a disk with `free` bytes free (shutil.disk_usage answers so for it)."""
+    real = shutil.disk_usage
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**12, 10**12 - free, free)
+                        if os.path.realpath(path).startswith(os.path.realpath(folder)) else real(path))
+
+
+@pytest.mark.slow
+def test_train_run_checks_the_disk_a_config_built_without_n_params_needs_before_initialize(tmp_path, monkeypatch,
+                                                                                           cpu):
+    """Issue 41 item 1: an NVMe config built without n_params passed only the free-space floor, and DeepSpeed filled
+    the disk and aborted the kernel. train_run knows the parameter count once the model exists: it refuses before
+    deepspeed.initialize, naming a model size that fits, and leaves nothing behind."""
+    import torch
+
+    import helpers.config
+    from helpers.train import _check_nvme_need, train_run
+
+    cfg = build_ds_config(3, precision="fp32", offload_optimizer="nvme", nvme_path=str(tmp_path))  # no n_params
+    monkeypatch.setattr(helpers.config, "NVME_MIN_FREE_BYTES", 10**5)  # the floor passes: the disk is "big enough"
+    _disk_with(monkeypatch, tmp_path, 10**6)  # 1 MB free; 200k parameters write ~3.2 MB of optimizer states
+    built = []
+
+    def factory():
+        built.append(torch.nn.Sequential(torch.nn.Embedding(2000, 100)))
+        return built[-1]
+
+    monkeypatch.setitem(__import__("sys").modules, "deepspeed", None)  # initialize must not be reached
+    blocks = [{"input_ids": torch.zeros(8, dtype=torch.long)} for _ in range(4)]
+    with pytest.raises(ConfigError, match=r"has 0.00 GB free, but my-model \(0.2M parameters\) writes about 0.00 GB "
+                                          r"there .* Refused before DeepSpeed started. Fix: point nvme_path") as err:
+        train_run("nvme", factory, blocks, runtime=cpu, ds_config=cfg, steps=2, progress=False, model_name="my-model")
+    assert len(built) == 1 and sorted(p.name for p in tmp_path.iterdir()) == []
+    with pytest.raises(ConfigError, match=r"train without NVMe offload"):  # under 1M parameters: no smaller size
+        _check_nvme_need(cfg, 200_000)
+    # a model the fix's size names fits the same disk
+    big = 100_000_000
+    _disk_with(monkeypatch, tmp_path, 10**9)
+    with pytest.raises(ConfigError, match=r"at most ~(\d+)M parameters") as err:
+        _check_nvme_need(cfg, big)
+    fits = int(re.search(r"at most ~(\d+)M", str(err.value)).group(1)) * 1_000_000
+    _check_nvme_need(cfg, fits)
+
+
+@pytest.mark.slow
+def test_a_fresh_process_run_is_refused_before_its_child_starts_when_the_disk_is_too_small(tmp_path, monkeypatch, t4):
+    import subprocess
+
+    from helpers.fresh_process import train_in_fresh_process
+
+    cfg = offload_config("zero3_nvme_optimizer_gpu_params", t4, nvme_path=str(tmp_path), check_paths=False)
+    _disk_with(monkeypatch, tmp_path, int(1.1e9))  # above the 1 GB floor, below gpt2's ~2 GB of optimizer files
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("no child may start"))
+    with pytest.raises(ConfigError, match=r"gpt2 \(124.4M parameters\) writes about 1.99 GB there"):
+        train_in_fresh_process("nvme", cfg, "gpt2", tokenizer_dir=tmp_path)
+
+
 def test_an_nvme_path_that_is_a_file(tmp_path):
     a_file = tmp_path / "nvme"
     a_file.write_text("not a folder")
@@ -658,3 +716,60 @@ def test_a_run_shorter_than_its_warm_up_times_its_last_step_not_none(cpu, clean_
                   tiny_blocks(32), runtime=cpu, ds_config=config, plain_pytorch=True, steps=2, untimed_steps=2,
                   progress=False)
     assert r.tokens_per_s > 0 and r.extras["timed_steps"] == 1
+
+
+# ---- issue 41 item 6's rest: benchmarks refuse up front
+
+
+def _benchmark(name, monkeypatch):
+    import importlib.util
+    import sys
+
+    from conftest import ROOT
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module, sys.modules["_bench"]
+
+
+@pytest.mark.slow
+def test_stages_refuses_a_seq_len_longer_than_the_model_takes_naming_the_longest_that_works(monkeypatch, capsys,
+                                                                                             tmp_path):
+    import helpers
+
+    stages, bench = _benchmark("stages", monkeypatch)
+    monkeypatch.setattr(helpers, "detect_runtime", lambda *a, **k: pytest.fail("nothing may run"))
+    for argv, fix in ((["--seq-len", "100000"], "--seq-len 1024"), (["--seq-len", "0"], "--seq-len 512"),
+                      (["--steps", "0"], "--steps 20")):
+        with pytest.raises(SystemExit) as exit_:
+            stages.main(["--sizes", "gpt2-tiny", *argv])
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and f"Fix: {fix}" in err, err
+    with pytest.raises(SystemExit):
+        stages.main(["--sizes", "gpt2-tiny", "--seq-len", "100000"])
+    assert "longer than gpt2-tiny takes (1024 positions" in capsys.readouterr().err
+    # the fix passes the same check
+    import argparse
+
+    p = argparse.ArgumentParser()
+    bench.add_run_options(p, out=tmp_path / "out.json", work_dir=tmp_path)
+    bench.check_run_options(p, p.parse_args(["--seq-len", "1024"]), ["gpt2-tiny"])
+
+
+def test_nvme_buffers_refuses_a_file_as_its_nvme_path_with_a_folder_that_passes(tmp_path, monkeypatch, capsys):
+    import subprocess
+
+    nvme_buffers, _ = _benchmark("nvme_buffers", monkeypatch)
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("no setting may run"))
+    a_file = tmp_path / "nvme"
+    a_file.write_text("a file")
+    with pytest.raises(SystemExit) as exit_:
+        nvme_buffers.main(["--nvme-path", str(a_file)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "is a file, not a folder" in err, err
+    fix = re.search(r"--nvme-path='([^']+)'", err).group(1)
+    from helpers.config import _nvme_folder_to_make
+
+    assert _nvme_folder_to_make(fix) == __import__("pathlib").Path(fix) and fix != str(a_file)

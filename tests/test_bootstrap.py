@@ -171,3 +171,71 @@ def test_quiet_warnings_drops_exactly_the_library_noise_and_shortens_the_allocat
     assert "\n" not in flush.getMessage() and "ranks" not in flush.getMessage()
     kinds = [type(f).__name__ for f in logging.getLogger("DeepSpeed").filters]
     assert sorted(kinds) == sorted(set(kinds))
+
+
+def _fake_git(monkeypatch, *, remote, local="a" * 40, dirty="", online=True, fetch_ok=True):
+    """subprocess.run answering git as a Colab clone would; returns the list of git commands run."""
+    calls = []
+
+    def run(argv, **kwargs):
+        assert argv[:3] == ["git", "-C", argv[2]] and kwargs.get("timeout"), argv  # never without a time limit
+        calls.append(argv[3:])
+        what = argv[3]
+        if what == "ls-remote" and not online:
+            raise subprocess.TimeoutExpired(argv, kwargs["timeout"])
+        out = {"rev-parse": local + "\n", "ls-remote": f"{remote}\tHEAD\n", "status": dirty}.get(what, "")
+        code = 128 if what == "fetch" and not fetch_ok else 0
+        return subprocess.CompletedProcess(argv, code, out, "fatal: unable to access: Could not resolve host"
+                                           if code else "")
+
+    monkeypatch.setattr(bootstrap.subprocess, "run", run)
+    return calls
+
+
+def test_an_older_colab_checkout_is_updated_then_the_cell_says_to_restart_and_the_rerun_passes(tmp_path, monkeypatch,
+                                                                                               capsys):
+    """Issue 41 item 8: a VM that already had the course never updated it, so a newer notebook opened from GitHub ran
+    against older helpers. One `git ls-remote` compares; offline nothing happens."""
+    monkeypatch.setenv("COLAB_RELEASE_TAG", "test")
+    (tmp_path / ".git").mkdir()
+    (tmp_path / bootstrap.COLAB_MARKER).touch()
+    calls = _fake_git(monkeypatch, remote="a" * 40)
+    assert bootstrap._update_checkout(tmp_path) is True and [c[0] for c in calls] == ["rev-parse", "ls-remote"]
+    calls = _fake_git(monkeypatch, remote="b" * 40, online=False)
+    assert bootstrap._update_checkout(tmp_path) is True and capsys.readouterr().out == ""  # offline: nothing said
+    calls = _fake_git(monkeypatch, remote="b" * 40)
+    with pytest.raises(RuntimeError, match=r"updated now \(aaaaaaa -> bbbbbbb\).*Runtime > Restart session, then "
+                                           r"run this cell again"):
+        bootstrap._update_checkout(tmp_path)
+    assert [c[0] for c in calls] == ["rev-parse", "ls-remote", "status", "fetch", "reset"]
+    assert calls[-1] == ["reset", "--hard", "FETCH_HEAD"] and not (tmp_path / bootstrap.COLAB_MARKER).exists()
+    _fake_git(monkeypatch, remote="b" * 40, local="b" * 40)  # after the restart: the newest, the cell goes on
+    assert bootstrap._update_checkout(tmp_path) is True
+
+
+def test_an_older_checkout_with_the_learners_changes_or_a_failed_fetch_gets_the_command_that_updates_it(
+        tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("COLAB_RELEASE_TAG", "test")
+    (tmp_path / ".git").mkdir()
+    calls = _fake_git(monkeypatch, remote="b" * 40, dirty=" M helpers/train.py\n")
+    assert bootstrap._update_checkout(tmp_path) is False and "reset" not in [c[0] for c in calls]
+    out = capsys.readouterr().out
+    assert "has changes of yours" in out and f"git -C {tmp_path} reset --hard FETCH_HEAD" in out
+    _fake_git(monkeypatch, remote="b" * 40, fetch_ok=False)
+    assert bootstrap._update_checkout(tmp_path) is False
+    assert "update failed (git said 'fatal: unable to access: Could not resolve host')" in capsys.readouterr().out
+    monkeypatch.delenv("COLAB_RELEASE_TAG")
+    calls = _fake_git(monkeypatch, remote="b" * 40)
+    assert bootstrap._update_checkout(tmp_path) is True and calls == []  # a developer's checkout: left alone
+
+
+def test_an_incomplete_course_folder_is_refused_with_the_fix(tmp_path, monkeypatch):
+    """Issue 41 item 8: /content/deepspeed-course without the course (an interrupted clone) failed the same way at
+    every run of the cell."""
+    monkeypatch.setenv("COLAB_RELEASE_TAG", "test")
+    (tmp_path / "helpers").mkdir()
+    (tmp_path / "helpers" / "__init__.py").write_text("")
+    with pytest.raises(RuntimeError, match=rf"incomplete \(pyproject.toml, requirements-colab.txt missing\).*"
+                                           rf"`!rm -rf {tmp_path}`"):
+        bootstrap._check_checkout(tmp_path)
+    bootstrap._check_checkout(ROOT)  # a checkout passes

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from conftest import fake_runtime
@@ -163,6 +165,46 @@ def test_smoke_size_shrinks_colab_defaults_and_keeps_what_the_learner_set(cpu, t
     assert smoke_size(ns, t4, MICRO_BATCH=(4, 2)) == {"MICRO_BATCH": 4}  # a GPU keeps the Colab size
     with pytest.raises(NameError, match="run the parameters cell first"):
         smoke_size({}, cpu, MICRO_BATCH=(4, 2))
+
+
+BAD_PARAMETERS = [  # issue 41 item 2: (name, bad value, defaults (Colab, CPU)) as the notebooks pass them
+    ("STEPS", 0, (60, 40)), ("HIDDEN", 0, (2048, 256)), ("LOGITS_TILE", 0, (1024, 256)),
+    ("LOGITS_TILE", -256, (1024, 256)), ("TRY_LENGTHS", (), ((4096, 16384, 65536), (512, 2048))),
+    ("MEASURE_LENGTHS", (), ((1024, 2048, 4096, 8192), (256, 512, 1024))),
+    ("MEASURE_LENGTHS", (256.0, 512.0), ((1024, 2048, 4096, 8192), (256, 512, 1024))), ("SEQ_LEN", "512", (512, 64)),
+    ("SEQ_LEN", 64.5, (512, 64)), ("STEPS", True, (60, 40)), ("LR", 0, (1e-3, 3e-3)), ("LR", "1e-3", (1e-3, 3e-3)),
+    ("WALL_MODEL", "", ("gpt2-large", "gpt2-tiny")), ("CHECKPOINTING", "no", (True, False)),
+    ("AUX_SWEEP", (-0.1,), ((0.0, 0.01, 0.1), (0.0, 0.01))), ("LADDER_RUNGS", [], (["a:gpt2-xl"], ["a:gpt2-tiny"])),
+]
+
+
+@pytest.mark.parametrize("name,bad,defaults", BAD_PARAMETERS)
+def test_smoke_size_refuses_a_parameter_not_of_its_defaults_kind_with_a_fix_that_passes(cpu, t4, name, bad,
+                                                                                         defaults):
+    """Issue 41 item 2: STEPS = 0, LOGITS_TILE = 0, TRY_LENGTHS = (), SEQ_LEN = '512' failed minutes later; now the
+    parameters' cell refuses them on any runtime, naming the parameter and its value, before changing anything."""
+    import ast
+
+    from helpers.hardware import smoke_size
+
+    for runtime in (cpu, t4):
+        ns = {name: bad, "MICRO_BATCH": 4}
+        with pytest.raises(ValueError, match=rf"^{name} = ") as info:
+            smoke_size(ns, runtime, MICRO_BATCH=(4, 2), **{name: defaults})
+        assert repr(bad) in str(info.value) and ns == {name: bad, "MICRO_BATCH": 4}  # nothing shrunk
+        fix = ast.literal_eval(re.search(rf"Fix: {name} = (.+?)(?: \(its Colab value\))? in the parameters",
+                                         str(info.value)).group(1))
+        ns[name] = fix
+        smoke_size(ns, runtime, MICRO_BATCH=(4, 2), **{name: defaults})  # the fix passes
+
+
+def test_smoke_size_accepts_what_the_notebooks_pass(cpu):
+    from helpers.hardware import smoke_size
+
+    ns = {"AUX_SWEEP": (0, 0.5), "LR": 1, "LENGTHS": [512, 1024], "RUNGS": ["x:gpt2"], "SEQ_LEN": "512"}
+    smoke_size(ns, cpu, AUX_SWEEP=((0.0, 0.01, 0.1), (0.0, 0.01)), LR=(1e-3, 3e-3), LENGTHS=((1, 2), (3,)),
+               RUNGS=(["a:b"], ["c:d"]))
+    assert smoke_size(ns, cpu, SEQ_LEN=("gpt2", "gpt2-tiny")) == {"SEQ_LEN": "512"}  # a string where one is meant
 
 
 def test_the_colab_profile_without_a_gpu_has_colab_s_budgets_and_says_so(monkeypatch, tmp_path):

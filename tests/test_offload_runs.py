@@ -1,6 +1,9 @@
 """helpers.OffloadRuns (notebook 02): the complete configs it runs, and the RAM account whose rows add up to the verdict
 it prints (issue 52 item 3), computed at the sizes it is given (the Colab what-if never at a CPU run's smoke size)."""
+import os
 import re
+
+from pathlib import Path
 
 import pytest
 
@@ -65,7 +68,7 @@ def test_each_config_is_complete_deepspeed_json_with_its_own_nvme_folder(runs, t
         zero = cfg["zero_optimization"]
         for block in ("offload_optimizer", "offload_param"):
             if zero.get(block, {}).get("device") == "nvme":
-                assert zero[block]["nvme_path"] == str(tmp_path / "nvme" / kind)
+                assert zero[block]["nvme_path"] == str(tmp_path / "nvme" / f"pid-{os.getpid()}" / kind)
                 assert "aio" in cfg
     full = runs.config("ZeRO-3, params+optimizer on NVMe", "gpt2-large")["zero_optimization"]["offload_param"]
     assert full["buffer_size"] >= shape.largest_layer_params
@@ -75,3 +78,69 @@ def test_each_config_is_complete_deepspeed_json_with_its_own_nvme_folder(runs, t
 
 def test_nothing_ran_says_so(runs):
     assert runs.compare().startswith("no config trained here")
+
+
+def test_a_tilde_nvme_path_is_the_home_folder_and_a_file_is_refused_with_a_folder_that_passes(tmp_path, monkeypatch):
+    """Issue 41 item 2: NVME_PATH = '~/nvme' made a folder named '~' in notebooks/ while the config expanded '~'; a
+    path that is a file gave a raw FileExistsError."""
+    from helpers.checks import ConfigError
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    runs = helpers.OffloadRuns(fake_runtime(), tmp_path / "work", nvme_path="~/nvme", seq_len=32, micro_batch=2,
+                               steps=4, lr=1e-3)
+    assert runs.nvme_path == tmp_path / "nvme"
+    cfg = runs.config("ZeRO-3, optimizer on NVMe", "gpt2-tiny")
+    assert cfg["zero_optimization"]["offload_optimizer"]["nvme_path"].startswith(str(tmp_path / "nvme" / "pid-"))
+    (tmp_path / "a-file").write_text("not a folder")
+    for path in (tmp_path / "a-file", tmp_path / "a-file" / "nvme"):
+        with pytest.raises(ConfigError, match=r"is a file, not a folder.*Fix: pick a folder, e.g. NVME_PATH='") as e:
+            helpers.OffloadRuns(fake_runtime(), tmp_path, nvme_path=path, seq_len=32, micro_batch=2, steps=4, lr=1e-3)
+        fix = re.search(r"NVME_PATH='([^']+)'", str(e.value)).group(1)
+        os.makedirs(fix, exist_ok=True)  # what the message says to do first
+        assert helpers.OffloadRuns(fake_runtime(), tmp_path, nvme_path=fix, seq_len=32, micro_batch=2, steps=4,
+                                   lr=1e-3).nvme_path == Path(fix)
+
+
+@pytest.mark.slow
+def test_two_kernels_on_one_nvme_path_keep_their_own_swap_files(tmp_path, monkeypatch):
+    """Issue 41 item 7: two kernels of notebook 02 on one checkout shared build/nvme/<config> and removed each
+    other's swap files. Each process (two fake pids here) swaps under <NVMe path>/pid-<pid>/, removes only that,
+    and the folder of a process that is gone is removed by the next one that runs."""
+    import helpers.fresh_process as fp
+    import helpers.runtime as rt
+    from helpers.train import RunResult
+
+    base = tmp_path / "nvme"
+    alive = {1001, 1002}
+    monkeypatch.setattr(rt, "_pid_alive", lambda pid: pid in alive)
+    kernels = {}
+    for pid in (1001, 1002):
+        monkeypatch.setattr(os, "getpid", lambda pid=pid: pid)
+        kernels[pid] = helpers.OffloadRuns(fake_runtime(), tmp_path / str(pid), nvme_path=base, seq_len=32,
+                                           micro_batch=2, steps=4, lr=1e-3)
+    name = "ZeRO-3, optimizer on NVMe"
+    monkeypatch.setattr(os, "getpid", lambda: 1001)
+    a_cfg = kernels[1001].config(name, "gpt2-tiny")
+    a_folder = Path(a_cfg["zero_optimization"]["offload_optimizer"]["nvme_path"])
+    a_folder.mkdir(parents=True)
+    a_file = a_folder / "zero_stage_3" / "optimizer" / "rank0" / "0_27.tensor.swp"
+    a_file.parent.mkdir(parents=True)
+    a_file.write_bytes(b"\0" * 4096)  # kernel A is mid-run
+    seen = {}
+
+    def child(run_name, cfg, model, **kw):  # kernel B's child: writes its swap file, sees A's
+        folder = Path(cfg["zero_optimization"]["offload_optimizer"]["nvme_path"])
+        (folder / "0_1.tensor.swp").write_bytes(b"\0" * 4096)
+        seen.update(nvme_path=kw["nvme_path"], a_file=a_file.exists())
+        return RunResult(name=run_name, model=model, params=0, config=run_name, precision="fp16", micro_batch=2,
+                         grad_accum=1, seq_len=32, steps=4, checkpointing=True, runtime="fake", error="a fake child")
+
+    monkeypatch.setattr(fp, "train_in_fresh_process", child)
+    monkeypatch.setattr(rt, "release_host_memory", lambda: 0)  # this process's RSS (psutil reads the real pid)
+    monkeypatch.setattr(os, "getpid", lambda: 1002)
+    assert kernels[1002].train(name, "gpt2-tiny") is None  # the fake child "failed": nothing else to judge
+    assert seen == {"nvme_path": base / "pid-1002" / kernels[1002].kind(name), "a_file": True}
+    assert a_file.exists() and not (base / "pid-1002").exists()  # B removed only its own folder
+    alive.discard(1001)  # kernel A is gone (killed mid-run): the next run here removes its folder
+    kernels[1002].train(name, "gpt2-tiny")
+    assert not (base / "pid-1001").exists() and list(base.iterdir()) == []

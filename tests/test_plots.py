@@ -1,4 +1,5 @@
 import matplotlib
+import pytest
 
 from helpers.memory import estimate_model_states
 from helpers.plots import plot_losses, plot_memory_breakdown, plot_memory_timeline, plot_peak_vram
@@ -163,3 +164,35 @@ def test_the_planner_s_picture_keeps_its_size_and_readable_labels_in_a_narrow_co
     width, height = (round(v * 100) for v in fig.get_size_inches())
     assert f'style="width:{width}px;height:{height}px;max-width:none"' in page and "overflow-x:auto" in page
     assert re.search(r'style="max-width:100%;height:auto"', figure_html(fig))  # other figures: as before
+
+
+@pytest.mark.parametrize("offload", [dict(offload_optimizer="nvme", offload_param="nvme"), {}])
+def test_the_planner_s_picture_fits_the_column_beside_an_open_file_browser_whole(offload):
+    """Issue 41 item 9: at 900 px with the file browser open the output column is 449 px and the 760 px picture
+    showed its left part (the title cut to '...fp32: CPU or', the totals and the legend hidden until scrolled). Now
+    it is at most 449 px wide at its own pixel size, and everything drawn - the wrapped title, each panel's labels
+    and total, the legend below the panels - lies inside it."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from conftest import fake_runtime
+    from helpers.planner import plan
+    from helpers.plots import plot_plan
+
+    runtime = fake_runtime(gpu_name="NVIDIA H100 80GB HBM3", t4_budget=True, emulation="cgroup")
+    p = plan("gpt2-xl", 3, runtime=runtime, ram_in_use=int(1e9), **offload)
+    fig = plot_plan(p, show=False)
+    width, height = (v * 100 for v in fig.get_size_inches())
+    assert width <= 449
+    FigureCanvasAgg(fig)
+    fig.set_dpi(100)
+    renderer = fig.canvas.get_renderer()
+    fig.canvas.draw()
+    texts = fig.texts + [t for ax in fig.axes for t in ax.texts]  # the title; each panel's budget and total
+    assert any(runtime.label.split()[0] in t.get_text() for t in fig.texts)  # the title, the runtime's label in it
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts]
+    boxes += [(f"panel {ax.get_xlabel()} with its tick labels", ax.get_tightbbox(renderer)) for ax in fig.axes]
+    boxes.append(("legend", fig.legends[0].get_window_extent(renderer)))
+    for what, box in boxes:
+        assert box.x0 >= -0.5 and box.x1 <= width + 0.5 and box.y0 >= -0.5 and box.y1 <= height + 0.5, (what, box)
+    legend = fig.legends[0].get_window_extent(renderer)
+    assert legend.y1 <= min(ax.get_tightbbox(renderer).y0 for ax in fig.axes)  # below the panels

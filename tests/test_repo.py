@@ -113,8 +113,11 @@ def test_executed_copies_carry_no_library_noise():
 
 def test_smoke_size_colab_values_are_the_parameters_cells():
     """helpers.smoke_size(globals(), runtime, NAME=(colab, cpu)) shrinks NAME only while it holds its Colab value:
-    that value must be the parameters cell's, or an untouched parameter would count as the learner's own."""
+    that value must be the parameters cell's, or an untouched parameter would count as the learner's own. Both
+    values pass smoke_size's check of a parameter's kind (issue 41), or an untouched notebook would be refused."""
     import ast
+
+    from helpers.hardware import _check_parameter
 
     checked = 0
     for path in NOTEBOOKS + DRAFTS:
@@ -128,8 +131,10 @@ def test_smoke_size_colab_values_are_the_parameters_cells():
             for node in ast.walk(ast.parse(cell.source)):
                 if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "smoke_size":
                     for kw in node.keywords:
-                        colab_value = ast.literal_eval(kw.value)[0]
+                        colab_value, cpu_value = ast.literal_eval(kw.value)
                         assert params[kw.arg] == colab_value, (path.name, kw.arg, params[kw.arg], colab_value)
+                        for value in (colab_value, cpu_value):  # smoke_size's check of a value's kind takes both
+                            _check_parameter(kw.arg, value, colab_value, cpu_value)
                         checked += 1
     assert checked >= 20
 

@@ -149,3 +149,17 @@ def test_a_step_moved_to_a_t4_scales_only_the_gpu_compute_by_the_datasheet_peaks
         project_to_gpu({"GPU compute": 4.0}, 50.0, 65_536, target="V100")
     with pytest.raises(ValueError, match="positive seconds"):
         project_to_gpu({"GPU compute": 4.0}, 0.0, 65_536)
+
+
+def test_a_tilde_nvme_folder_is_measured_in_the_home_folder(tmp_path, monkeypatch, cpu):
+    """Issue 41 item 2: notebook 02 passes NVME_PATH ('~/nvme' if the learner writes so) to measure_limits, whose
+    probe made a folder named '~'."""
+    monkeypatch.setattr(L, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    measured = []
+    monkeypatch.setattr(L, "_measure_disk_in_child", lambda path, aio: measured.append(path) or (1.0, 1.0))
+    monkeypatch.setattr(L, "measure_matmul", lambda dtype: 1.0)
+    limits = L.measure_limits("~/nvme", runtime=cpu, cpu_adam=False)
+    assert measured == [str(tmp_path / "nvme")] and limits.disk_path == str(tmp_path / "nvme")
+    assert not (tmp_path / "~").exists()
