@@ -4,9 +4,9 @@
     python benchmarks/cuda_context.py --out build/cuda_context.json --size gpt2-medium
 
 The course's T4 budget, helpers.T4_VRAM_GIB, is what a T4 leaves PyTorch's allocator: the card's memory less what sits
-outside the allocator, the CUDA context (helpers.T4_CUDA_CONTEXT_GIB, from real T4s' out-of-memory messages) and what
-DeepSpeed adds (helpers.T4_DEEPSPEED_ALLOWANCE_GIB, provisional until this runs). Each stage runs in a fresh child
-process and takes the ones before it, measuring after each:
+outside the allocator, the CUDA context (helpers.hardware.T4_CUDA_CONTEXT_GIB, from real T4s' out-of-memory messages)
+and what DeepSpeed adds (helpers.hardware.T4_DEEPSPEED_ALLOWANCE_GIB, provisional until this runs). Each stage runs in a
+fresh child process and takes the ones before it, measuring after each:
   context    the CUDA context alone (one small tensor)
   matmul     + a cuBLAS fp16 matmul (cuBLAS's handle and workspace, its kernels loaded)
   deepspeed  + one ZeRO-2 fp16 step of a GPT-2 (the course's zero2 config, T4 budget mode) through
@@ -234,9 +234,10 @@ def markdown(report: dict[str, Any]) -> str:
                   "figure that transfers, to check T4_DEEPSPEED_ALLOWANCE_GIB against."]
     if c.get("deepspeed_adds_gib") is not None:
         lines += ["", f"DeepSpeed adds {c['deepspeed_adds_gib']:.3f} GiB outside the allocator (deepspeed stage less "
-                  f"the matmul stage, one process); helpers.T4_DEEPSPEED_ALLOWANCE_GIB = "
+                  f"the matmul stage, one process); helpers.hardware.T4_DEEPSPEED_ALLOWANCE_GIB = "
                   f"{c['T4_DEEPSPEED_ALLOWANCE_GIB']}: {'holds' if c['allowance_holds'] else 'too small'}."]
-    lines += [f"This GPU's context after the matmul: {c['context_gib']:.3f} GiB; helpers.T4_CUDA_CONTEXT_GIB = "
+    lines += [f"This GPU's context after the matmul: {c['context_gib']:.3f} GiB; "
+              f"helpers.hardware.T4_CUDA_CONTEXT_GIB = "
               f"{c['T4_CUDA_CONTEXT_GIB']} is a T4's (real T4s' out-of-memory messages), not this GPU's.",
               *(["", *(f"Not idle: {n}" for n in report["not_idle"])] if report["not_idle"] else []),
               *(variants_markdown(report["nccl_variants"]) if report.get("nccl_variants") else [])]

@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 import helpers
-from helpers.host_buffers import DEEPSPEED_VERSION, DEVICE_SITES, parameter_numels, stage3_host_buffers, stage3_host_peak
+from helpers.host_buffers import DEVICE_SITES, parameter_numels, stage3_host_buffers, stage3_host_peak
 from helpers.memory import RUNTIME_GROWTH_BYTES
-from helpers.overflow_check import DEFAULT_CHUNK_ELEMENTS
+from helpers.overflow_check import CHECKED_DEEPSPEED, DEFAULT_CHUNK_ELEMENTS
 
 ROOT = Path(__file__).resolve().parent.parent
 GB = 1e9
@@ -113,7 +113,7 @@ def measure(args: argparse.Namespace, name: str, size: str, runtime: Any) -> dic
                                        trace_host_bytes=int(args.trace_mb * 1e6), progress=not args.quiet,
                                        mmap_threshold_mib=args.mmap_threshold_mib,
                                        chunked_overflow_check=args.chunked_overflow_check)
-    helpers.remove_nvme_leftovers(str(nvme))
+    helpers.runtime.remove_nvme_leftovers(str(nvme))
     row: dict[str, Any] = {"config": name, "model": size, "params": r.params, "precision": r.precision,
                            "error": r.error, "losses": r.losses, "peak_rss_gb": r.peak_rss_gb,
                            "baseline_rss_gb": r.baseline_rss_gb, "rss_by_phase": r.rss_by_phase,
@@ -151,7 +151,7 @@ def predicted(name: str, size: str) -> dict[str, Any]:
 
 def write_md(report: dict[str, Any], path: Path) -> None:
     lines = [f"# Host byte account of ZeRO-3 offload ({report['runtime']})", "",
-             f"DeepSpeed {report['deepspeed']} (sites checked against {DEEPSPEED_VERSION}); {report['when']}; "
+             f"DeepSpeed {report['deepspeed']} (sites checked against {CHECKED_DEEPSPEED}); {report['when']}; "
              f"{report['steps']} steps of {report['micro_batch']} x {report['seq_len']} tokens; "
              f"the trace records host storages of >= {report['trace_mb']:g} MB. Measured: the most bytes the site "
              "held at once. `python benchmarks/host_memory.py` regenerates it.", ""]
@@ -206,7 +206,7 @@ def write_md(report: dict[str, Any], path: Path) -> None:
     lines += ["## Predicted for the GPU runtime (fp16, formulas only)", "",
               f"Peak = {PREDICT_BASELINE_BYTES / GB:.2f} GB the process holds before its model + "
               f"{RUNTIME_GROWTH_BYTES / GB:.2f} GB the runtime adds + the buffers always held + the largest transient "
-              "(`helpers.stage3_host_peak`); with DeepSpeed's overflow check, and with "
+              "(`helpers.host_buffers.stage3_host_peak`); with DeepSpeed's overflow check, and with "
               "`helpers.chunk_zero3_overflow_check()`. Colab's limit in the emulation: 12.13 GB.", "",
               "| config | model | always in RAM GB | largest transient in a step GB | peak GB | peak, chunked check GB | "
               "biggest row |", "|---|---|---|---|---|---|---|"]

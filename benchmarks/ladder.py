@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--rerun {' '.join(bad)}: each is CONFIG:SIZE with CONFIG one of {list(CONFIGS)} and SIZE "
                          f"one of {list(GPT2_LADDER)}. Fix: e.g. --rerun zero3_nvme_optimizer:gpt2-xl")
     if args.emulate:  # the whole emulation: fp16 and the T4 budget too, here and in every child (issue 41: without
-        os.environ[helpers.T4_BUDGET_ENV] = "1"  # DS_COURSE_T4_BUDGET it ran bf16 with the whole GPU's memory)
+        os.environ[helpers.hardware.T4_BUDGET_ENV] = "1"  # DS_COURSE_T4_BUDGET it ran bf16 with the whole GPU's memory)
     started = time.perf_counter()
     runtime = helpers.detect_runtime()
     if args.emulate:

@@ -95,7 +95,7 @@ def warmed_base_rss(config: Any, warm_up_ds_config: dict[str, Any], technique: s
     warm = helpers.build_long_context_engine(config, warm_up_ds_config, technique)
     helpers.train_at_length(warm, tokens, min(WARM_UP_SEQ_LEN, len(tokens)), technique, logits_tile_tokens=tile,
                             max_steps=1)
-    helpers.destroy_engine(warm)
+    helpers.runtime.destroy_engine(warm)
     del warm
     gc.collect()
     if torch.cuda.is_available():
@@ -121,7 +121,7 @@ def child(spec_path: Path) -> int:
     config = helpers.long_context_config(spec["vocab"], hidden=spec["hidden"], intermediate=spec["intermediate"],
                                          layers=spec["layers"], heads=spec["heads"], kv_heads=spec["kv_heads"])
     shape = helpers.long_context_shape(config)
-    helpers.warm_up_cuda()
+    helpers.runtime.warm_up_cuda()
     base_rss = warmed_base_rss(config, spec["warm_up_ds_config"], technique, tokens, tile)
     engine = helpers.build_long_context_engine(config, spec["ds_config"], technique)
     n_params = sum(p.numel() for p in engine.module.parameters())
@@ -160,7 +160,7 @@ def child(spec_path: Path) -> int:
         r = helpers.train_at_length(engine, tokens, seq_len, technique, logits_tile_tokens=tile,
                                     max_steps=spec["max_steps"])
         if not r.engine_usable:  # an out-of-memory error left a half-done backward in it
-            helpers.destroy_engine(engine)
+            helpers.runtime.destroy_engine(engine)
             engine = None
             gc.collect()
             engine = helpers.build_long_context_engine(config, spec["ds_config"], technique)
@@ -357,7 +357,7 @@ def reestimated(lines: list[dict[str, Any]], config: dict[str, Any], technique: 
     start = next((x for x in reversed(starts) if x.get("base_rss")), starts[-1] if starts else None)
     if start is None:
         return lines
-    shape = helpers.LongContextShape(**start["shape"])
+    shape = helpers.long_context.LongContextShape(**start["shape"])
     base = start.get("base_rss") or start["baseline_rss"]
     config = start.get("ds_config") or config  # the runtime's the rung ran on (a report-only run may be on a CPU)
     return [{**x, "estimate": estimate_row(shape, start["n_params"], config, x["seq_len"], technique, tile, base)}

@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
     for lr in args.lrs:
-        helpers.check_number("--lrs", lr, positive=True, integer=False, example=1e-4)
+        helpers.checks.check_number("--lrs", lr, positive=True, integer=False, example=1e-4)
     import torch
     from transformers import AutoModelForCausalLM
 

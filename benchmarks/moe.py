@@ -53,7 +53,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def row(run: helpers.RunResult) -> dict:
+def row(run: helpers.train.RunResult) -> dict:
     """A report row of one MoE run (`train_run` with `MoEHooks`): the record without its per-step curves, plus the
     LM and aux losses rounded, the first/last-5 means, the expert load and the routing's headline numbers."""
     e = run.extras
@@ -72,7 +72,7 @@ def row(run: helpers.RunResult) -> dict:
     return d
 
 
-def expert_parallel(args: argparse.Namespace, runtime: helpers.Runtime, blocks, vocab: int) -> dict:
+def expert_parallel(args: argparse.Namespace, runtime: helpers.hardware.Runtime, blocks, vocab: int) -> dict:
     """Run the 2-process expert-parallel script; return its per-rank reports."""
     device = "cuda" if runtime.gpu_count >= 2 else "cpu"
     out = args.work_dir / "expert_parallel"

@@ -1,4 +1,4 @@
-"""How many NVMe parameter swap buffers does ZeRO-3 need? (backs `helpers.check_nvme_buffers`; issue 13)
+"""How many NVMe parameter swap buffers does ZeRO-3 need? (backs `helpers.config.check_nvme_buffers`; issue 13)
 
 Trains a small model whose 10 weight tensors are all swapped to NVMe (each >= 1 MiB in bf16) for 3 steps with
 parameters on NVMe, one process on CPU, for each setting in the grid; prints OK or DeepSpeed's assertion.

@@ -44,7 +44,7 @@ def measure(args: argparse.Namespace, size: str, chunked: bool, runtime: Any) ->
                                        tokenizer_dir=args.work_dir / "tokenizer", steps=args.steps,
                                        untimed_steps=args.untimed_steps, seq_len=args.seq_len, nvme_path=nvme,
                                        max_blocks=64, chunked_overflow_check=chunked, progress=not args.quiet)
-    helpers.remove_nvme_leftovers(str(nvme))
+    helpers.runtime.remove_nvme_leftovers(str(nvme))
     return {"model": size, "params": shape.n_params, "check": "chunked" if chunked else "DeepSpeed's",
             "precision": r.precision, "error": r.error, "losses": r.losses,
             "skipped_at_steps": r.extras.get("skipped_at_steps", []), "skipped_steps": r.extras.get("skipped_steps"),

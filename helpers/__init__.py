@@ -1,9 +1,10 @@
 """Helpers for the DeepSpeed course notebooks: `import helpers`, then `helpers.<name>` for every public name.
 
-Each module lists its public names in `__all__` and is imported here whole. None of them imports torch, deepspeed,
-transformers or matplotlib at import time (they do inside the functions that need them), so ``import helpers``
-is quick and works without them. helpers.gpt (the course GPT, torch at import) is imported on its own:
-``from helpers.gpt import ...``. docs/architecture.md says which module is for what.
+Each module lists its public names in `__all__` (what the notebooks call; the rest is imported from its module) and
+is imported here whole. None of them imports torch, deepspeed, transformers or matplotlib at import time (they do
+inside the functions that need them), so ``import helpers`` is quick and works without them. helpers.gpt (the course
+GPT, torch at import) is imported on its own: ``from helpers.gpt import ...``. docs/architecture.md says which module
+is for what.
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Callable, Iterable
 
-__all__ = ["check_replaceable", "needs_writing", "write_atomically"]
+__all__ = []
 
 
 def _pid_alive(pid: int) -> bool:

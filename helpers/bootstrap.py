@@ -26,8 +26,7 @@ from helpers.hardware import in_colab
 from helpers.progress import course_progress_bars
 from helpers.runtime import announce_op_builds, warm_up_deepspeed
 
-__all__ = ["BOOTSTRAP_CELL", "DIST_NAME", "course_root", "install_libaio", "install_on_colab", "installed_root",
-           "installed_versions", "launched_programs_import", "quiet_warnings", "start_notebook", "work_dir"]
+__all__ = ["start_notebook", "work_dir"]
 
 BOOTSTRAP_CELL = '''\
 # The course's bootstrap, the same cell in every notebook (helpers/bootstrap.py): find the course (on Colab, clone it)
@@ -60,7 +59,8 @@ def course_root() -> Path:
 
 
 def work_dir(name: str, root: str | os.PathLike[str] | None = None) -> Path:
-    """The notebook's own folder `build/<name>` in the checkout (made if missing), e.g. work_dir("nb02")."""
+    """The notebook's own folder `build/<name>` in the checkout (made if missing), e.g. work_dir("nb02")
+    (notebook 00)."""
     if not name or os.sep in name or name in (".", ".."):
         raise ValueError(f"work_dir needs a plain folder name such as 'nb02' (got {name!r})")
     path = Path(root or course_root()) / "build" / name
@@ -322,7 +322,7 @@ def launched_programs_import(root: Path) -> str:
 
 def start_notebook() -> None:
     """Everything a notebook needs before its parameters cell (the runtime comes after them:
-    `runtime = helpers.detect_runtime(T4_BUDGET)`, once).
+    `runtime = helpers.detect_runtime(T4_BUDGET)`, once) (notebook 00).
 
     Prints one status block: where the course code is, torch and DeepSpeed versions. First the checkout is checked:
     complete (`_check_checkout`) and, on Colab, as new as the course on GitHub (`_update_checkout`).

@@ -6,8 +6,8 @@ while watching it.
 - `check_capstone_inputs`: the parameters cell's values, refused with the fix before anything runs (issue 41's style);
 - `capstone_model`: where train.py's from_pretrained gets a model id from (the Hub, the local cache, or offline a
   GPT-2-shaped stand-in built from its config once the plan passes, saying so) and the words for its weights;
-- `pick_plan`: the first course config (`helpers.FALLBACK_LADDER`: ZeRO-2, then the offload configs) that the planner
-  predicts fits this runtime, or a refusal naming a smaller model that one does fit;
+- `pick_plan`: the first course config (`helpers.planner.FALLBACK_LADDER`: ZeRO-2, then the offload configs) that the
+  planner predicts fits this runtime, or a refusal naming a smaller model that one does fit;
 - `capstone_data`: the corpus train.py reads (a Hub name, or offline the shipped corpus, saying so);
 - `run_script`: train.py in a fresh process (a process group of its own), with a progress bar from the first second,
   the peak RSS of its process tree, the peak GPU memory it logs, and the disk its output and offload folders take.
@@ -31,8 +31,7 @@ if TYPE_CHECKING:
     from helpers.hardware import Runtime
     from helpers.planner import Plan
 
-__all__ = ["CAPSTONE_SCRIPT", "ModelSource", "ScriptRun", "capstone_data", "capstone_model", "check_capstone_inputs", "pick_plan",
-           "run_script"]
+__all__ = ["capstone_data", "capstone_model", "check_capstone_inputs", "pick_plan", "run_script"]
 
 ROOT = Path(__file__).resolve().parent.parent
 CAPSTONE_SCRIPT = ROOT / "notebooks" / "programs" / "train_your_model.py"
@@ -40,7 +39,7 @@ _EXAMPLE_MODEL = "gpt2-medium"
 
 
 def check_capstone_inputs(model_id: Any, *, seq_len: Any, steps: Any, micro_batch: Any) -> None:
-    """The parameters cell's values: a model id (a non-empty string), whole positive numbers."""
+    """The parameters cell's values: a model id (a non-empty string), whole positive numbers (notebook 07)."""
     if not isinstance(model_id, str) or not model_id.strip() or model_id != model_id.strip():
         raise ConfigError(f"MODEL_ID must be a Hugging Face model id or a model folder (got {model_id!r}). "
                           f"Fix: MODEL_ID = {_EXAMPLE_MODEL!r}.")
@@ -73,7 +72,7 @@ class ModelSource:
 
 
 def capstone_model(model_id: str) -> ModelSource:
-    """Where the id the learner typed loads from, checked without downloading or building anything.
+    """Where the id the learner typed loads from, checked without downloading or building anything (notebook 07).
 
     A folder loads as it is. A Hub id loads from the Hub (Colab) or the local cache (the course's stand-in cache: its
     weights are called "stand-in"). Where neither serves it, a GPT-2 size of the course (helpers.GPT2_LADDER:
@@ -111,7 +110,8 @@ def capstone_model(model_id: str) -> ModelSource:
 
 def pick_plan(model: str, runtime: "Runtime", *, seq_len: int, micro_batch: int,
               nvme_path: str | None = None) -> tuple[str, "Plan"]:
-    """(course config name, its plan) for the first config of helpers.FALLBACK_LADDER predicted to fit `runtime`.
+    """(course config name, its plan) for the first config of helpers.planner.FALLBACK_LADDER predicted to fit `runtime`
+    (notebook 07).
 
     A model no course config fits, NVMe included, is refused with a smaller model that fits (checked by the same
     planner); a `seq_len` longer than the model takes, with the longest it takes."""
@@ -150,7 +150,7 @@ def pick_plan(model: str, runtime: "Runtime", *, seq_len: int, micro_batch: int,
 def capstone_data(dataset: Any) -> tuple[str, str]:
     """(what train.py's --data gets, the words for it): a folder of .txt files as it is; a Hub corpus ("name:config")
     where the Hub or the local cache serves it; otherwise, for the course's default corpus, the shipped one
-    (data/shakespeare), saying so. Another name the Hub cannot serve is refused with the fix."""
+    (data/shakespeare), saying so (notebook 07). Another name the Hub cannot serve is refused with the fix."""
     from helpers.data import LOCAL_CORPUS
     from helpers.hub import HUB_DEFAULTS, check_hub_name, hub_available, hub_stand_in
 
@@ -271,9 +271,9 @@ def run_script(script: str | Path, args: list[str], *, out: str | Path, steps: i
                env: dict[str, str] | None = None, timeout_s: float | None = None, desc: str = "train.py",
                runtime: "Runtime | None" = None) -> ScriptRun:
     """`python script *args` in a fresh process group, watched: a progress bar from the first second (the script's
-    last printed line, the step from its loss.jsonl), peak RSS of its process tree, disk of `out` and `nvme_path`.
-    Interrupting the cell stops the whole group. With `runtime` in T4 budget mode on a bigger GPU, the script's CUDA
-    allocator is capped at the notebook's budget (`_script_command`)."""
+    last printed line, the step from its loss.jsonl), peak RSS of its process tree, disk of `out` and `nvme_path`
+    (notebook 07). Interrupting the cell stops the whole group. With `runtime` in T4 budget mode on a bigger GPU, the
+    script's CUDA allocator is capped at the notebook's budget (`_script_command`)."""
     from helpers.fresh_process import _stop_group, _tree_rss
     from helpers.progress import progress_bar
 

@@ -25,7 +25,7 @@ __all__ = ["build_zero3_model", "release_zero3", "save_checkpoint", "resume_chec
 
 def build_zero3_model(ds_config: dict[str, Any], name_or_path: str | None = None, config: Any = None,
                       seed: int | None = None) -> tuple[Any, Any]:
-    """(model, keep_alive): a causal LM built partitioned under ZeRO-3 via HfDeepSpeedConfig.
+    """(model, keep_alive): a causal LM built partitioned under ZeRO-3 via HfDeepSpeedConfig (notebook 02).
 
     Give a checkpoint (`name_or_path`, loaded with from_pretrained) or a `config` (from_config, random
     weights initialised as without ZeRO). Keep `keep_alive` referenced until deepspeed.initialize has
@@ -52,7 +52,7 @@ def build_zero3_model(ds_config: dict[str, Any], name_or_path: str | None = None
 
 
 def release_zero3() -> None:
-    """Forget the global ZeRO-3 config, so later models are built whole again (after a ZeRO-3 run)."""
+    """Forget the global ZeRO-3 config, so later models are built whole again (after a ZeRO-3 run) (notebook 02)."""
     from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
     unset_hf_deepspeed_config()
@@ -106,7 +106,7 @@ def _saved_tags(directory: Path) -> list[str]:
 
 
 def resume_checkpoint(engine: Any, directory: str | Path, tag: str | None = None) -> dict[str, Any]:
-    """engine.load_checkpoint into a freshly initialised engine of the same config; returns client state.
+    """engine.load_checkpoint into a freshly initialised engine of the same config; returns client state (notebook 02).
 
     Checked first, each with its fix (issue 41: DeepSpeed ends in a bare AssertionError): the tag ('latest' when
     None) is a saved folder, not an interrupted save's; the checkpoint was saved at the engine's kind of ZeRO stage
@@ -145,7 +145,8 @@ def resume_checkpoint(engine: Any, directory: str | Path, tag: str | None = None
 
 def consolidate_to_hf(checkpoint_dir: str | Path, model_config: Any, out_dir: str | Path,
                       tag: str | None = None) -> Path:
-    """zero_to_fp32: merge a ZeRO-2/3 checkpoint into one fp32 state dict, save it as a Hugging Face model.
+    """zero_to_fp32: merge a ZeRO-2/3 checkpoint into one fp32 state dict, save it as a Hugging Face model
+    (notebook 02).
 
     `out_dir` is written atomically (a previous model there is replaced once the new one is complete); a folder
     holding anything but a saved model is refused before the checkpoint is read (notebook 02).
@@ -171,13 +172,14 @@ def consolidate_to_hf(checkpoint_dir: str | Path, model_config: Any, out_dir: st
 # ---------------------------------------------------------------- saved ZeRO-3 weights, checked (notebook 04)
 
 def placeholder_tensors(state_dict: dict[str, Any]) -> tuple[int, int]:
-    """(empty tensors, all tensors) in a state dict: ZeRO-3 leaves its partitioned parameters as shape [0]."""
+    """(empty tensors, all tensors) in a state dict: ZeRO-3 leaves its partitioned parameters as shape [0]
+    (notebook 04)."""
     empty = sum(1 for t in state_dict.values() if hasattr(t, "numel") and t.numel() == 0)
     return empty, len(state_dict)
 
 
 def check_saved_weights(directory: str | Path, engine: Any) -> dict[str, Any]:
-    """Compare a saved model folder with the engine's (gathered) ZeRO-3 weights, tensor by tensor.
+    """Compare a saved model folder with the engine's (gathered) ZeRO-3 weights, tensor by tensor (notebook 04).
 
     Returns {"file", "tensors", "empty", "shape_mismatches", "max_abs_diff"}; a folder without weights
     raises FileNotFoundError naming the fix.
@@ -223,7 +225,7 @@ def _full_tensor(param: Any) -> Any:
 
 
 def logits_for(model: Any, ids: Any) -> Any:
-    """Logits of `model` (an engine or a plain model) for `ids`, in fp32 on the CPU, without gradients."""
+    """Logits of `model` (an engine or a plain model) for `ids`, in fp32 on the CPU, without gradients (notebook 04)."""
     import torch
 
     was_training = model.training

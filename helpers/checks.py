@@ -9,14 +9,13 @@ import contextlib
 import math
 from typing import Any
 
-__all__ = ["OFFLOAD_DEVICES", "ConfigError", "check_model_size", "check_number", "check_offload_device",
-           "check_run_lengths", "check_runtime"]
+__all__ = ["ConfigError", "check_run_lengths"]
 
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 
 
 class ConfigError(ValueError):
-    """A DeepSpeed config that cannot work here; the message says how to fix it."""
+    """A DeepSpeed config that cannot work here; the message says how to fix it (notebook 07)."""
 
 
 def _as_number(value: Any) -> float | None:

@@ -27,11 +27,8 @@ from helpers.memory import estimate_for_config
 if TYPE_CHECKING:
     from helpers.hardware import Runtime
 
-__all__ = ["AUTO_FIELDS", "COURSE_CONFIGS", "COURSE_CONFIG_PRECISION", "HIDDEN_SIZE_AUTO", "LADDER_CONFIGS",
-           "NAMED_CONFIGS", "NVME_MIN_FREE_BYTES", "OFFLOAD_KINDS", "TRAINER_CONFIGS", "NamedConfig",
-           "activation_checkpointing_hint", "trainer_ds_config", "build_ds_config", "check_nvme_buffers",
-           "check_nvme_path", "course_config", "named_config", "nvme_buffer_size_for", "offload_config",
-           "validate_ds_config", "write_course_configs", "CONFIG_KEYS", "CONFIG_REFERENCE", "explain_config"]
+__all__ = ["NAMED_CONFIGS", "OFFLOAD_KINDS", "trainer_ds_config", "build_ds_config", "check_nvme_path", "course_config",
+           "offload_config", "validate_ds_config", "explain_config"]
 
 PRECISIONS = ("auto", "fp16", "bf16", "fp32")
 OPTIMIZERS = ("AdamW", "Adam")
@@ -166,7 +163,7 @@ def _leftovers_note(p: Path) -> str:
         return ""
     return (f" {size / 1e6:.1f} MB of that folder are {len(files)} DeepSpeed swap files that earlier runs left in "
             f"{str(p / SWAP_ROOT)!r} (a kernel restarted or killed mid-run, or older course code); no engine of "
-            f"this kernel uses them. Remove them first: helpers.remove_nvme_leftovers({str(p)!r}) (or, with no "
+            f"this kernel uses them. Remove them first: helpers.runtime.remove_nvme_leftovers({str(p)!r}) (or, with no "
             f"run using the folder, shutil.rmtree({str(p / SWAP_ROOT)!r})).")
 
 
@@ -196,7 +193,7 @@ def check_nvme_buffers(buffer_count: Any, buffer_size: Any, *, element_bytes: in
                 f"the smallest tensor DeepSpeed swaps to NVMe ({smallest:,} elements of {element_bytes} bytes = 1 MiB)")
         raise ConfigError(f"nvme_buffer_size must hold {what} (got {buffer_size!r}); DeepSpeed fails in initialize "
                           f"with 'More elements ... than buffer size'. Fix: nvme_buffer_size="
-                          f"{nvme_buffer_size_for(needed)} (helpers.nvme_buffer_size_for(largest_param)).")
+                          f"{nvme_buffer_size_for(needed)} (helpers.config.nvme_buffer_size_for(largest_param)).")
 
 
 def _check_betas(betas: Any) -> None:
@@ -519,8 +516,9 @@ def named_config(name: str) -> NamedConfig:
 
 def course_config(name: str, runtime: Runtime | None = None, **overrides: Any) -> dict[str, Any]:
     """The named config (NAMED_CONFIGS) as a DeepSpeed dict; with `runtime`, precision follows it (fp32 on CPU,
-    fp16 on T4), without it the Colab T4's fp16 of configs/. NVMe folders are not checked (`offload_config` does,
-    and sizes NVMe parameter buffers for a model). "plain" gives the stage-0 config a plain PyTorch run reads."""
+    fp16 on T4), without it the Colab T4's fp16 of configs/ (notebook 01). NVMe folders are not checked
+    (`offload_config` does, and sizes NVMe parameter buffers for a model). "plain" gives the stage-0 config a plain
+    PyTorch run reads."""
     kwargs: dict[str, Any] = {"precision": COURSE_CONFIG_PRECISION, "check_paths": False,
                               **named_config(name).kwargs}
     if runtime is not None:
@@ -531,7 +529,8 @@ def course_config(name: str, runtime: Runtime | None = None, **overrides: Any) -
 
 def offload_config(kind: str, runtime: Runtime, *, largest_param: int = 0, nvme_path: str | None = None,
                    n_params: int = 0, **overrides: Any) -> dict[str, Any]:
-    """The offload config `kind` (OFFLOAD_KINDS) sized for a model whose largest tensor has `largest_param` elements.
+    """The offload config `kind` (OFFLOAD_KINDS) sized for a model whose largest tensor has `largest_param` elements
+    (notebook 02).
 
     With parameters on NVMe every parameter in memory holds one swap buffer: buffers hold the largest tensor
     (the embedding); 8 buffers (`check_nvme_buffers` says what sets the number needed). On CPU, NVMe
@@ -767,7 +766,7 @@ def explain_config(config: dict[str, Any]) -> str:
 
 
 def validate_ds_config(config: dict[str, Any]) -> dict[str, Any]:
-    """Run DeepSpeed's own pydantic config classes over `config`; raise ConfigError with the reason."""
+    """Run DeepSpeed's own pydantic config classes over `config`; raise ConfigError with the reason (notebook 00)."""
     from deepspeed.runtime.config import DeepSpeedConfig
 
     try:

@@ -13,8 +13,8 @@ from typing import Any
 
 from helpers.atomic import needs_writing, write_atomically
 
-__all__ = ["EOS", "LOCAL_CORPUS", "TOKENIZER_FILES", "as_tensors", "block_loader", "corpus_files", "load_text_dataset",
-           "token_stream", "load_tokenizer", "pack_blocks", "tokenizer_folder_problem", "train_tokenizer"]
+__all__ = ["as_tensors", "block_loader", "load_text_dataset", "token_stream", "load_tokenizer", "pack_blocks",
+           "train_tokenizer"]
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCAL_CORPUS = ROOT / "data" / "shakespeare"
@@ -33,8 +33,8 @@ def load_text_dataset(source: str = "local", *, val_fraction: float = 0.05, seed
     """A DatasetDict with 'train' and 'validation' text splits (notebook 01).
 
     `source`: "local" (the shipped corpus), a folder of .txt files, or "hub_name[:config]". A Hub name that is
-    neither in the local cache nor served by the Hub within helpers.HUB_LOOKUP_TIMEOUT_S is refused with the fix
-    before datasets retries (`helpers.check_hub_name`); a cached one loads from the cache when the Hub does not
+    neither in the local cache nor served by the Hub within helpers.hub.HUB_LOOKUP_TIMEOUT_S is refused with the fix
+    before datasets retries (`helpers.hub.check_hub_name`); a cached one loads from the cache when the Hub does not
     answer.
     """
     from datasets import DatasetDict, load_dataset
@@ -81,7 +81,8 @@ def tokenizer_folder_problem(path: str | Path) -> str | None:
 
 
 def train_tokenizer(texts: Any, directory: str | Path, vocab_size: int = 8192) -> Any:
-    """Train a byte-level BPE tokenizer on `texts`, save it to `directory`, load it back with AutoTokenizer.
+    """Train a byte-level BPE tokenizer on `texts`, save it to `directory`, load it back with AutoTokenizer
+    (notebook 01).
 
     A complete saved tokenizer is reused; the folder is written atomically, and a half-written one is rebuilt
     (notebooks 01-04).
@@ -102,8 +103,9 @@ def train_tokenizer(texts: Any, directory: str | Path, vocab_size: int = 8192) -
 
 def load_tokenizer(name_or_path: str) -> Any:
     """AutoTokenizer.from_pretrained, with the pad token set to EOS as GPT-2 needs (notebook 01). A Hub name that is
-    neither cached nor served by the Hub within helpers.HUB_LOOKUP_TIMEOUT_S is refused with the fix before
-    transformers retries (`helpers.check_hub_name`); a cached one loads from the cache when the Hub does not answer."""
+    neither cached nor served by the Hub within helpers.hub.HUB_LOOKUP_TIMEOUT_S is refused with the fix before
+    transformers retries (`helpers.hub.check_hub_name`); a cached one loads from the cache when the Hub does not
+    answer."""
     from transformers import AutoTokenizer
 
     from helpers.hub import check_hub_name, hub_cache
@@ -118,7 +120,8 @@ def load_tokenizer(name_or_path: str) -> Any:
 
 
 def as_tensors(batch: dict[str, list]) -> dict[str, Any]:
-    """datasets' rows (Python lists) as torch tensors: the transform `pack_blocks` sets with `Dataset.with_transform`.
+    """datasets' rows (Python lists) as torch tensors: the transform `pack_blocks` sets with `Dataset.with_transform`
+    (notebook 03).
 
     Not `with_format("torch")`: datasets 4.0.0 (Colab's, 2026-08) imports `torchvision.io.VideoReader` in its torch and
     numpy formatters whenever torchvision has been imported, and torchvision 0.26 (Colab's) no longer has it, so the
@@ -130,7 +133,8 @@ def as_tensors(batch: dict[str, list]) -> dict[str, Any]:
 
 
 def pack_blocks(dataset: Any, tokenizer: Any, block_size: int, max_blocks: int | None = None) -> Any:
-    """Tokenize, end every row that has text with EOS, and cut the joined stream into `block_size`-token blocks.
+    """Tokenize, end every row that has text with EOS, and cut the joined stream into `block_size`-token blocks
+    (notebook 01).
 
     The cut is run_clm's `group_texts` (Hugging Face's examples), which concatenates rows without a separator; the
     end-of-text token between texts is GPT-2's own pretraining habit (its documents were joined with
@@ -161,7 +165,7 @@ def pack_blocks(dataset: Any, tokenizer: Any, block_size: int, max_blocks: int |
 
 
 def block_loader(blocks: Any, batch_size: int, seed: int = 0, shuffle: bool = True) -> Any:
-    """A torch DataLoader over packed blocks that never runs dry (cycles with a new order each pass)."""
+    """A torch DataLoader over packed blocks that never runs dry (cycles with a new order each pass) (notebook 01)."""
     import torch
 
     def forever():

@@ -33,7 +33,7 @@ from helpers.memory import GB, GiB
 if TYPE_CHECKING:
     from helpers.train import RunResult
 
-__all__ = ["train_in_fresh_process", "child_baseline_rss", "run_process_group", "OffloadRuns"]
+__all__ = ["train_in_fresh_process", "child_baseline_rss", "OffloadRuns"]
 
 ROOT = Path(__file__).resolve().parent.parent
 _PROGRESS = "DS_COURSE_PROGRESS "  # prefix of the child's progress lines on stdout
@@ -85,7 +85,7 @@ def train_in_fresh_process(name: str, ds_config: dict[str, Any], model: str, *, 
                            env: dict[str, str] | None = None, time_micro_batches: bool = False,
                            trace_host_bytes: int = 0, chunked_overflow_check: bool = False) -> "RunResult":
     """Train `model` (a helpers.GPT2_LADDER name) with `ds_config` (`plain_pytorch`: without DeepSpeed) in a child
-    process, through `helpers.train_run`.
+    process, through `helpers.train_run` (notebook 02).
 
     Returns the child's RunResult. If the child dies (out-of-memory killer, a crash inside DeepSpeed's C++ code,
     the time limit), `error` says how, and `peak_rss_gb` is the peak seen from outside. Interrupting the cell kills
@@ -383,7 +383,7 @@ RAM_COLUMN_HEADS = {
 class OffloadRuns:
     """Notebook 02's offload configs on one runtime: each config built, checked before anything is allocated
     (`helpers.preflight`), then trained in a fresh child process (`train_in_fresh_process`), its RAM measured with this
-    kernel's share; what ran, what was refused and what failed are kept for the summary.
+    kernel's share; what ran, what was refused and what failed are kept for the summary (notebook 02).
 
         runs = helpers.OffloadRuns(runtime, WORK, nvme_path=NVME_PATH, seq_len=512, micro_batch=2, steps=4, lr=3e-4)
         runs.prepare()                       # DeepSpeed's ops built, tokenizer and blocks, a fresh child's RSS

@@ -21,14 +21,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
-__all__ = ["BF16_MIN_CAPABILITY", "COLAB_CPUS", "COLAB_NVME_BUDGET_BYTES", "COLAB_PROFILE_ENV",
-           "COLAB_RAM_BUDGET_BYTES", "COLAB_RAM_GB", "COLAB_RESERVED_BYTES", "COLAB_VM_RAM_BYTES", "EMULATION_ENV",
-           "NVME_DIR_ENV", "T4_BUDGET_ENV", "T4_CUDA_CONTEXT_GIB", "T4_DEEPSPEED_ALLOWANCE_GIB", "T4_TORCH_TOTAL_GIB",
-           "T4_TOTAL_BYTES", "T4_VRAM_GIB", "NoGPUError", "Runtime", "apply_t4_budget",
-           "cgroup_cpu_limit", "cgroup_memory_limit", "choose_precision", "colab_profile_requested",
-           "colab_ram_budget", "colab_t4_profile", "default_nvme_path", "detect_runtime", "emulation_mechanism",
-           "in_colab", "ram_limit", "require_gpu", "sized", "smoke_size", "t4_budget_account", "t4_budget_requested",
-           "usable_cpus"]
+__all__ = ["T4_VRAM_GIB", "apply_t4_budget", "choose_precision", "colab_t4_profile", "default_nvme_path",
+           "detect_runtime", "smoke_size", "t4_budget_account", "t4_budget_requested"]
 
 GiB = 1024**3
 GB = 1000**3
@@ -162,8 +156,8 @@ class Runtime:
 
 
 def t4_budget_requested(t4_budget: bool | None = None) -> bool:
-    """The explicit parameter (True or False) wins; otherwise DS_COURSE_T4_BUDGET=1/true/yes switches it on.
-    Anything else as the parameter is refused (issue 41: T4_BUDGET = 'no' was taken as True)."""
+    """The explicit parameter (True or False) wins; otherwise DS_COURSE_T4_BUDGET=1/true/yes switches it on
+    (notebook 03). Anything else as the parameter is refused (issue 41: T4_BUDGET = 'no' was taken as True)."""
     if t4_budget is not None:
         if not isinstance(t4_budget, bool):
             raise ValueError(f"T4_BUDGET = {t4_budget!r}: it takes True (keep a Colab T4's memory budget on a bigger "
@@ -305,7 +299,7 @@ def emulation_mechanism() -> str:
 
 
 def choose_precision(compute_capability: tuple[int, int] | None, t4_budget: bool = False) -> str:
-    """fp32 on CPU; fp16 below compute capability 8.0 (e.g. T4) or in T4 budget mode; bf16 otherwise."""
+    """fp32 on CPU; fp16 below compute capability 8.0 (e.g. T4) or in T4 budget mode; bf16 otherwise (notebook 03)."""
     if compute_capability is None:
         return "fp32"
     if t4_budget or tuple(compute_capability) < BF16_MIN_CAPABILITY:
@@ -316,7 +310,8 @@ def choose_precision(compute_capability: tuple[int, int] | None, t4_budget: bool
 def apply_t4_budget(device_index: int = 0) -> int:
     """Cap this process's CUDA caching allocator at what a T4 leaves PyTorch (T4_VRAM_GIB: the T4's memory less the
     CUDA context and DeepSpeed's share, `t4_budget_account`) and give attention the kernels a T4 has; returns the cap
-    in bytes (0 on CPU). The cap is on the allocator only: this GPU's own context sits outside it, as a T4's does.
+    in bytes (0 on CPU) (notebook 03). The cap is on the allocator only: this GPU's own context sits outside it, as a
+    T4's does.
 
     A T4 (compute capability 7.5) has neither PyTorch's FlashAttention nor its cuDNN attention (both need 8.0+):
     `scaled_dot_product_attention` runs the memory-efficient kernel there, whose backward needs other temporaries.
@@ -345,7 +340,8 @@ def _ram_total_bytes() -> int:
 
 
 def default_nvme_path(course_root: str | os.PathLike[str] | None = None) -> str:
-    """The NVMe offload folder a notebook uses: $DS_COURSE_NVME_DIR, else /content/nvme on Colab, else build/nvme."""
+    """The NVMe offload folder a notebook uses: $DS_COURSE_NVME_DIR, else /content/nvme on Colab, else build/nvme
+    (notebook 02)."""
     if os.environ.get(NVME_DIR_ENV):
         return os.environ[NVME_DIR_ENV]
     if in_colab():
@@ -531,7 +527,7 @@ def _check_parameter(name: str, value: Any, colab_value: Any, cpu_value: Any) ->
 
 
 def smoke_size(namespace: dict[str, Any], runtime: Runtime, **values: tuple[Any, Any]) -> dict[str, Any]:
-    """Shrink a notebook's parameters for a CPU smoke run, saying so; keep any value the learner changed.
+    """Shrink a notebook's parameters for a CPU smoke run, saying so; keep any value the learner changed (notebook 00).
 
     ``helpers.smoke_size(globals(), runtime, MICRO_BATCH=(4, 2))``: on a CPU runtime, MICRO_BATCH becomes 2 if it
     still holds the parameters cell's Colab value 4, and a value you set yourself is kept. Prints one line of what

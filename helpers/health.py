@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from helpers.hardware import Runtime
 
-__all__ = ["CudaMismatch", "HealthCheck", "async_io_available", "health_checks", "health_table", "parse_ds_report",
-           "reproduce_cuda_mismatch", "run_ds_report", "verdict"]
+__all__ = ["async_io_available", "health_checks", "health_table", "reproduce_cuda_mismatch", "run_ds_report", "verdict"]
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 OP_LINE = re.compile(r"^(?P<op>[A-Za-z0-9_]+) \.+ \[(?P<installed>YES|NO)\] \.+ \[(?P<compatible>OKAY|NO)\]")
@@ -39,7 +38,7 @@ class HealthCheck:
 
 
 def run_ds_report(timeout_s: float = 300.0) -> str:
-    """Run `ds_report` (as `python -m deepspeed.env_report`) and return its text, colours removed."""
+    """Run `ds_report` (as `python -m deepspeed.env_report`) and return its text, colours removed (notebook 00)."""
     proc = subprocess.run([sys.executable, "-m", "deepspeed.env_report"], capture_output=True, text=True,
                           timeout=timeout_s)
     text = ANSI.sub("", proc.stdout + ("\n" + proc.stderr if proc.stderr else ""))
@@ -91,7 +90,7 @@ def _major(version: str | None) -> int | None:
 
 def health_checks(report: dict[str, Any] | str, runtime: "Runtime | None" = None) -> list[HealthCheck]:
     """Verdicts for torch, CUDA, nvcc, deepspeed, ninja, ops, libaio, GPU and precision; `report` is ds_report's text
-    or `parse_ds_report`'s dict of it."""
+    or `parse_ds_report`'s dict of it (notebook 00)."""
     if isinstance(report, str):
         report = parse_ds_report(report)
     info, ops = report["info"], report["ops"]
@@ -175,7 +174,7 @@ def health_checks(report: dict[str, Any] | str, runtime: "Runtime | None" = None
 
 
 def verdict(checks: list[HealthCheck]) -> str:
-    """One line: ready, ready with warnings, or not ready."""
+    """One line: ready, ready with warnings, or not ready (notebook 00)."""
     fails = [c.item for c in checks if c.status == FAIL]
     warns = [c.item for c in checks if c.status == WARN]
     if fails:
@@ -186,7 +185,7 @@ def verdict(checks: list[HealthCheck]) -> str:
 
 
 def health_table(checks: list[HealthCheck]) -> str:
-    """The checks as a fixed-width text table, the fixes underneath."""
+    """The checks as a fixed-width text table, the fixes underneath (notebook 00)."""
     w_item = max(len(c.item) for c in checks)
     w_found = min(max(len(c.found) for c in checks), 60)
     lines = [f"{'check':<{w_item}}  {'found':<{w_found}}  verdict", "-" * (w_item + w_found + 12)]

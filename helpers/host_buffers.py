@@ -2,9 +2,10 @@
 each: the estimate side of the host byte account (issue 25: what keeps GPT-2 2.7B from fitting Colab's 12.7 GB;
 `helpers.host_trace` is the measured side, `benchmarks/host_memory.py` compares them).
 
-Checked against DeepSpeed 0.19.8 (`DEEPSPEED_VERSION`): the sites name its files, functions and lines, which move
-between releases. Sizes follow from the config (sub-group size, buffer counts and sizes, offload devices, dtypes) and
-the model's parameter tensors in `model.parameters()` order (DeepSpeed cuts sub-groups in that order).
+Checked against DeepSpeed 0.19.8 (`helpers.overflow_check.CHECKED_DEEPSPEED`): the sites name its files, functions and
+lines, which move between releases. Sizes follow from the config (sub-group size, buffer counts and sizes, offload
+devices, dtypes) and the model's parameter tensors in `model.parameters()` order (DeepSpeed cuts sub-groups in that
+order).
 """
 
 from __future__ import annotations
@@ -14,10 +15,8 @@ from typing import Any
 
 from helpers.memory import RUNTIME_GROWTH_BYTES  # the runtime's own growth, measured (see there)
 
-__all__ = ["DEEPSPEED_VERSION", "DEVICE_SITES", "HostBuffer", "HostPeak", "parameter_numels",
-           "stage3_host_buffers", "stage3_host_peak", "sub_group_numels"]
+__all__ = []
 
-DEEPSPEED_VERSION = "0.19.8"
 AIO_ALIGNED_BYTES = 1024  # deepspeed/runtime/swap_tensor/utils.py: swap buffers are whole multiples of this
 NORM_BUFFER_ELEMENTS = 250_000_000  # stage3.py _constant_buffered_norm2's split size
 # Allocation sites that are on the accelerator on a GPU runtime (on a CPU-only run they are host RAM too): a CPU
@@ -37,7 +36,7 @@ class HostBuffer:
     """One host allocation of a ZeRO-3 offload run: what it holds, where DeepSpeed makes it, how big, and when."""
 
     name: str
-    site: str  # "runtime/zero/stage3.py:791 _setup_for_real_optimizer" (under deepspeed/, DEEPSPEED_VERSION)
+    site: str  # "runtime/zero/stage3.py:791 _setup_for_real_optimizer" (under deepspeed/, CHECKED_DEEPSPEED)
     bytes: int
     formula: str
     when: str  # "always" (from deepspeed.initialize on), "initialize" or "step" (freed again), "first step"

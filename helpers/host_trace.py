@@ -22,7 +22,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["HostAllocationTrace", "MemoryProbe", "TracedAllocation", "census", "memory_snapshot", "site_of_caller"]
+__all__ = []
 
 _SKIP = ("/torch/", "/helpers/host_trace.py", "/contextlib.py", "/functools.py")
 

@@ -24,9 +24,7 @@ from typing import Any, Iterator
 
 from helpers.hardware import in_colab
 
-__all__ = ["HUB_DEFAULTS", "HUB_LOOKUP_TIMEOUT_S", "HubUnreachableError", "cached_hub_names", "check_hub_name",
-           "datasets_cache", "datasets_offline", "hub_available", "hub_cache", "hub_offline", "hub_or_local",
-           "hub_source", "hub_stand_in", "hub_unreachable", "in_hub_cache"]
+__all__ = ["hub_or_local", "hub_stand_in"]
 
 # what notebooks 01 and 04 load on Colab: GPT-2 (124M) and WikiText-2 ("name:config", helpers.load_text_dataset)
 HUB_DEFAULTS = {"model": "gpt2", "dataset": "Salesforce/wikitext:wikitext-2-raw-v1"}
@@ -91,10 +89,10 @@ def hub_available(model_id: str | None = None, dataset: str | None = None) -> bo
 
 def hub_or_local(model: str, dataset: str) -> tuple[str, str]:
     """(model, dataset) a notebook loads: the Hub defaults where `hub_available` (Colab's branch), otherwise "local"
-    in their place (the shipped corpus; GPT-2 built from its config), with one printed line saying which. A name
-    the learner chose is kept when it can load here (a folder, a cached name, or the Hub answers: `check_hub_name`,
-    within HUB_LOOKUP_TIMEOUT_S); otherwise it is refused now, with the fix, rather than after a minute of retries
-    in the loading cell (notebooks 01 and 04)."""
+    in their place (the shipped corpus; GPT-2 built from its config), with one printed line saying which (notebook 01).
+    A name the learner chose is kept when it can load here (a folder, a cached name, or the Hub answers:
+    `check_hub_name`, within HUB_LOOKUP_TIMEOUT_S); otherwise it is refused now, with the fix, rather than after a
+    minute of retries in the loading cell (notebooks 01 and 04)."""
     use_model = model != HUB_DEFAULTS["model"] or hub_available(model_id=model)
     use_dataset = dataset != HUB_DEFAULTS["dataset"] or hub_available(dataset=dataset)
     refusals = []
@@ -120,9 +118,10 @@ def hub_or_local(model: str, dataset: str) -> tuple[str, str]:
 
 
 def hub_stand_in() -> bool:
-    """The local Hugging Face cache is the course's stand-in (scripts/local_hub.py leaves local_hub.json in HF_HOME):
-    `gpt2` holds course-initialised weights and the course's tokenizer, `Salesforce/wikitext` the Shakespeare corpus
-    in WikiText's layout. The code path is Colab's; the numbers are not what the real model and corpus give."""
+    """The local Hugging Face cache is the course's stand-in (scripts/local_hub.py leaves local_hub.json in HF_HOME)
+    (notebook 01): `gpt2` holds course-initialised weights and the course's tokenizer, `Salesforce/wikitext` the
+    Shakespeare corpus in WikiText's layout. The code path is Colab's; the numbers are not what the real model and
+    corpus give."""
     return (_hf_home() / "local_hub.json").is_file()
 
 
@@ -151,7 +150,7 @@ _probe: dict[str, tuple[float, str | None]] = {}
 
 def hub_unreachable(timeout_s: float | None = None) -> str | None:
     """None when the Hugging Face Hub's endpoint answers one HTTP request (any status) within `timeout_s` seconds
-    (default helpers.HUB_LOOKUP_TIMEOUT_S), else why not ('ConnectError: ...', 'no answer within 3 s').
+    (default helpers.hub.HUB_LOOKUP_TIMEOUT_S), else why not ('ConnectError: ...', 'no answer within 3 s').
 
     One HEAD request without retries, in a daemon thread so that a slow name lookup cannot hold the caller past the
     cap; the outcome is remembered for 30 s. HF_HUB_OFFLINE=1 answers at once ('HF_HUB_OFFLINE=1')."""
@@ -247,7 +246,7 @@ def check_hub_name(name: Any, kind: str = "model", *, variable: str | None = Non
 
     - "local": 'local', a local folder, or not a Hub name at all (the library answers at once);
     - "cache": in the local Hugging Face cache while the Hub is switched off (HF_HUB_OFFLINE=1) or does not answer
-      within `timeout_s` (helpers.HUB_LOOKUP_TIMEOUT_S): load it with local_files_only / `datasets_offline`;
+      within `timeout_s` (helpers.hub.HUB_LOOKUP_TIMEOUT_S): load it with local_files_only / `datasets_offline`;
     - "hub": the Hub answers: the library asks it as usual (Colab; nothing changes for names that resolve).
 
     Anything else, a name only the Hub could serve while it does not answer, raises HubUnreachableError with the fix

@@ -36,9 +36,8 @@ from helpers.train import RunResult
 if TYPE_CHECKING:
     from helpers.hardware import Runtime
 
-__all__ = ["auto_table", "config_differences",
-           "training_arguments", "ordered_blocks", "causal_lm_collator", "fix_causal_lm_loss", "loss_token_count",
-           "StepRecorder", "recorded_result", "driver_extras", "run_trainer", "run_accelerate", "accelerate_precision",
+__all__ = ["auto_table", "config_differences", "training_arguments", "ordered_blocks", "causal_lm_collator",
+           "fix_causal_lm_loss", "loss_token_count", "StepRecorder", "recorded_result", "accelerate_precision",
            "teardown_hf", "agreement"]
 
 
@@ -49,7 +48,8 @@ def _flatten(config: dict[str, Any]) -> dict[str, Any]:
 
 def auto_table(ds_config: dict[str, Any], trainer_config: dict[str, Any],
                resolved: dict[str, Any] | None = None) -> str:
-    """Key | helpers value | what Trainer is given | where it comes from | what the engine ran (if known)."""
+    """Key | helpers value | what Trainer is given | where it comes from | what the engine ran (if known)
+    (notebook 04)."""
     rows = [("key", "helpers config", "Trainer config", "filled from", "engine ran")]
     for key, source in {**AUTO_FIELDS, **HIDDEN_SIZE_AUTO}.items():
         given = _get(trainer_config, key)
@@ -67,7 +67,8 @@ def auto_table(ds_config: dict[str, Any], trainer_config: dict[str, Any],
 
 
 def config_differences(reference: dict[str, Any], other: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """{dotted key: (reference value, other value)} for every leaf that differs or exists on one side only."""
+    """{dotted key: (reference value, other value)} for every leaf that differs or exists on one side only
+    (notebook 04)."""
     a, b = _flatten(reference), _flatten(other)
     return {k: (a.get(k, "<absent>"), b.get(k, "<absent>")) for k in sorted(a.keys() | b.keys())
             if a.get(k, "<absent>") != b.get(k, "<absent>")}
@@ -76,7 +77,8 @@ def config_differences(reference: dict[str, Any], other: dict[str, Any]) -> dict
 def training_arguments(output_dir: str | Path, ds_config: dict[str, Any], runtime: "Runtime", *, steps: int,
                        seed: int = 0, checkpointing: bool = False, progress: bool = True, auto: bool = True,
                        **overrides: Any) -> Any:
-    """TrainingArguments whose values agree with the concrete `ds_config`, which Trainer gets "auto"-filled.
+    """TrainingArguments whose values agree with the concrete `ds_config`, which Trainer gets "auto"-filled
+    (notebook 04).
 
     With `auto=False` the concrete config is passed as it is: it works too, as long as every value agrees
     with these arguments (Trainer refuses a mismatch when training starts). Create the arguments BEFORE the
@@ -111,7 +113,8 @@ def training_arguments(output_dir: str | Path, ds_config: dict[str, Any], runtim
 
 
 def ordered_blocks(train_blocks: Any, micro_batch: int, batches: int, seed: int = 0) -> Any:
-    """The first `batches` batches `train_run` would draw, as a Dataset in that order (for a sequential sampler)."""
+    """The first `batches` batches `train_run` would draw, as a Dataset in that order (for a sequential sampler)
+    (notebook 04)."""
     from datasets import Dataset
 
     from helpers.data import as_tensors, block_loader
@@ -122,7 +125,7 @@ def ordered_blocks(train_blocks: Any, micro_batch: int, batches: int, seed: int 
 
 
 def causal_lm_collator(features: list[dict[str, Any]]) -> dict[str, Any]:
-    """Stack packed blocks; the labels are the inputs (the model shifts them)."""
+    """Stack packed blocks; the labels are the inputs (the model shifts them) (notebook 04)."""
     import torch
 
     ids = torch.stack([torch.as_tensor(f["input_ids"]) for f in features])
@@ -130,7 +133,8 @@ def causal_lm_collator(features: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def fix_causal_lm_loss(model: Any) -> Any:
-    """Tell Trainer the model's loss shifts labels, so it divides by the T-1 predicted tokens per block, not T.
+    """Tell Trainer the model's loss shifts labels, so it divides by the T-1 predicted tokens per block, not T
+    (notebook 04).
 
     GPT2LMHeadModel has no `loss_type` transformers recognises; Trainer then counts every label token and
     reports (and back-propagates) the loss times (T-1)/T (see `loss_token_count`).
@@ -141,7 +145,7 @@ def fix_causal_lm_loss(model: Any) -> Any:
 
 
 def loss_token_count(trainer: Any, batch: dict[str, Any]) -> int:
-    """How many tokens Trainer divides this batch's summed loss by (its `num_items_in_batch`)."""
+    """How many tokens Trainer divides this batch's summed loss by (its `num_items_in_batch`) (notebook 04)."""
     import torch
 
     n = trainer._get_num_items_in_batch([batch], torch.device("cpu"))
@@ -150,7 +154,7 @@ def loss_token_count(trainer: Any, batch: dict[str, Any]) -> int:
 
 class StepRecorder:
     """Per-step losses and tokens/s after the first `untimed_steps`, from a hand-written loop or as a Trainer
-    callback (as `train_run` times its steps)."""
+    callback (as `train_run` times its steps) (notebook 04)."""
 
     def __init__(self, tokens_per_step: int, untimed_steps: int = 2, cuda: bool = False):
         self.tokens_per_step = tokens_per_step
@@ -214,7 +218,7 @@ def recorded_result(name: str, recorder: StepRecorder, mem: Any, *, runtime: "Ru
                     dataset: Any, params: int = 0, checkpointing: bool = False, model_name: str = "",
                     estimated_bytes: int = 0, extras: dict[str, Any] | None = None) -> RunResult:
     """A `RunResult` (the record `train_run` returns) from a StepRecorder and a `measure_peak` measurement;
-    `extras`: what the driver adds (`driver_extras`)."""
+    `extras`: what the driver adds (`driver_extras`) (notebook 04)."""
     return RunResult(
         name=name, model=model_name, params=params, config=name, precision=runtime.precision,
         micro_batch=int(ds_config["train_micro_batch_size_per_gpu"]),
@@ -367,7 +371,7 @@ def run_accelerate(name: str, model_factory: Callable[[], Any], dataset: Any, *,
 
 
 def accelerate_precision(runtime: "Runtime") -> str:
-    """Accelerator's mixed_precision for this runtime: 'fp16', 'bf16' or 'no' (fp32)."""
+    """Accelerator's mixed_precision for this runtime: 'fp16', 'bf16' or 'no' (fp32) (notebook 04)."""
     return {"fp16": "fp16", "bf16": "bf16"}.get(runtime.precision, "no")
 
 
@@ -375,7 +379,7 @@ def accelerate_precision(runtime: "Runtime") -> str:
 
 def teardown_hf(namespace: dict[str, Any], *names: str) -> int:
     """Like `helpers.teardown`, for Trainers and Accelerators too: destroy their engines, drop their
-    references, reset the global state; returns the CUDA bytes still allocated."""
+    references, reset the global state; returns the CUDA bytes still allocated (notebook 04)."""
     import deepspeed
 
     destroyed: set[int] = set()
@@ -414,6 +418,6 @@ def teardown_hf(namespace: dict[str, Any], *names: str) -> int:
 
 
 def agreement(reference: RunResult, other: RunResult) -> float:
-    """Largest per-step |loss difference| between two runs over their common steps (nan if none)."""
+    """Largest per-step |loss difference| between two runs over their common steps (nan if none) (notebook 04)."""
     pairs = list(zip(reference.losses, other.losses))
     return max((abs(a - b) for a, b in pairs), default=math.nan)

@@ -19,8 +19,8 @@ from typing import Any, Sequence
 
 from helpers.runtime import DIST_ENV_VARS, free_port
 
-__all__ = ["PROGRAMS", "LAUNCHERS", "launch_argv", "shown", "launch_commands", "run_ranks", "remove_shm_buffers", "function_source",
-           "accelerate_config_yaml", "hostfile_text", "parse_hostfile", "multi_node_commands"]
+__all__ = ["PROGRAMS", "launch_commands", "run_ranks", "function_source", "accelerate_config_yaml", "hostfile_text",
+           "parse_hostfile", "multi_node_commands"]
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = ROOT / "notebooks" / "programs"  # the lesson programs the notebooks launch
@@ -91,7 +91,7 @@ def run_ranks(program: str | Path, n: int, out: Path, *, device: str = "cpu", la
               args: Sequence[str] = (), accelerate_config: str | Path | None = None,
               timeout: int = 600) -> list[dict[str, Any]]:
     """Launch `n` ranks of `program` with --out `out` --device `device`; return what each wrote (rank<r>.json),
-    rank 0 first, with the command and the seconds it took.
+    rank 0 first, with the command and the seconds it took (notebook 03).
 
     The five variables a launcher sets are removed from the children's environment (a notebook's own
     single-process values would clash); on CPU the GPUs are hidden from them. PYTHONPATH names the course, so the
@@ -143,7 +143,7 @@ def remove_shm_buffers(port: int) -> list[str]:
 
 
 def function_source(path: str | Path, name: str) -> str:
-    """The source text of function `name` in the file `path` (to show a program's core in a notebook)."""
+    """The source text of function `name` in the file `path` (to show a program's core in a notebook) (notebook 04)."""
     import ast
 
     text = Path(path).read_text()
@@ -188,7 +188,8 @@ def _zero_stage_of(ds_config_path: str | Path) -> int | None:
 
 
 def hostfile_text(hosts: dict[str, int]) -> str:
-    """A DeepSpeed hostfile: one `hostname slots=<GPUs>` line per node (the launcher reaches them over ssh)."""
+    """A DeepSpeed hostfile: one `hostname slots=<GPUs>` line per node (the launcher reaches them over ssh)
+    (notebook 05)."""
     for host, slots in hosts.items():
         if not host or any(c.isspace() for c in host) or int(slots) < 1:
             raise ValueError(f"bad host entry {host!r}: {slots!r} (a hostname and at least 1 slot)")
@@ -196,7 +197,8 @@ def hostfile_text(hosts: dict[str, int]) -> str:
 
 
 def parse_hostfile(text: str) -> dict[str, int]:
-    """{host: slots} from hostfile text, as DeepSpeed's launcher reads it (comments and blank lines skipped)."""
+    """{host: slots} from hostfile text, as DeepSpeed's launcher reads it (comments and blank lines skipped)
+    (notebook 05)."""
     hosts: dict[str, int] = {}
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
@@ -218,7 +220,8 @@ def parse_hostfile(text: str) -> dict[str, int]:
 
 def multi_node_commands(program: str, config: str, hosts: dict[str, int], master: str | None = None,
                         port: int = 29500) -> dict[str, str]:
-    """The commands that start `program` on every GPU of `hosts` (not run here: they need the machines and ssh)."""
+    """The commands that start `program` on every GPU of `hosts` (not run here: they need the machines and ssh)
+    (notebook 05)."""
     nodes, gpus = len(hosts), min(hosts.values())
     master = master or next(iter(hosts))
     return {

@@ -29,9 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["RuntimeLimits", "block_key", "flops_per_token", "measure_block_compute", "measure_cpu_adam", "measure_disk",
-           "measure_grad_round_trip", "measure_limits", "measure_matmul", "measure_overflow_check", "measure_pcie",
-           "measure_weights_to_gpu", "measure_zero3_micro_batch"]
+__all__ = ["measure_limits"]
 
 GB = 1e9
 CACHE_DIR = Path(os.environ.get("DS_COURSE_CACHE", Path.home() / ".cache" / "ds-course"))

@@ -32,10 +32,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-__all__ = ["ActivationEstimate", "ActivationPeak", "LengthResult", "LongContextEstimate", "LongContextShape",
-           "TECHNIQUES", "attention_kernel", "build_long_context_engine", "checkpoints_on_cpu", "estimate_activation_peak",
-           "estimate_long_context_run", "estimate_saved_activations", "long_context_config", "long_context_shape",
-           "ladder_verdict", "longest_fitting_seq_len", "measured_peak_bytes", "params_label",
+__all__ = ["TECHNIQUES", "attention_kernel", "build_long_context_engine", "checkpoints_on_cpu",
+           "estimate_activation_peak", "estimate_long_context_run", "estimate_saved_activations", "long_context_config",
+           "long_context_shape", "ladder_verdict", "longest_fitting_seq_len", "measured_peak_bytes", "params_label",
            "predict_longest_seq_len", "release_cpu_checkpoints", "require_fused_attention", "saved_activation_bytes",
            "technique_flags", "tiled_causal_lm_loss", "tiled_mlp", "train_at_length", "use_expandable_segments"]
 
@@ -110,7 +109,7 @@ def long_context_config(vocab: int, *, hidden: int = 1024, intermediate: int = 2
 
 
 def long_context_shape(config: Any) -> LongContextShape:
-    """The shape of a Hugging Face Llama-style config (LlamaConfig, or any with the same field names)."""
+    """The shape of a Hugging Face Llama-style config (LlamaConfig, or any with the same field names) (notebook 06)."""
     return LongContextShape(hidden=int(config.hidden_size), intermediate=int(config.intermediate_size),
                             n_layers=int(config.num_hidden_layers), n_heads=int(config.num_attention_heads),
                             n_kv_heads=int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads),
@@ -335,9 +334,9 @@ def longest_fitting_seq_len(fits: Callable[[int], bool], upper: int = 1 << 22, m
 
 def saved_activation_bytes(forward: Callable[[], Any], exclude: Any = ()) -> tuple[int, Any]:
     """(bytes, forward's result): the distinct storages autograd holds for backward when `forward()` returns, the
-    tensors of `exclude` (e.g. `model.parameters()`) left out - the measured side of `estimate_saved_activations`.
-    A tensor saved and released again inside the forward (TiledFusedLogitsLoss runs each shard's backward there)
-    does not count."""
+    tensors of `exclude` (e.g. `model.parameters()`) left out - the measured side of `estimate_saved_activations`
+    (notebook 06). A tensor saved and released again inside the forward (TiledFusedLogitsLoss runs each shard's backward
+    there) does not count."""
     import weakref
 
     import torch
@@ -517,8 +516,8 @@ class LongContextEstimate:
         return self.cpu_pinned + self.states_cpu
 
     def run_estimate(self) -> Any:
-        """The same peak as `helpers.RunEstimate` (notebook 01's): model states by component, then the larger of the
-        activation peak and the optimizer step's temporaries; its `rows()` add up to `gpu_peak`."""
+        """The same peak as `helpers.memory.RunEstimate` (notebook 01's): model states by component, then the larger of
+        the activation peak and the optimizer step's temporaries; its `rows()` add up to `gpu_peak`."""
         from helpers.memory import RunEstimate
 
         return RunEstimate(self.gpu_peak, self.activation_peak, self.states, self.step_transient)
@@ -544,14 +543,15 @@ class LongContextEstimate:
 def estimate_long_context_run(shape: LongContextShape, n_params: int, ds_config: dict[str, Any], seq_len: int,
                               technique: str, *, logits_tile_tokens: int = 1024) -> LongContextEstimate:
     """The estimate of one step at `seq_len` with `technique` under `ds_config` (its precision and ZeRO stage decide
-    the model states, `helpers.estimate_peak`)."""
+    the model states, `helpers.memory.estimate_peak`) (notebook 06)."""
     from helpers.memory import _states_and_transient
 
     fp16, bf16 = (ds_config.get(k, {}).get("enabled") for k in ("fp16", "bf16"))
     precision = "fp16" if fp16 else "bf16" if bf16 else "fp32"
     act = estimate_activation_peak(shape, seq_len, precision_bytes=2 if (fp16 or bf16) else 4,
                                    logits_tile_tokens=logits_tile_tokens, **technique_flags(technique))
-    # helpers.estimate_peak's sum, its parts kept: model states + max(activation peak, optimizer-step temporaries)
+    # helpers.memory.estimate_peak's sum, its parts kept: model states + max(activation peak, optimizer-step
+    # temporaries)
     states, transient = _states_and_transient(ds_config, n_params, precision=precision, n_gpus=1,
                                               largest_layer_params=0)
     peak = states.gpu_total + max(act.gpu_peak, transient)
@@ -561,7 +561,7 @@ def estimate_long_context_run(shape: LongContextShape, n_params: int, ds_config:
 
 
 def params_label(n_params: int) -> str:
-    """A parameter count as a title reads it: "222M", "1.3B", "137K" (a smoke-sized model is not "0M")."""
+    """A parameter count as a title reads it: "222M", "1.3B", "137K" (a smoke-sized model is not "0M") (notebook 06)."""
     for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
         if n_params >= scale:
             value = n_params / scale

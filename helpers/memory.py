@@ -22,11 +22,8 @@ from typing import Any, Iterator
 from helpers.checks import ConfigError, check_model_size, check_number, check_offload_device
 from helpers.overflow_check import chunked_overflow_check_active
 
-__all__ = ["COMPONENTS", "OVERFLOW_CHECK_BYTES_PER_PARAM", "RUNTIME_GROWTH_BYTES", "STAGE3_OFFLOAD_STAGING_BYTES_PER_PARAM", "Measurement", "ModelStateEstimate",
-           "RunEstimate", "bytes_per_element", "count_params", "deepspeed_estimate", "estimate_activations",
-           "estimate_for_config", "estimate_model_states", "estimate_peak", "estimate_run",
-           "estimate_step_transient", "folder_bytes", "measure_peak", "model_states_per_gpu", "pinned_bytes",
-           "round_to_total", "rss_bytes"]
+__all__ = ["count_params", "deepspeed_estimate", "estimate_for_config", "estimate_model_states", "estimate_run",
+           "measure_peak", "model_states_per_gpu", "rss_bytes"]
 
 GiB = 1024**3
 GB = 1000**3
@@ -144,7 +141,7 @@ def estimate_model_states(
     zero_init: bool = False,
     chunked_overflow_check: bool = False,
 ) -> ModelStateEstimate:
-    """Model-state bytes per GPU and per node CPU for a ZeRO `stage` (None: plain PyTorch AMP + AdamW).
+    """Model-state bytes per GPU and per node CPU for a ZeRO `stage` (None: plain PyTorch AMP + AdamW) (notebook 00).
 
     Mixed precision (fp16/bf16): params 2Ψ, grads 2Ψ, optimizer 12Ψ (fp32 master 4 + Adam m 4 + v 4).
     fp32: params 4Ψ, grads 4Ψ, Adam 8Ψ, plus a 4Ψ fp32 master copy that DeepSpeed's ZeRO optimizers
@@ -264,7 +261,7 @@ def model_states_per_gpu(n_params: int, precision: str = "fp16",
 def estimate_for_config(config: dict[str, Any], n_params: int, *, n_gpus: int = 1,
                         largest_layer_params: int = 0, zero_init: bool = False,
                         chunked_overflow_check: bool | None = None) -> ModelStateEstimate:
-    """`estimate_model_states` read off a DeepSpeed config dict (stage, offload, precision).
+    """`estimate_model_states` read off a DeepSpeed config dict (stage, offload, precision) (notebook 00).
     `chunked_overflow_check` None: whether this process has called helpers.chunk_zero3_overflow_check()."""
     if chunked_overflow_check is None:
         chunked_overflow_check = chunked_overflow_check_active()
@@ -289,7 +286,7 @@ def estimate_for_config(config: dict[str, Any], n_params: int, *, n_gpus: int = 
 def deepspeed_estimate(n_params: int, stage: int, *, offload_optimizer: str = "none",
                        offload_param: str = "none", n_gpus: int = 1, largest_layer_params: int = 0,
                        zero_init: bool = True) -> dict[str, int] | None:
-    """DeepSpeed's own estimate {'gpu': bytes, 'cpu': bytes} for stage 2 or 3 (None for 0/1)."""
+    """DeepSpeed's own estimate {'gpu': bytes, 'cpu': bytes} for stage 2 or 3 (None for 0/1) (notebook 00)."""
     if stage == 2:
         from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
@@ -330,7 +327,7 @@ def estimate_activations(batch: int, seq_len: int, hidden: int, n_layers: int, v
 
 
 def count_params(model: Any) -> tuple[int, int]:
-    """(total parameters counted once, largest parameter count of one module) - DeepSpeed's counting."""
+    """(total parameters counted once, largest parameter count of one module) - DeepSpeed's counting (notebook 00)."""
     params = list(model.parameters())
     if params and params[0].device.type != "meta":
         from deepspeed.runtime.zero.stage3 import model_to_params
@@ -346,6 +343,7 @@ def count_params(model: Any) -> tuple[int, int]:
 # ---------------------------------------------------------------- measurement
 
 def rss_bytes() -> int:
+    """This process's resident set size (RSS) in bytes (notebook 06)."""
     import psutil
 
     return int(psutil.Process().memory_info().rss)
@@ -410,7 +408,7 @@ class Measurement:
 @contextlib.contextmanager
 def measure_peak(nvme_path: str | os.PathLike[str] | None = None, interval_s: float = 0.05,
                  nvme_interval_s: float = 1.0) -> Iterator[Measurement]:
-    """Record peak GPU allocated/reserved, peak process RSS, NVMe folder bytes and a time series.
+    """Record peak GPU allocated/reserved, peak process RSS, NVMe folder bytes and a time series (notebook 00).
 
     Peak GPU statistics are reset on entry, so each block measures only itself; so is the NVMe folder:
     `baseline_nvme_bytes` is its size on entry, `nvme_bytes_added` the peak above it.

@@ -18,9 +18,7 @@ from typing import Any
 from helpers.atomic import needs_writing, write_atomically
 from helpers.hub import HUB_LOOKUP_TIMEOUT_S
 
-__all__ = ["GPT2_CONTEXT", "GPT2_LADDER", "GPT2_VOCAB", "MODEL_FILES", "SEED_CONFIG_KEY",
-           "ModelShape", "gpt2_config", "hub_config", "load_causal_lm", "model_folder_problem", "model_shape",
-           "nearest_ladder_name", "parse_param_count", "save_model_from_config"]
+__all__ = ["GPT2_LADDER", "gpt2_config", "load_causal_lm", "model_shape", "save_model_from_config"]
 
 # name -> (hidden size, layers, heads); vocab 50257, context 1024 as in GPT-2
 GPT2_LADDER: dict[str, tuple[int, int, int]] = {
@@ -51,8 +49,8 @@ class ModelShape:
     vocab: int
     # the longest sequence the model takes (learned positions: n_positions / max_position_embeddings); 0: not known
     n_positions: int = 0
-    # a Llama-shaped model's layer dimensions (helpers.LongContextShape): its activations are then counted part by part
-    # as in notebook 06 (helpers.activation_bytes); None: the GPT formula
+    # a Llama-shaped model's layer dimensions (helpers.long_context.LongContextShape): its activations are then counted
+    # part by part as in notebook 06 (helpers.activation_bytes); None: the GPT formula
     llama: Any = None
 
 
@@ -117,7 +115,8 @@ def parse_param_count(text: str | float | int) -> int | None:
 
 
 def model_shape(model: str | int | float | Any) -> ModelShape:
-    """Parameter counts and dimensions for a size ("1.3B"), a ladder name, a local path / Hub id, or a config.
+    """Parameter counts and dimensions for a size ("1.3B"), a ladder name, a local path / Hub id, or a config
+    (notebook 00).
 
     The model is built on the meta device, so nothing is allocated or downloaded beyond its config. A bare
     size gets the layer shapes of the GPT-2 ladder rung nearest in parameters (for the activation estimate).
@@ -303,7 +302,7 @@ def _saved_config_differs(path: Path, config: Any) -> str | None:
 
 
 def save_model_from_config(directory: str | Any, size: str = "gpt2", seed: int = 0, **overrides: Any) -> str:
-    """Build a ladder model from its config (random weights, seeded), save it in Hugging Face format.
+    """Build a ladder model from its config (random weights, seeded), save it in Hugging Face format (notebook 01).
 
     Offline stand-in for a Hub checkpoint: it loads through the same ``from_pretrained`` call (notebooks 01,
     02, 04). A complete folder is reused only when its config.json is the one asked for (size, overrides and the
@@ -340,10 +339,10 @@ def save_model_from_config(directory: str | Any, size: str = "gpt2", seed: int =
 
 
 def load_causal_lm(name_or_path: str, **kwargs: Any) -> Any:
-    """AutoModelForCausalLM.from_pretrained: 'gpt2' from the Hub on Colab, a local folder offline.
+    """AutoModelForCausalLM.from_pretrained: 'gpt2' from the Hub on Colab, a local folder offline (notebook 02).
 
     A Hub name that is neither cached nor served by the Hub within HUB_LOOKUP_TIMEOUT_S is refused with the fix
-    before transformers retries (`helpers.check_hub_name`); a cached one loads from the cache when the Hub does not
+    before transformers retries (`helpers.hub.check_hub_name`); a cached one loads from the cache when the Hub does not
     answer."""
     from transformers import AutoModelForCausalLM
 

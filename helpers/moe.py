@@ -24,11 +24,10 @@ if TYPE_CHECKING:
     from helpers.gpt import GPTConfig
     from helpers.hardware import Runtime
 
-__all__ = ["ZERO3_REFUSAL", "ParamCounts", "count_moe_params", "moe_param_groups", "describe_param_groups",
-           "measure_flops_per_token", "expert_capacity", "analytic_flops_per_token", "RoutingRecorder",
-           "RoutingSummary", "set_capacity_factor", "MoEHooks", "moe_table", "evaluate_moe", "capacity_sweep",
-           "moe_ds_config", "drop_shares", "zero3_refusal", "expert_parallel_summary", "speed_verdicts", "Evenness",
-           "evenness", "most_even", "run_from_report_row", "committed_report_note"]
+__all__ = ["count_moe_params", "moe_param_groups", "describe_param_groups", "measure_flops_per_token",
+           "expert_capacity", "analytic_flops_per_token", "RoutingRecorder", "MoEHooks", "moe_table", "evaluate_moe",
+           "capacity_sweep", "moe_ds_config", "drop_shares", "zero3_refusal", "speed_verdicts", "evenness", "most_even",
+           "committed_report_note"]
 
 ZERO3_REFUSAL = "Native DeepSpeed MoE is not supported with ZeRO Stage 3"
 
@@ -57,7 +56,7 @@ class ParamCounts:
 
 
 def count_moe_params(model: Any) -> ParamCounts:
-    """Total, active-per-token and local parameter counts, read from the modules."""
+    """Total, active-per-token and local parameter counts, read from the modules (notebook 03)."""
     from deepspeed.moe.layer import MoE
 
     model = getattr(model, "module", model)  # a DeepSpeed engine wraps the model
@@ -82,7 +81,7 @@ def count_moe_params(model: Any) -> ParamCounts:
 
 
 def moe_param_groups(model: Any, weight_decay: float = 0.01) -> list[dict[str, Any]]:
-    """Optimizer parameter groups with the experts split off, as DeepSpeed's ZeRO needs for MoE.
+    """Optimizer parameter groups with the experts split off, as DeepSpeed's ZeRO needs for MoE (notebook 03).
 
     Expert parameters are reduced over the expert-data-parallel group, not the whole data-parallel group,
     so ZeRO keeps them in groups of their own (marked 'moe': True), built here by DeepSpeed's
@@ -96,7 +95,7 @@ def moe_param_groups(model: Any, weight_decay: float = 0.01) -> list[dict[str, A
 
 
 def describe_param_groups(groups: Sequence[dict[str, Any]]) -> str:
-    """One line per optimizer group: name, MoE or not, tensors and parameters."""
+    """One line per optimizer group: name, MoE or not, tensors and parameters (notebook 03)."""
     lines = []
     for g in groups:
         n = sum(p.numel() for p in g["params"])
@@ -106,7 +105,7 @@ def describe_param_groups(groups: Sequence[dict[str, Any]]) -> str:
 
 
 def measure_flops_per_token(model: Any, input_ids: Any) -> float:
-    """Forward FLOPs per token as PyTorch's FlopCounterMode counts them (matrix multiplies).
+    """Forward FLOPs per token as PyTorch's FlopCounterMode counts them (matrix multiplies) (notebook 03).
 
     Run in training mode, so MoE experts compute on their full capacity buffers: slots the capacity
     factor reserves but no token fills are multiplied too (zeros), and counted.
@@ -123,7 +122,7 @@ def measure_flops_per_token(model: Any, input_ids: Any) -> float:
 
 
 def expert_capacity(cfg: "GPTConfig", tokens: int) -> int:
-    """Slots per expert for `tokens` tokens at training time, as DeepSpeed's gate computes them.
+    """Slots per expert for `tokens` tokens at training time, as DeepSpeed's gate computes them (notebook 03).
 
     ceil(tokens / num_experts x capacity_factor x k), at least min_capacity (float32, like the gate).
     """
@@ -136,7 +135,7 @@ def expert_capacity(cfg: "GPTConfig", tokens: int) -> int:
 
 
 def analytic_flops_per_token(cfg: "GPTConfig", tokens: int | None = None) -> float:
-    """Forward matmul FLOPs per token, counted from the shapes: 2 x multiply-adds of every linear layer.
+    """Forward matmul FLOPs per token, counted from the shapes: 2 x multiply-adds of every linear layer (notebook 03).
 
     Without `tokens`: each token through its k experts only (the "active compute"). With `tokens` (tokens
     per forward): the experts compute every slot of their capacity buffers, filled or not, as DeepSpeed's
@@ -184,10 +183,12 @@ class RoutingRecorder:
                 return
             import torch
 
+            from helpers.overflow_check import CHECKED_DEEPSPEED
+
             if len(output) != 7:
                 raise RuntimeError("RoutingRecorder expects DeepSpeed's sparse-route gate output (7 values: "
                                    "l_aux, capacity, experts, indices, locations, gates, exp_counts); this "
-                                   f"DeepSpeed version returned {len(output)}. Fix: deepspeed==0.19.8.")
+                                   f"DeepSpeed version returned {len(output)}. Fix: deepspeed=={CHECKED_DEEPSPEED}.")
             indices, demand = output[3], output[6]  # indices: (k, tokens), -1 where the route was dropped
             flat = indices.reshape(-1).long() + 1  # 0: dropped route, 1..E: kept by that expert
             counts = torch.bincount(flat, minlength=self.num_experts + 1)
@@ -302,7 +303,7 @@ class RoutingSummary:
 
 def drop_shares(history: dict[str, Any], k: int, part: float = 0.1) -> dict[str, float]:
     """Share of routes dropped (all MoE layers) over the whole run of a `RoutingRecorder.history()`, over its first
-    `part` of the steps and over its last `part`: the router of the first steps is not the trained one.
+    `part` of the steps and over its last `part`: the router of the first steps is not the trained one (notebook 03).
     {'all': ..., 'first': ..., 'last': ..., 'steps': steps in each part}."""
     dropped = [sum(step) for step in history["dropped_routes"]]
     routes = [k * sum(step) for step in history["tokens"]]
@@ -327,7 +328,7 @@ def set_capacity_factor(model: Any, factor: float) -> None:
 def moe_table(runs: Sequence[RunResult]) -> str:
     """Fixed-width comparison of MoE runs (`train_run` with `MoEHooks`): parameters, FLOPs, tokens/s of the median
     timed step and the middle half of the steps (`RunResult.speed_spread`), peak VRAM (when a GPU was measured), the
-    RAM the run added over its start, LM losses, validation loss, dropped share."""
+    RAM the run added over its start, LM losses, validation loss, dropped share (notebook 03)."""
     gpu = any(r.peak_vram_gib for r in runs)
     head = (f"{'run':<24}{'total M':>9}{'active M':>9}{'MFLOP/tok':>10}{'tokens/s':>10}{'steps, middle half':>21}"
             + (f"{'peak GiB':>9}" if gpu else "") + f"{'RAM +GB':>8}"
@@ -350,7 +351,7 @@ def moe_table(runs: Sequence[RunResult]) -> str:
 
 def speed_verdicts(runs: Sequence[RunResult], baseline: str = "dense") -> list[SpeedComparison]:
     """Each run against the run named `baseline` by `helpers.compare_speed`: median step ratio and whether the middle
-    halves of their per-step tokens/s are apart (only then is one called faster or slower)."""
+    halves of their per-step tokens/s are apart (only then is one called faster or slower) (notebook 03)."""
     base = next(r for r in runs if r.name == baseline)
     return [compare_speed(r, base) for r in runs if r is not base]
 
@@ -364,14 +365,14 @@ class Evenness:
 
 
 def evenness(routing: dict[str, Any]) -> Evenness:
-    """Both evenness measures of a `RoutingSummary.as_dict()` (`RunResult.extras['routing']`)."""
+    """Both evenness measures of a `RoutingSummary.as_dict()` (`RunResult.extras['routing']`) (notebook 03)."""
     row = routing["demand"][0]
     return Evenness(per_step=routing["imbalance"], whole_run=max(row) * len(row) / max(sum(row), 1))
 
 
 def most_even(routings: dict[float, dict[str, Any]]) -> dict[str, list[float]]:
     """The aux-loss coefficients (keys) whose routing was the most even, by each measure of `Evenness`: several where
-    they tie to the printed two decimals. {'per_step': [...], 'whole_run': [...]}."""
+    they tie to the printed two decimals (notebook 03). {'per_step': [...], 'whole_run': [...]}."""
     measures = {c: evenness(r) for c, r in routings.items()}
     out = {}
     for field in ("per_step", "whole_run"):
@@ -427,7 +428,7 @@ def committed_report_note(report: dict[str, Any], runs: Sequence[RunResult] | No
 
 
 def evaluate_moe(model: Any, blocks: Any, batches: int = 4, batch_size: int = 8, seed: int = 0) -> float:
-    """Mean LM loss (aux loss left out) over the first `batches` batches of `blocks`, without gradients.
+    """Mean LM loss (aux loss left out) over the first `batches` batches of `blocks`, without gradients (notebook 03).
 
     The gate's random parts (top-2's sampled second expert, random token selection at capacity) draw from
     a forked RNG seeded with `seed`, so evaluations are comparable and training's RNG is untouched.
@@ -449,7 +450,8 @@ def evaluate_moe(model: Any, blocks: Any, batches: int = 4, batch_size: int = 8,
 
 def capacity_sweep(model: Any, blocks: Any, factors: Sequence[float], *, batches: int = 4, batch_size: int = 8,
                    seed: int = 0) -> list[dict[str, float]]:
-    """For each capacity factor: dropped share of routes and LM loss on `blocks` (the model is restored)."""
+    """For each capacity factor: dropped share of routes and LM loss on `blocks` (the model is restored)
+    (notebook 03)."""
     from deepspeed.moe.sharded_moe import TopKGate
 
     net = getattr(model, "module", model)
@@ -472,7 +474,8 @@ def capacity_sweep(model: Any, blocks: Any, factors: Sequence[float], *, batches
 
 def moe_ds_config(runtime: "Runtime", *, stage: int = 2, micro_batch: int = 8, lr: float = 1e-3,
                   steps: int = 100, world_size: int = 1) -> dict[str, Any]:
-    """The course's ZeRO config for these runs: linear warm-up over a tenth of the steps; fp16 starts at 2^12.
+    """The course's ZeRO config for these runs: linear warm-up over a tenth of the steps; fp16 starts at 2^12
+    (notebook 03).
 
     A 2^16 initial loss scale (DeepSpeed's default) overflows and skips the first steps of a short run.
     """
@@ -554,7 +557,7 @@ class MoEHooks(TrainHooks):
 
 
 def zero3_refusal(cfg: "GPTConfig", runtime: "Runtime", micro_batch: int = 2) -> str:
-    """Try deepspeed.initialize on a MoE model with ZeRO stage 3; return DeepSpeed's refusal message.
+    """Try deepspeed.initialize on a MoE model with ZeRO stage 3; return DeepSpeed's refusal message (notebook 03).
 
     Raises RuntimeError if DeepSpeed accepts it (a newer version may): the notebook then says so.
     """

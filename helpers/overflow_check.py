@@ -21,9 +21,10 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["CHECKED_DEEPSPEED", "chunk_zero3_overflow_check", "chunked_overflow_check_active",
-           "restore_zero3_overflow_check"]
+__all__ = ["chunk_zero3_overflow_check", "restore_zero3_overflow_check"]
 
+# The DeepSpeed version the course was checked against, its one home: helpers.workarounds (CHECKED), host_buffers'
+# sites, moe's message and the requirements' pin (tests/test_workarounds.py) read it from here, the lowest floor.
 CHECKED_DEEPSPEED = "0.19.8"
 PATCHED_FUNCTION = "deepspeed.runtime.zero.stage3.DeepSpeedZeroOptimizer_Stage3.has_overflow"
 DEFAULT_CHUNK_ELEMENTS = 2**25
@@ -74,7 +75,8 @@ def _check_chunk_elements(chunk_elements: Any) -> None:
 
 def chunk_zero3_overflow_check(chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> None:
     """Make ZeRO-3's fp16 overflow check scan the gradient buffer in slices of `chunk_elements` (this process, all
-    engines made from now on and those already made). Idempotent; refuses DeepSpeed versions other than 0.19.8."""
+    engines made from now on and those already made) (notebook 02). Idempotent; refuses DeepSpeed versions other than
+    0.19.8."""
     _check_chunk_elements(chunk_elements)
     stage3 = _stage3()
     cls = stage3.DeepSpeedZeroOptimizer_Stage3
@@ -102,9 +104,9 @@ def chunk_zero3_overflow_check(chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> 
 
 
 def restore_zero3_overflow_check() -> None:
-    """DeepSpeed's own has_overflow again (after chunk_zero3_overflow_check). Putting the original back needs no
-    version check (it is DeepSpeed's own function), and the saved original is dropped only once it is back in place:
-    under another DeepSpeed version this used to take it out of the store and then raise (issue 41)."""
+    """DeepSpeed's own has_overflow again (after chunk_zero3_overflow_check) (notebook 02). Putting the original back
+    needs no version check (it is DeepSpeed's own function), and the saved original is dropped only once it is back in
+    place: under another DeepSpeed version this used to take it out of the store and then raise (issue 41)."""
     if "has_overflow" in _ORIGINAL:
         from deepspeed.runtime.zero import stage3
 

@@ -24,9 +24,7 @@ if TYPE_CHECKING:
     from helpers.hardware import Runtime
     from helpers.models import ModelShape
 
-__all__ = ["FALLBACK_LADDER", "GPU_TIGHT_MARGIN", "RAM_ESTIMATE_MARGIN", "ROW_IN_USE", "ROW_STEP", "SEQ_LENS", "UNITS",
-           "BudgetError", "Plan", "PreflightReport", "config_kind", "fresh_runtime_command", "measured_fresh_runtime",
-           "plan", "preflight"]
+__all__ = ["ROW_STEP", "BudgetError", "fresh_runtime_command", "plan", "preflight"]
 
 # Pre-flight keeps this share of the RAM budget free: the RAM estimates of reports/ladder.json are within about 5 %
 # of the measured peaks (both ways), and a Colab kernel that runs out of RAM is killed without a Python error.
@@ -48,7 +46,7 @@ SEQ_LENS: tuple[int, ...] = (128, 256, 512, 1024, 2048)
 
 
 class BudgetError(RuntimeError):
-    """A config predicted not to fit this runtime; the message names a config that would."""
+    """A config predicted not to fit this runtime; the message names a config that would (notebook 00)."""
 
 
 @dataclass
@@ -358,7 +356,7 @@ def _check_preflight_inputs(config: Any, n_params: Any, runtime: Any, largest_la
     check_runtime(runtime, "preflight")
     check_model_size(n_params, largest_layer_params)
     check_number("activation_bytes", activation_bytes, positive=False, integer=False, example=0,
-                 hint=", or helpers.estimate_activations(...)")
+                 hint=", or helpers.memory.estimate_activations(...)")
     offload_param = (config.get("zero_optimization") or {}).get("offload_param") or {}
     if offload_param.get("device") == "nvme":
         fp32 = not (config.get("fp16", {}).get("enabled") or config.get("bf16", {}).get("enabled"))
@@ -369,7 +367,7 @@ def _check_preflight_inputs(config: Any, n_params: Any, runtime: Any, largest_la
 def preflight(config: dict[str, Any], n_params: int, runtime: "Runtime", *, largest_layer_params: int = 0,
               activation_bytes: int = 0, nvme_path: str | None = None, zero_init: bool = False,
               ram_in_use: int | None = None, raise_on_failure: bool = True) -> PreflightReport:
-    """Compare the estimate for `config` with this runtime's VRAM/RAM/disk before allocating anything.
+    """Compare the estimate for `config` with this runtime's VRAM/RAM/disk before allocating anything (notebook 00).
 
     `ram_in_use` is the RAM already taken beside the run (default: this process's RSS; notebook 02 passes the
     kernel's RSS plus a fresh child process's). Raises BudgetError (when `raise_on_failure`) naming each overflow
@@ -646,7 +644,7 @@ def plan(model: "str | ModelShape" = "gpt2", stage: int = 2, *, offload_optimize
 def _activation_bytes(shape: "ModelShape", batch: int, seq_len: int, *, precision: str, checkpointing: bool) -> int:
     """The activations the planner counts: for a Llama-shaped model notebook 06's part-by-part estimate
     (`helpers.estimate_activation_peak`: kept for backward + backward's largest transient, measured within a few %),
-    for the others the GPT formula (`helpers.estimate_activations`)."""
+    for the others the GPT formula (`helpers.memory.estimate_activations`)."""
     if shape.llama is not None:
         from helpers.long_context import estimate_activation_peak
         from helpers.memory import bytes_per_element

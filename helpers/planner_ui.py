@@ -324,8 +324,9 @@ def planner_widget(runtime: "Runtime | None" = None, model: str = "gpt2") -> Any
     name that may ask the Hugging Face Hub (which answers within `helpers.models.HUB_LOOKUP_TIMEOUT_S` or fails).
     The same settings give the same numbers as `plan(...)` in a cell ("built under zero.Init" is plan's `zero_init`).
 
-    When a runner saves the notebook (`helpers.saved_run()`), a widget would be saved as `VBox(children=...)`: then the
-    plan of the starting settings is returned as static HTML, saying to run the cell in Jupyter or Colab for controls.
+    When a runner saves the notebook (`helpers.progress.saved_run()`), a widget would be saved as `VBox(children=...)`:
+    then the plan of the starting settings is returned as static HTML, saying to run the cell in Jupyter or Colab for
+    controls.
     """
     from helpers.hardware import detect_runtime
     from helpers.models import GPT2_CONTEXT, GPT2_LADDER

@@ -2,8 +2,8 @@
 MoE's parameters, expert load, capacity and balance, ZeRO's per-rank scaling, activations against sequence length
 (notebooks 00-06).
 
-Records in (`helpers.RunResult`s where a figure plots runs). In a notebook every figure is displayed where it is made,
-inside an `if` or a loop too, and the function returns None (so a cell ending with it does not show it twice);
+Records in (`helpers.train.RunResult`s where a figure plots runs). In a notebook every figure is displayed where it is
+made, inside an `if` or a loop too, and the function returns None (so a cell ending with it does not show it twice);
 elsewhere, or with `show=False`, the matplotlib Figure is returned. matplotlib is imported inside the functions,
 no torch or deepspeed here and no global style changes.
 """
@@ -19,9 +19,9 @@ if TYPE_CHECKING:
     from helpers.step_time import StepTimeEstimate
     from helpers.train import RunResult
 
-__all__ = ["show_folded", "figure_html", "plot_peak_vram", "plot_step_time", "plot_memory_breakdown", "plot_memory_timeline",
-           "plot_losses", "plot_plan", "plot_plans", "plot_speed_vs_memory", "plot_expert_load", "plot_capacity_sweep", "plot_balance",
-           "plot_params", "plot_zero_scaling", "plot_activation_growth", "plot_longest_sequence",
+__all__ = ["show_folded", "plot_peak_vram", "plot_step_time", "plot_memory_breakdown", "plot_memory_timeline",
+           "plot_losses", "plot_plans", "plot_speed_vs_memory", "plot_expert_load", "plot_capacity_sweep",
+           "plot_balance", "plot_params", "plot_zero_scaling", "plot_activation_growth", "plot_longest_sequence",
            "plot_long_context_memory"]
 
 GiB = 1024**3
@@ -73,7 +73,7 @@ def _tight_line(ax: Any, budget_gib: float) -> None:
 def plot_peak_vram(runs: Sequence["RunResult"], budget_gib: float | None = None,
                    title: str = "Peak GPU memory per config", show: bool | None = None) -> "Figure | None":
     """Bars of each run's measured peak VRAM beside its estimate, with the budget as a dashed line and where the
-    planner's margin below it begins (a plan above it is tight) dotted."""
+    planner's margin below it begins (a plan above it is tight) dotted (notebook 01)."""
     fig = _figure()
     ax = fig.add_subplot()
     names = [r.name for r in runs]
@@ -96,8 +96,8 @@ def plot_memory_breakdown(estimates: Sequence["ModelStateEstimate"], where: str 
                           budget_gib: float | None = None, title: str | None = None,
                           show: bool | None = None, budget_bytes: int | None = None) -> "Figure | None":
     """Stacked bars: params / grads / optimizer / activations per estimate, on 'gpu' (GiB) or 'cpu' / 'nvme' (GB,
-    the course's unit for RAM and disk). The budget line: `budget_bytes`, or `budget_gib` (GPU); on the GPU also
-    where the planner's margin below it begins (dotted)."""
+    the course's unit for RAM and disk) (notebook 01). The budget line: `budget_bytes`, or `budget_gib` (GPU); on the
+    GPU also where the planner's margin below it begins (dotted)."""
     unit, unit_name = (GiB, "GiB") if where == "gpu" else (GB, "GB")
     budget = budget_bytes / unit if budget_bytes else (budget_gib * GiB / unit if budget_gib else None)
     fig = _figure()
@@ -287,7 +287,7 @@ def figure_html(fig: "Figure", alt: str = "", css_class: str = "", dpi: int = 10
 
 def plot_memory_timeline(samples: Sequence[dict[str, float]], title: str = "Memory during training",
                          ram_budget_gb: float | None = None, show: bool | None = None) -> "Figure | None":
-    """GPU allocated/reserved (GiB) and process RSS (GB) over time from `Measurement.samples`."""
+    """GPU allocated/reserved (GiB) and process RSS (GB) over time from `Measurement.samples` (notebook 00)."""
     t = [s["t"] for s in samples]
     gpu = [(key, label) for key, label in (("gpu_allocated", "GPU allocated"), ("gpu_reserved", "GPU reserved"))
            if any(s.get(key) for s in samples)]
@@ -319,7 +319,7 @@ def plot_memory_timeline(samples: Sequence[dict[str, float]], title: str = "Memo
 
 def plot_losses(losses: Sequence[float], title: str = "Training loss", show: bool | None = None,
                 label: str = "train", **named: Any) -> "Figure | None":
-    """Loss per step (named `label`); extra keyword series are drawn too.
+    """Loss per step (named `label`); extra keyword series are drawn too (notebook 01).
 
     An extra series is a list of losses per step, or of (step, loss) pairs for one measured at some steps only
     (validation every k steps: ``val=[(10, 3.2), (20, 2.9)]``), drawn at those steps."""
@@ -429,8 +429,9 @@ def plot_step_time(curve: dict[int, "StepTimeEstimate"], measured: dict[int, flo
 def plot_expert_load(history: Sequence[Sequence[int]], title: str = "Tokens per expert over training",
                      capacity: float | None = None, show: bool | None = None) -> "Figure | None":
     """Routes each expert was asked for per step, as a heatmap: one row per expert, one column per step, the colour
-    the routes over the capacity (`capacity`; without it, over the step's mean). Above 1.0 (red) the expert was full
-    and the routes beyond its capacity were dropped. Eight lines on one axis overlap beyond reading; eight rows do not."""
+    the routes over the capacity (`capacity`; without it, over the step's mean) (notebook 03). Above 1.0 (red) the
+    expert was full and the routes beyond its capacity were dropped. Eight lines on one axis overlap beyond reading;
+    eight rows do not."""
     import numpy as np
     from matplotlib.colors import TwoSlopeNorm
 
@@ -459,7 +460,8 @@ def plot_expert_load(history: Sequence[Sequence[int]], title: str = "Tokens per 
 
 
 def plot_capacity_sweep(rows: Sequence[dict[str, float]], title: str = "Capacity factor", show: bool | None = None) -> "Figure | None":
-    """Dropped share of routes (bars) and validation loss (line) against the capacity factor (`capacity_sweep`)."""
+    """Dropped share of routes (bars) and validation loss (line) against the capacity factor (`capacity_sweep`)
+    (notebook 03)."""
     fig = _figure(7.0, 3.8)
     ax = fig.add_subplot()
     x = [str(r["capacity_factor"]) for r in rows]
@@ -482,7 +484,7 @@ def plot_capacity_sweep(rows: Sequence[dict[str, float]], title: str = "Capacity
 
 def plot_balance(runs: Sequence["RunResult"], title: str = "Share of routes per expert", show: bool | None = None) -> "Figure | None":
     """For each MoE run (`helpers.moe.MoEHooks`): the share of routes each expert was asked for (first MoE layer),
-    as grouped bars."""
+    as grouped bars (notebook 03)."""
     fig = _figure(7.0, 3.8)
     ax = fig.add_subplot()
     n = len(runs)
@@ -503,7 +505,7 @@ def plot_balance(runs: Sequence["RunResult"], title: str = "Share of routes per 
 
 def plot_params(names: Sequence[str], total: Sequence[int], active: Sequence[int],
                 title: str = "Parameters: held vs used per token", show: bool | None = None) -> "Figure | None":
-    """Total (held) and active (per token) parameters per model, side by side, in millions."""
+    """Total (held) and active (per token) parameters per model, side by side, in millions (notebook 03)."""
     fig = _figure(6, 3.5)
     ax = fig.add_subplot()
     x = range(len(names))
@@ -520,7 +522,7 @@ def plot_params(names: Sequence[str], total: Sequence[int], active: Sequence[int
 
 
 def plot_zero_scaling(rows: Sequence[dict[str, Any]], title: str = "Model states per rank", show: bool | None = None) -> "Figure | None":
-    """Per-rank bytes of each part against N, one panel per ZeRO stage; dashed: the estimator."""
+    """Per-rank bytes of each part against N, one panel per ZeRO stage; dashed: the estimator (notebook 05)."""
     from matplotlib.figure import Figure
 
     from helpers.scale_out import estimate_parts

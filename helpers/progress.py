@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Any, Iterable
 
-__all__ = ["SAVED_RUN_ENV", "course_progress_bars", "progress_bar", "saved_run"]
+__all__ = []
 
 SAVED_RUN_ENV = "DS_COURSE_SAVED_RUN"
 

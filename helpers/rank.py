@@ -27,8 +27,7 @@ from helpers.scale_out import SCALE_OUT_SHAPES, corpus_blocks, gpt_config
 if TYPE_CHECKING:
     from helpers.gpt import GPTConfig
 
-__all__ = ["choose_device", "init_rank", "write_rank_report", "finish_rank", "exit_rank", "load_blocks", "add_rank_args", "RankSetup", "setup_rank",
-           "rank_batches", "rank_state_bytes", "GradientPeak", "peak_gpu_bytes"]
+__all__ = ["finish_rank", "exit_rank"]
 
 
 def choose_device(requested: str = "auto", world: int | None = None) -> str:
@@ -73,7 +72,7 @@ def write_rank_report(out: Path, rank: int, report: dict[str, Any]) -> Path:
 
 
 def finish_rank(out: Path, rank: int, report: dict[str, Any]) -> None:
-    """Write rank<r>.json, wait for every rank, leave the process group."""
+    """Write rank<r>.json, wait for every rank, leave the process group (notebook 03)."""
     import torch.distributed as dist
 
     write_rank_report(out, rank, report)
@@ -83,7 +82,7 @@ def finish_rank(out: Path, rank: int, report: dict[str, Any]) -> None:
 
 def exit_rank(code: int) -> NoReturn:
     """End a launched rank with `code` without Python's interpreter shutdown: flush stdout and stderr, then
-    `os._exit` (the programs' last line: ``rank.exit_rank(main())``).
+    `os._exit` (the programs' last line: ``rank.exit_rank(main())``) (notebook 03).
 
     After its report is written and the group destroyed, a rank has nothing left to do, but at shutdown torch's gloo
     worker threads can still hold work objects whose release needs the interpreter being torn down: the process

@@ -15,7 +15,7 @@ from typing import Any
 
 from helpers.atomic import write_atomically
 
-__all__ = ["FIGURES_ENV", "record_figure", "record_figures", "recorded_figures", "report_gb", "report_for_learners"]
+__all__ = ["record_figure", "record_figures", "report_gb", "report_for_learners"]
 
 FIGURES_ENV = "DS_COURSE_FIGURES"
 _FIGURES: dict[str, Any] = {}
@@ -34,7 +34,7 @@ def _plain(value: Any) -> Any:
 
 def record_figure(name: str, value: Any) -> None:
     """Remember a measured figure (JSON-serialisable) under `name`; numpy and torch numbers (`np.float32(1.5)`, a
-    0-d tensor) and arrays are kept as Python numbers and lists.
+    0-d tensor) and arrays are kept as Python numbers and lists (notebook 00).
 
     Returns nothing, so a notebook cell that ends with it shows no stray `Out[]` value."""
     if not isinstance(name, str) or not name.strip():
@@ -58,7 +58,7 @@ def record_figure(name: str, value: Any) -> None:
 
 
 def record_figures(**figures: Any) -> None:
-    """`record_figure` for several at once, one call at the end of a notebook cell:
+    """`record_figure` for several at once, one call at the end of a notebook cell (notebook 00):
     ``helpers.record_figures(tiny_loss_first=0.98, tiny_loss_last=0.12)``."""
     for name, value in figures.items():
         record_figure(name, value)
@@ -70,7 +70,8 @@ def recorded_figures() -> dict[str, Any]:
 
 
 def report_gb(row: dict[str, Any], name: str) -> float:
-    """`row[name + "_gb"]`, or the older `row[name + "_gib"]` converted to GB (1e9 bytes); 0.0 without either.
+    """`row[name + "_gb"]`, or the older `row[name + "_gib"]` converted to GB (1e9 bytes); 0.0 without either
+    (notebook 02).
 
     Host RAM and disk are recorded in GB, the unit of their budgets; reports committed before that used GiB.
     """

@@ -13,17 +13,15 @@ import socket
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-__all__ = ["COMPILED_OPS", "DIST_ENV_VARS", "OP_BUILDERS", "announce_op_builds", "build_ops", "clean_slate", "destroy_engine", "free_port", "gpu_allocated_bytes", "live_engines",
-           "mmap_large_allocations", "nvme_swap_paths", "release_host_memory", "release_nvme_swappers", "release_zero3_globals",
-           "remove_deepspeed_hooks", "remove_nvme_leftovers", "remove_stale_build_lock", "remove_swap_files", "swap_leftovers",
-           "quiet_deepspeed", "require", "reset_peak_stats", "setup_single_process", "teardown", "warm_up_cuda", "warm_up_deepspeed",
+__all__ = ["build_ops", "clean_slate", "free_port", "gpu_allocated_bytes", "mmap_large_allocations",
+           "release_host_memory", "quiet_deepspeed", "require", "reset_peak_stats", "setup_single_process", "teardown",
            "hf_deepspeed_state", "reset_hf_deepspeed_state"]
 
 DIST_ENV_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
 
 
 def free_port() -> int:
-    """A TCP port on localhost that nothing listens on right now."""
+    """A TCP port on localhost that nothing listens on right now (notebook 00)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -44,7 +42,7 @@ def quiet_deepspeed(level: int = 30) -> Iterator[None]:
 
 
 def setup_single_process(port: int | None = None) -> dict[str, str]:
-    """Set the five distributed variables for a world of one process, on a free port.
+    """Set the five distributed variables for a world of one process, on a free port (notebook 02).
 
     Once torch.distributed is initialised (a second run in the same kernel) the port is left as it
     is: DeepSpeed reuses the existing process group.
@@ -59,7 +57,7 @@ def setup_single_process(port: int | None = None) -> dict[str, str]:
 
 
 def gpu_allocated_bytes() -> int:
-    """Bytes the CUDA caching allocator has handed out now (0 on CPU)."""
+    """Bytes the CUDA caching allocator has handed out now (0 on CPU) (notebook 00)."""
     import torch
 
     if not torch.cuda.is_available():
@@ -89,7 +87,7 @@ def warm_up_cuda() -> None:
 
 
 def reset_peak_stats() -> None:
-    """Forget earlier peaks so the next measured run starts from the current allocation."""
+    """Forget earlier peaks so the next measured run starts from the current allocation (notebook 00)."""
     import torch
 
     gc.collect()
@@ -101,7 +99,7 @@ def reset_peak_stats() -> None:
 
 
 def teardown(namespace: dict[str, Any], *names: str) -> int:
-    """Destroy and forget the objects that `names` point to in `namespace`, then free their memory.
+    """Destroy and forget the objects that `names` point to in `namespace`, then free their memory (notebook 00).
 
     From a notebook: ``helpers.teardown(globals(), "engine", "optimizer", "model")``. The objects are
     taken out of the namespace here rather than passed in, because an argument stays referenced by
@@ -667,7 +665,8 @@ def live_engines() -> list[Any]:
 
 def clean_slate(namespace: dict[str, Any], *names: str, hf: bool = False, needs: tuple[str, ...] = (),
                 where: str = "the cells above", single_process: bool = False) -> list[str]:
-    """Start a training cell from nothing, whatever ran (or was interrupted) before it; returns what it cleaned.
+    """Start a training cell from nothing, whatever ran (or was interrupted) before it; returns what it cleaned
+    (notebook 00).
 
     From a notebook: ``helpers.clean_slate(globals(), "engine", "optimizer", "model", "losses")`` as the first line of
     a cell that trains. It forgets `names` (the cell's own results from an earlier run: a re-run never continues a
@@ -772,7 +771,7 @@ def hf_deepspeed_state() -> dict[str, str]:
 
 
 def reset_hf_deepspeed_state() -> dict[str, str]:
-    """Forget transformers' global DeepSpeed config and Accelerate's state; returns what was there before.
+    """Forget transformers' global DeepSpeed config and Accelerate's state; returns what was there before (notebook 04).
 
     Without it a ZeRO-3 run leaves later models built partitioned, and a second Accelerator with a
     deepspeed_plugin is refused ("You cannot pass in a `deepspeed_plugin` when creating a second `Accelerator`").

@@ -18,9 +18,8 @@ from helpers.memory import model_states_per_gpu
 if TYPE_CHECKING:
     from helpers.gpt import GPTConfig
 
-__all__ = ["SCALE_OUT_SHAPES", "STATE_PARTS", "gpt_config", "corpus_blocks", "zero_rows", "with_estimates",
-           "estimate_parts", "scaling_table", "WIRE_FACTORS", "wire_bytes", "comm_table", "zero_findings", "pipeline_layers", "lm_loss", "PipelineSchedule",
-           "pipeline_schedule", "autotp_config", "topology_table"]
+__all__ = ["SCALE_OUT_SHAPES", "corpus_blocks", "zero_rows", "with_estimates", "scaling_table", "wire_bytes",
+           "comm_table", "zero_findings", "pipeline_schedule", "autotp_config", "topology_table"]
 
 STATE_PARTS = ("params", "grads", "optimizer")  # the parts `helpers.rank.rank_state_bytes` measures
 
@@ -40,7 +39,8 @@ def gpt_config(vocab: int, seq_len: int, hidden: int, layers: int, heads: int, f
 
 
 def corpus_blocks(work: Path, vocab: int, seq_len: int, texts: int = 2000) -> Path:
-    """The local corpus (its first `texts` paragraphs) tokenized into `seq_len`-token blocks: the torch.save file."""
+    """The local corpus (its first `texts` paragraphs) tokenized into `seq_len`-token blocks: the torch.save file
+    (notebook 05)."""
     import torch
 
     path = Path(work) / f"blocks-{vocab}-{seq_len}-{texts}.pt"
@@ -59,7 +59,8 @@ def corpus_blocks(work: Path, vocab: int, seq_len: int, texts: int = 2000) -> Pa
 
 
 def zero_rows(reports: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (stage, N): rank 0's bytes and the largest of any rank, from the ranks' reports of one launch."""
+    """One row per (stage, N): rank 0's bytes and the largest of any rank, from the ranks' reports of one launch
+    (notebook 05)."""
     rows = []
     for i, row in enumerate(reports[0]["stages"]):
         ranks = [r["stages"][i] for r in reports]
@@ -72,7 +73,8 @@ def zero_rows(reports: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def with_estimates(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows with the estimator's bytes per rank (helpers.model_states_per_gpu, no buffers) and ratio to 1/N of N=1."""
+    """Rows with the estimator's bytes per rank (helpers.model_states_per_gpu, no buffers) and ratio to 1/N of N=1
+    (notebook 05)."""
     single = {r["stage"]: r["model_states"] for r in rows if r["world"] == 1}
     out = []
     for r in rows:
@@ -93,7 +95,8 @@ def estimate_parts(n_params: int, stage: int, world: int, precision: str) -> dic
 
 
 def scaling_table(rows: Sequence[dict[str, Any]]) -> str:
-    """Measured per-rank MB of params / peak grads / optimizer and their sum, next to the estimate, per (stage, N)."""
+    """Measured per-rank MB of params / peak grads / optimizer and their sum, next to the estimate, per (stage, N)
+    (notebook 05)."""
     mb = 1e6
     head = (f"{'stage':>5}{'N':>3}{'params':>9}{'grads peak':>12}{'(kept)':>8}{'optimizer':>11}{'states':>9}"
             f"{'estimate':>10}{'states / (N=1 states / N)':>27}")
@@ -115,14 +118,14 @@ WIRE_FACTORS = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter_tensor"
 
 def wire_bytes(sent: dict[str, int], world: int) -> float:
     """Bytes a rank moves over its links for the messages `sent` ({collective: message bytes}), by WIRE_FACTORS
-    (a collective not listed counts its message once)."""
+    (a collective not listed counts its message once) (notebook 05)."""
     return sum(WIRE_FACTORS.get(op, lambda n: 1.0 if n > 1 else 0.0)(world) * b for op, b in sent.items())
 
 
 def comm_table(rows: Sequence[dict[str, Any]]) -> str:
     """MB each rank handed to DeepSpeed's collectives per optimizer step, per (stage, N): the `comm_bytes_per_step`
     that notebooks/programs/scale_out_train.py reads off deepspeed.comm's comms logger (message bytes per call); and
-    the MB that moves over the rank's links for them (`wire_bytes`)."""
+    the MB that moves over the rank's links for them (`wire_bytes`) (notebook 05)."""
     ops = sorted({op for r in rows for op in r.get("comm_bytes_per_step", {})})
     if not ops:
         return "no communication recorded (these rank reports predate the comms logger)"
@@ -140,7 +143,7 @@ def comm_table(rows: Sequence[dict[str, Any]]) -> str:
 def zero_findings(rows: Sequence[dict[str, Any]]) -> list[str]:
     """What the ZeRO runs showed, computed from their rows (rank 0, smallest and largest N): each stage's model states
     against 1/N, where N=1's extra bytes come from (ZeRO's own fp32 master copy), the gradient peak of stages 1 and 2,
-    and that every stage trained the same model (losses within 1e-3 of ZeRO-0's)."""
+    and that every stage trained the same model (losses within 1e-3 of ZeRO-0's) (notebook 05)."""
     by = {(r["stage"], r["world"]): r for r in rows}
     ns = sorted({r["world"] for r in rows})
     lo, hi = ns[0], ns[-1]
@@ -259,7 +262,8 @@ class PipelineSchedule:
 
 
 def pipeline_schedule(stages: int, micro_batches: int) -> PipelineSchedule:
-    """The forward/backward slots of DeepSpeed's `TrainSchedule` (what `engine.train_batch` runs) per stage and tick."""
+    """The forward/backward slots of DeepSpeed's `TrainSchedule` (what `engine.train_batch` runs) per stage and tick
+    (notebook 05)."""
     from deepspeed.runtime.pipe import schedule
 
     grid = []
@@ -279,7 +283,7 @@ def pipeline_schedule(stages: int, micro_batches: int) -> PipelineSchedule:
 
 
 def autotp_config(world: int) -> dict[str, Any]:
-    """The `tensor_parallel` section for AutoTP training of the course GPT over `world` ranks.
+    """The `tensor_parallel` section for AutoTP training of the course GPT over `world` ranks (notebook 05).
 
     Column-parallel (each rank a slice of the outputs): the fused q/k/v projection (3 equal parts, split each)
     and the MLP's up projection. Row-parallel (each rank a slice of the inputs, outputs all-reduced): the
@@ -293,7 +297,7 @@ def autotp_config(world: int) -> dict[str, Any]:
 
 
 def topology_table(pp: int, tp: int, dp: int) -> str:
-    """Which (pipe, data, model) coordinates each global rank gets in DeepSpeed's 3D topology."""
+    """Which (pipe, data, model) coordinates each global rank gets in DeepSpeed's 3D topology (notebook 05)."""
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
     topo = PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp)

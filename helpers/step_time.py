@@ -45,8 +45,7 @@ from typing import Any
 
 from helpers.limits import RuntimeLimits, block_key, flops_per_token
 
-__all__ = ["DATASHEET_FP16_TFLOPS", "GpuProjection", "PhaseClock", "StepTimeEstimate", "estimate_step_time",
-           "project_to_gpu", "training_flops_per_token"]
+__all__ = ["estimate_step_time"]
 
 GB = 1e9
 # fp16 tensor-core peaks without sparsity, from NVIDIA's datasheets (TFLOP/s): how project_to_gpu moves GPU-busy time

@@ -29,9 +29,7 @@ from helpers.runtime import reset_peak_stats, setup_single_process, teardown
 if TYPE_CHECKING:
     from helpers.hardware import Runtime
 
-__all__ = ["RunResult", "RunSettings", "SpeedComparison", "SpeedRatio", "SpeedRatios", "TrainHooks", "compare_speed",
-           "speed_ratios", "train_run", "oom_summary",
-           "evaluate", "lr_scheduler_from_config", "results_table", "stage0_fp16_loss"]
+__all__ = ["compare_speed", "speed_ratios", "train_run", "results_table", "stage0_fp16_loss"]
 
 # fields written in GiB by reports before issue 14, now in GB (what `RunResult.from_dict` converts)
 _GIB_TO_GB = {"peak_rss_gib": "peak_rss_gb", "baseline_rss_gib": "baseline_rss_gb", "disk_gib": "disk_gb"}
@@ -143,7 +141,8 @@ class RunResult:
 
 
 def stage0_fp16_loss(engine: Any, loss: Any) -> Any:
-    """The loss to pass to `engine.backward`: scaled by the fp16 loss scale where DeepSpeed 0.19.8 forgets to.
+    """The loss to pass to `engine.backward`: scaled by the fp16 loss scale where DeepSpeed 0.19.8 forgets to
+    (notebook 01).
 
     `engine.backward` multiplies the loss by the fp16 loss scale only for a ZeRO optimizer (stages 1-3). With ZeRO
     off (stage 0) in fp16 the engine's optimizer is `FP16_Optimizer` / `FP16_UnfusedOptimizer`, whose `step()` still
@@ -202,7 +201,7 @@ class SpeedComparison:
 
 def compare_speed(a: RunResult, b: RunResult) -> SpeedComparison:
     """Compare two runs' tokens/s by their per-step spread: a difference counts only when the middle halves of their
-    steps do not overlap (a's lower quartile above b's upper quartile, or the reverse).
+    steps do not overlap (a's lower quartile above b's upper quartile, or the reverse) (notebook 02).
 
     Runs with fewer than 2 timed steps have no spread: they are never called different."""
     a_lo, a_mid, a_hi = a.speed_spread()
@@ -295,7 +294,8 @@ def _spread(rates: list[float], fallback: float) -> tuple[float, float, float]:
 
 
 def speed_ratios(results: Sequence[TimedRun], reference: str, repeat: str | None = None) -> SpeedRatios:
-    """Every run of `results` against the reference in tokens/s of median steps, judged against run-to-run noise.
+    """Every run of `results` against the reference in tokens/s of median steps, judged against run-to-run noise
+    (notebook 01).
 
     `reference` and `repeat` name two runs of the same config (run first and last, so the drift over the cell
     shows); their steps are pooled into the reference. The noise is how far their median steps moved apart (x n).
@@ -333,7 +333,7 @@ def speed_ratios(results: Sequence[TimedRun], reference: str, repeat: str | None
 
 def results_table(results: list[RunResult]) -> str:
     """Measured peak VRAM, estimate, ratio, tokens/s (of the median step, as `speed_text`), RSS and first/last loss
-    per run.
+    per run (notebook 01).
 
     Runs without a GPU (no VRAM measured) get the RAM layout instead: RAM the run added over its start (the model,
     its optimizer states and activations all live there) and the process's peak RSS, never a column of zeros."""
@@ -704,7 +704,7 @@ def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *,
               progress: bool = True, hooks: TrainHooks | None = None,
               on_step: Callable[[int, float], None] | None = None,
               on_phase: Callable[[str], None] | None = None, time_micro_batches: bool = False) -> RunResult:
-    """Train a fresh model for `steps` optimizer steps with `ds_config` and measure it.
+    """Train a fresh model for `steps` optimizer steps with `ds_config` and measure it (notebook 01).
 
     Micro-batch, gradient accumulation, learning rate, weight decay, clipping and warm-up come from
     `ds_config` (`RunSettings`). `plain_pytorch=True` trains the same numbers without DeepSpeed: torch AdamW with the

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DEEPSPEED_WORKAROUNDS"]
+from helpers.overflow_check import CHECKED_DEEPSPEED
+
+__all__ = []
 
 
 @dataclass(frozen=True)
@@ -25,7 +27,7 @@ class Workaround:
     upstream: str
 
 
-CHECKED = ("0.19.8",)  # the DeepSpeed versions every entry below was checked against
+CHECKED = (CHECKED_DEEPSPEED,)  # the DeepSpeed versions every entry below was checked against
 
 DEEPSPEED_WORKAROUNDS: tuple[Workaround, ...] = (
     Workaround("ZeRO-0 fp16 loss scale", "train.stage0_fp16_loss", CHECKED,

@@ -6,7 +6,7 @@
 In each notebook the bootstrap cell is the code cell that defines COURSE_REPO (the first code cell, or the first
 after cells that do not use the course, as notebook 00's nvidia-smi cell): its text is replaced, its id and tags are
 kept. In the code cell right after it (the imports cell), the lines `helpers.start_notebook()` now does are removed:
-`%matplotlib inline`, `import helpers`, warnings filters, `helpers.warm_up_deepspeed()`, `runtime =
+`%matplotlib inline`, `import helpers`, warnings filters, `helpers.runtime.warm_up_deepspeed()`, `runtime =
 helpers.detect_runtime()`, `print(runtime)` and the torch/deepspeed version print. Outputs stay stripped. Prints what
 changed and the names the old cells defined that later cells still use and the new ones no longer define.
 Running it again changes nothing.

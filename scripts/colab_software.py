@@ -449,7 +449,8 @@ PROBE_MODULES = ("import json, sys\n"
 PROBE_END = ("import json, sys\n"
              "print('MODULES=' + json.dumps(sorted({m.split('.')[0] for m in list(sys.modules)})))")
 PROBE_AFTER = ("import json, helpers, deepspeed, transformers, datasets, accelerate, torch\n"
-               "print('LOADED=' + json.dumps({'helpers': str(helpers.course_root()), 'deepspeed': deepspeed.__version__,\n"
+               "print('LOADED=' + json.dumps({'helpers': str(helpers.bootstrap.course_root()),\n"
+               "    'deepspeed': deepspeed.__version__,\n"
                "    'transformers': transformers.__version__, 'datasets': datasets.__version__,\n"
                "    'accelerate': accelerate.__version__, 'torch': torch.__version__}))")
 

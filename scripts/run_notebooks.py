@@ -108,7 +108,7 @@ def execute(path: Path, *, twice: bool = False, timeout_s: int = 1800, out_dir: 
 
 HABITS_CHECK = """
 import helpers
-_engines = helpers.live_engines()
+_engines = helpers.runtime.live_engines()
 print(f"live DeepSpeed engines: {len(_engines)}")
 for _e in _engines:  # what still holds it, for the failure message (a closure cell: a hook; a dict: a namespace)
     import gc

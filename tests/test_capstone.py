@@ -74,7 +74,7 @@ def test_an_unknown_model_id_is_refused_offline_and_its_fix_is_a_stand_in(monkey
         helpers.capstone_model("not a model id!")
     source = helpers.capstone_model("gpt2-medium")
     assert source.stand_in and source.weights.startswith("stand-in")
-    assert helpers.capstone_data("Salesforce/wikitext:wikitext-2-raw-v1")[0] == str(helpers.LOCAL_CORPUS)
+    assert helpers.capstone_data("Salesforce/wikitext:wikitext-2-raw-v1")[0] == str(helpers.data.LOCAL_CORPUS)
 
 
 @pytest.mark.slow
@@ -96,7 +96,7 @@ def test_the_script_trains_smoke_sized_on_cpu_and_both_checkpoints_load(tmp_path
     (tmp_path / "ds_config.json").write_text(json.dumps(config))
     out = tmp_path / "out"
     run = helpers.run_script(SCRIPT, ["--model", source.path(tmp_path), "--deepspeed", str(tmp_path / "ds_config.json"),
-                                      "--data", str(helpers.LOCAL_CORPUS), "--seq-len", "32", "--steps", "3",
+                                      "--data", str(helpers.data.LOCAL_CORPUS), "--seq-len", "32", "--steps", "3",
                                       "--out", str(out), "--consolidate"], out=out, steps=3)
     assert run.trained, run.tail
     assert len(run.losses) == 3 and run.peak_rss_bytes > 0 and run.checkpoint_bytes > 0

@@ -52,7 +52,7 @@ def test_the_colab_calls_load_from_it_offline_in_a_fresh_process(hub_home):
             "model = helpers.load_causal_lm('gpt2')\n"
             "print(json.dumps({'splits': sorted(ds), 'train': len(ds['train']), 'first': ds['train'][0]['text'],\n"
             "  'vocab': len(tok), 'pad': tok.pad_token, 'params': sum(p.numel() for p in model.parameters()),\n"
-            "  'branch': helpers.hub_available('gpt2', 'Salesforce/wikitext:wikitext-2-raw-v1')}))\n")
+            "  'branch': helpers.hub.hub_available('gpt2', 'Salesforce/wikitext:wikitext-2-raw-v1')}))\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     env.update(local_hub.environment(home))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)

@@ -216,7 +216,7 @@ def test_the_planner_and_preflight_name_the_measured_fresh_runtime_run_for_gpt2_
     import helpers
 
     rt = helpers.colab_t4_profile()
-    measured = helpers.measured_fresh_runtime("zero3_nvme_optimizer_gpu_params", "gpt2-xl")
+    measured = helpers.planner.measured_fresh_runtime("zero3_nvme_optimizer_gpu_params", "gpt2-xl")
     assert measured and measured["fits"] and measured["peak_ram_gb"] <= measured["ram_limit_gb"] + 0.05
     p = helpers.plan("gpt2-xl", 2, runtime=rt, ram_in_use=int(2.34e9))
     assert not p.report.fits
@@ -225,10 +225,10 @@ def test_the_planner_and_preflight_name_the_measured_fresh_runtime_run_for_gpt2_
     assert helpers.fresh_runtime_command("zero3_nvme_optimizer_gpu_params", "gpt2-xl") in fix
     nvme = helpers.plan("gpt2-xl", 3, offload_optimizer="nvme", runtime=rt, zero_init=True, ram_in_use=int(2.34e9))
     assert not nvme.report.fits and "measured from a fresh runtime" in str(nvme)
-    assert helpers.config_kind(nvme.config) == "zero3_nvme_optimizer_gpu_params"
-    assert helpers.config_kind(helpers.course_config("zero2")) is None
+    assert helpers.planner.config_kind(nvme.config) == "zero3_nvme_optimizer_gpu_params"
+    assert helpers.planner.config_kind(helpers.course_config("zero2")) is None
     # nothing is claimed for a rung the emulated ladder did not train
-    assert helpers.measured_fresh_runtime("zero3_offload_cpu", "gpt2-xl") is None
+    assert helpers.planner.measured_fresh_runtime("zero3_offload_cpu", "gpt2-xl") is None
 
 
 @pytest.mark.slow

@@ -377,7 +377,7 @@ def test_train_at_length_trains_and_says_what_it_measured():
         helpers.train_at_length(engine, tokens, 1024, "+ tiled MLP")
     with pytest.raises(ValueError, match="technique must be one of"):
         helpers.train_at_length(engine, tokens, 512, "flash")
-    helpers.destroy_engine(engine)
+    helpers.runtime.destroy_engine(engine)
 
 
 def test_the_planner_counts_a_llama_models_activations_as_notebook_06_does():
@@ -394,7 +394,7 @@ def test_the_planner_counts_a_llama_models_activations_as_notebook_06_does():
     assert helpers.plan(cfg, 2, micro_batch_size=1, seq_len=16384, checkpointing=True, runtime=runtime).report.fits
     gpt2 = helpers.model_shape("gpt2")
     p = helpers.plan("gpt2", 2, micro_batch_size=4, seq_len=512, checkpointing=False, runtime=runtime)
-    assert gpt2.llama is None and p.activation_bytes == helpers.estimate_activations(
+    assert gpt2.llama is None and p.activation_bytes == helpers.memory.estimate_activations(
         4, 512, gpt2.hidden, gpt2.n_layers, gpt2.vocab, n_heads=gpt2.n_heads)
 
 
@@ -463,7 +463,7 @@ def test_zero2_reduces_the_same_gradients_with_the_tiled_paths():
                     else engine(input_ids=ids, labels=ids).loss)
             engine.backward(loss)
         grads[technique] = {n: safe_get_full_grad(p).clone() for n, p in engine.module.named_parameters()}
-        helpers.destroy_engine(engine)
+        helpers.runtime.destroy_engine(engine)
     for technique in ("+ tiled logits", "+ tiled MLP"):
         for name, g in grads[technique].items():
             assert torch.allclose(g, grads["checkpointing"][name], rtol=1e-3, atol=1e-6), (technique, name)

@@ -43,7 +43,7 @@ def test_the_plugin_runs_nbmake_as_a_learner_and_fails_what_reads_wrong(tmp_path
     heavy = cell("import time\nfor _ in range(60):\n    time.sleep(0.1)\nruns = globals().get('runs', 0) + 1\n"
                  "print('heavy done', runs)", metadata={"tags": ["heavy"]})
     good = nbformat.v4.new_notebook(cells=[cell("import helpers"), heavy, cell("print('after', runs)")])
-    stray = nbformat.v4.new_notebook(cells=[*good.cells, cell("helpers.live_engines()")])  # Out[]: []
+    stray = nbformat.v4.new_notebook(cells=[*good.cells, cell("helpers.runtime.live_engines()")])  # Out[]: []
     for name, nb in (("good.ipynb", good), ("stray.ipynb", stray)):
         nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
         nbformat.write(nb, tmp_path / name)

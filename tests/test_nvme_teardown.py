@@ -229,7 +229,7 @@ def test_a_run_is_refused_before_it_starts_when_leftovers_fill_the_folder(tmp_pa
                           ds_config=cfg, steps=2, progress=False)
     message = str(info.value)
     assert "3 DeepSpeed swap files that earlier runs left" in message, message
-    assert f"helpers.remove_nvme_leftovers({str(tmp_path)!r})" in message, message
-    freed = helpers.remove_nvme_leftovers(str(tmp_path))
+    assert f"helpers.runtime.remove_nvme_leftovers({str(tmp_path)!r})" in message, message
+    freed = helpers.runtime.remove_nvme_leftovers(str(tmp_path))
     assert freed >= 3 * 2**20 and list(tmp_path.rglob("*.tensor.swp")) == [] and (tmp_path / "mine.txt").exists()
     monkeypatch.setattr("helpers.config.shutil.disk_usage", shutil.disk_usage)

@@ -46,7 +46,7 @@ def test_chunked_check_answers_as_deepspeed_does(zero3_engine):
         if bad is not None:
             flat[-1] = bad  # the last slice: a scan that stopped early would miss it
         helpers.chunk_zero3_overflow_check(chunk_elements=97)  # many slices, the last one short
-        assert type(opt).has_overflow is not original and helpers.chunked_overflow_check_active()
+        assert type(opt).has_overflow is not original and helpers.overflow_check.chunked_overflow_check_active()
         chunked = opt.has_overflow()
         helpers.restore_zero3_overflow_check()
         assert type(opt).has_overflow is original
@@ -66,11 +66,11 @@ def test_chunked_check_refuses_other_deepspeed_versions_and_bad_sizes(monkeypatc
             helpers.chunk_zero3_overflow_check(chunk_elements=bad)
         assert str(err.value).split("Fix: ")[1].startswith(f"chunk_elements={fix} ")
         helpers.overflow_check._check_chunk_elements(fix)  # the suggested fix passes the check that refused
-    assert not helpers.chunked_overflow_check_active()
+    assert not helpers.overflow_check.chunked_overflow_check_active()
     monkeypatch.setattr(deepspeed, "__version__", "0.20.0")
     with pytest.raises(RuntimeError, match=r"checked against DeepSpeed 0\.19\.8 only; this is DeepSpeed 0\.20\.0"):
         helpers.chunk_zero3_overflow_check()
-    assert not helpers.chunked_overflow_check_active()
+    assert not helpers.overflow_check.chunked_overflow_check_active()
 
 
 def test_restoring_under_another_deepspeed_version_puts_the_original_back(monkeypatch):
@@ -84,13 +84,15 @@ def test_restoring_under_another_deepspeed_version_puts_the_original_back(monkey
     own = stage3.DeepSpeedZeroOptimizer_Stage3.has_overflow
     helpers.chunk_zero3_overflow_check()
     try:
-        assert helpers.chunked_overflow_check_active() and stage3.DeepSpeedZeroOptimizer_Stage3.has_overflow is not own
+        assert helpers.overflow_check.chunked_overflow_check_active()
+        assert stage3.DeepSpeedZeroOptimizer_Stage3.has_overflow is not own
         monkeypatch.setattr(deepspeed, "__version__", "0.20.0")
         helpers.restore_zero3_overflow_check()
     finally:
         monkeypatch.undo()
         helpers.restore_zero3_overflow_check()
-    assert stage3.DeepSpeedZeroOptimizer_Stage3.has_overflow is own and not helpers.chunked_overflow_check_active()
+    assert stage3.DeepSpeedZeroOptimizer_Stage3.has_overflow is own
+    assert not helpers.overflow_check.chunked_overflow_check_active()
 
 
 @pytest.mark.slow

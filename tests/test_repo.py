@@ -63,7 +63,9 @@ def test_one_repository_address_everywhere():
 def test_requirements_never_reinstall_torch():
     reqs = (ROOT / "requirements.txt").read_text().splitlines()
     assert not [r for r in reqs if re.match(r"^\s*torch\b", r)], "Colab ships torch; never list it"
-    assert "deepspeed==0.19.8" in reqs
+    from helpers.overflow_check import CHECKED_DEEPSPEED
+
+    assert f"deepspeed=={CHECKED_DEEPSPEED}" in reqs
 
 
 def test_readme_gpu_times_are_the_reports_and_link_the_executed_copies():
@@ -96,7 +98,7 @@ def test_executed_copies_are_the_current_notebooks():
                              f"{next((i for i, (a, b) in enumerate(zip(ran, code)) if a != b), min(len(ran), len(code)))}")
 
 
-# library log lines a learner read ten times per notebook (issue 22), now filtered by helpers.quiet_warnings
+# library log lines a learner read ten times per notebook (issue 22), now filtered by helpers.bootstrap.quiet_warnings
 LIBRARY_NOISE = ("Attempting to get learning rate from scheduler before it has started",
                  "`loss_type=None` was set in the config but it is unrecognised",
                  "`loss_type=None` was set in the config but it is unrecognized",

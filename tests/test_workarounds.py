@@ -1,5 +1,6 @@
 """helpers.workarounds: every DeepSpeed workaround in one list, checked against the installed DeepSpeed (issue 43)."""
 import importlib
+import re
 
 import pytest
 
@@ -22,3 +23,19 @@ def test_each_workaround_was_checked_against_the_installed_deepspeed_and_its_cod
 def test_the_list_names_each_workaround_once():
     names = [w.name for w in DEEPSPEED_WORKAROUNDS]
     assert len(names) == len(set(names)) and len({w.where for w in DEEPSPEED_WORKAROUNDS}) == len(names)
+
+
+def test_the_checked_deepspeed_version_has_one_home_that_the_requirements_pin():
+    """Issue 43: DeepSpeed's version is written once (helpers.overflow_check, the lowest floor that needs it); the
+    workaround list, moe's message and benchmarks/host_memory.py read it, and the requirements install exactly it."""
+    from conftest import ROOT
+    from helpers.overflow_check import CHECKED_DEEPSPEED
+    from helpers.workarounds import CHECKED
+
+    assert CHECKED_DEEPSPEED in CHECKED
+    for name in ("requirements.txt", "requirements-colab.txt"):
+        assert f"deepspeed=={CHECKED_DEEPSPEED}" in (ROOT / name).read_text().split(), name
+    constant = re.compile(rf"^\s*\w+\s*=\s*\(?\s*[\"']{re.escape(CHECKED_DEEPSPEED)}[\"']", flags=re.M)
+    twins = [p.name for p in (ROOT / "helpers").glob("*.py")
+             if p.name != "overflow_check.py" and constant.search(p.read_text())]
+    assert not twins, f"a second constant naming DeepSpeed {CHECKED_DEEPSPEED} in {twins}: import CHECKED_DEEPSPEED"
