@@ -418,7 +418,7 @@ class SpeedRounds:
                       "the steps", "inside each run"]
         else:
             lines += [f"one config's runs lay up to {self.noise - 1:.0%} apart in this cell: read each ratio with its "
-                      "range; where the range", f"includes x1.00, this run cannot tell that config's speed from {ref}'s"]
+                      "range; where the range", "includes x1.00, this run cannot tell that config's speed from the reference's"]
         return "\n".join(lines)
 
     def __str__(self) -> str:
