@@ -1,8 +1,9 @@
-"""What notebooks 00, 02 and 04 say follows what they print (issue 52): acronyms expanded where they first appear, the T4's
-memory printed from helpers.hardware's constants, the estimate-vs-measurement words computed from the numbers, no
-speed verdict from one run, the ZeRO-3 save cited and described as this run saved it, the ZeRO-0 fp16 exercise
-pointing to its fix, and the premises of 00's explanation of DeepSpeed's estimator against the course's. The drafts
-are read while they exist (notebooks/drafts/), the notebooks once promoted."""
+"""What notebooks 00, 01, 02 and 04 say follows what they print (issue 52): acronyms expanded where they first appear,
+the T4's memory printed from helpers.hardware's constants, the estimate-vs-measurement words computed from the numbers,
+no speed verdict from one run, the ZeRO-3 save cited and described as this run saved it, the ZeRO-0 fp16 exercise
+pointing to its fix, the premises of 00's explanation of DeepSpeed's estimator against the course's, and 01's claims on
+fp32 stage bytes, the loss scale and run_clm, and its speed tables without a word per ratio. The drafts are read while
+they exist (notebooks/drafts/), the notebooks once promoted."""
 import contextlib
 import inspect
 import io
