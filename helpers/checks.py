@@ -84,17 +84,50 @@ def check_runtime(runtime: Any, where: str) -> None:
                       "of a free Colab T4).")
 
 
-def check_run_lengths(*, steps: Any, eval_every: Any = None, compare_steps: Any = None) -> None:
-    """A notebook's step counts, checked in the cell after its parameters, before anything trains (notebook 01):
-    STEPS a positive integer giving at least two validation losses at EVAL_EVERY (the loss must be seen to fall), and
-    COMPARE_STEPS at least 4 (each comparison run leaves 2 steps untimed and needs 2 timed ones for a spread). Each
-    refusal names the notebook's variable and a fix that passes."""
+def _check_seq_len(seq_len: Any, max_positions: Any) -> None:
+    """SEQ_LEN: an int from 2 up to `max_positions` (when that is known: an int >= 2), refused with a fix that passes."""
+    limit = max_positions if isinstance(max_positions, int) and not isinstance(max_positions, bool) \
+        and max_positions >= 2 else 0
+
+    def fits(n: Any) -> bool:
+        return isinstance(n, int) and not isinstance(n, bool) and n >= 2 and (not limit or n <= limit)
+
+    if fits(seq_len):
+        return
+    if isinstance(seq_len, int) and not isinstance(seq_len, bool) and limit and seq_len > limit:
+        raise ValueError(f"SEQ_LEN = {seq_len!r} is longer than the model's {limit:,} positions: its position "
+                         f"embeddings stop there, and the fine-tune would fail in its first forward (torch's "
+                         f"IndexError). Fix: SEQ_LEN = {min(512, limit)} (at most {limit}).")
+    number: Any = None
+    if isinstance(seq_len, str):
+        with contextlib.suppress(ValueError):
+            number = int(seq_len.strip())
+    elif isinstance(seq_len, float) and seq_len.is_integer():
+        number = int(seq_len)
+    fix = (f"SEQ_LEN = {number} " + ("(no quotes)" if isinstance(seq_len, str) else "(an int)") if fits(number)
+           else f"SEQ_LEN = {min(512, limit) if limit else 512}")
+    most = f" and at most the model's {limit:,} positions" if limit else ""
+    raise ValueError(f"SEQ_LEN = {seq_len!r}: a block is a whole number of tokens, at least 2 (each token is "
+                     f"predicted from the ones before it){most}. Fix: {fix}.")
+
+
+def check_run_lengths(*, steps: Any, eval_every: Any = None, compare_steps: Any = None, seq_len: Any = None,
+                      max_positions: Any = None) -> None:
+    """A notebook's step counts and block length, checked in the cell after its parameters, before anything trains
+    (notebook 01): STEPS a positive integer giving at least two validation losses at EVAL_EVERY (the loss must be seen
+    to fall), COMPARE_STEPS at least 4 (each comparison run leaves 2 steps untimed and needs 2 timed ones for a
+    spread), and SEQ_LEN an integer from 2 (a block predicts each token from the ones before it) up to the model's
+    `max_positions` (GPT-2 learned 1,024 positions: a longer block fails inside the model's first forward, with
+    torch's IndexError; 0 or None: not known, not checked). Each refusal names the notebook's variable and a fix
+    that passes."""
+    if seq_len is not None:
+        _check_seq_len(seq_len, max_positions)
     check_number("STEPS", steps, positive=True, integer=True, example=120, hint=" (optimizer steps to train)")
     if compare_steps is not None and not (isinstance(compare_steps, int) and not isinstance(compare_steps, bool)
                                           and compare_steps >= 4):
         raise ValueError(f"COMPARE_STEPS = {compare_steps!r}: each comparison run leaves its first 2 steps untimed and "
-                         "needs at least 2 timed steps for a speed and its spread. Fix: COMPARE_STEPS = 4 or more (10 "
-                         "on CPU, 20 on Colab).")
+                         "needs at least 2 timed steps for a speed and its spread. Fix: COMPARE_STEPS = 4 or more (6 "
+                         "on CPU, 10 on Colab).")
     valid_every = isinstance(eval_every, int) and not isinstance(eval_every, bool) and eval_every > 0
     if eval_every is not None and not (valid_every and steps >= 2 * eval_every):
         if steps >= 2:  # each fix below passes this check

@@ -29,7 +29,8 @@ from helpers.runtime import reset_peak_stats, setup_single_process, teardown
 if TYPE_CHECKING:
     from helpers.hardware import Runtime
 
-__all__ = ["compare_speed", "speed_ratios", "train_run", "results_table", "stage0_fp16_loss"]
+__all__ = ["compare_speed", "pool_runs", "speed_ratios", "speed_rounds", "train_run", "results_table",
+           "stage0_fp16_loss"]
 
 # fields written in GiB by reports before issue 14, now in GB (what `RunResult.from_dict` converts)
 _GIB_TO_GB = {"peak_rss_gib": "peak_rss_gb", "baseline_rss_gib": "baseline_rss_gb", "disk_gib": "disk_gb"}
@@ -329,6 +330,147 @@ def speed_ratios(results: Sequence[TimedRun], reference: str, repeat: str | None
                   and (mid > max(medians) * noise or mid < min(medians) / noise))
         rows.append(SpeedRatio(r.name, ratio, low, high, beyond))
     return SpeedRatios(reference, medians, tuple(rows))
+
+
+def pool_runs(results: Sequence[RunResult]) -> list[RunResult]:
+    """One `RunResult` per name, in the order the names first ran: the runs of one config (rounds of a comparison,
+    notebook 01) pooled. Their timed steps together (`tokens_per_s`: the median of them all), the highest peaks, the
+    seconds summed, the first error; losses, learning rates and extras are the first run's (the rounds repeat one
+    run: same config, seed and batches), with `extras["run_tokens_per_s"]` holding each run's median step."""
+    import dataclasses
+
+    by_name: dict[str, list[RunResult]] = {}
+    for r in results:
+        by_name.setdefault(r.name, []).append(r)
+    pooled = []
+    for runs in by_name.values():
+        first = runs[0]
+        steps = [s for r in runs for s in r.step_seconds]
+        tokens = first.micro_batch * first.grad_accum * first.seq_len
+        rates = sorted(tokens / s for s in steps if s > 0)
+        pooled.append(dataclasses.replace(
+            first, step_seconds=steps,
+            tokens_per_s=round(_quantile(rates, 0.5), 1) if rates else first.tokens_per_s,
+            peak_vram_gib=max(r.peak_vram_gib for r in runs), peak_reserved_gib=max(r.peak_reserved_gib for r in runs),
+            peak_rss_gb=max(r.peak_rss_gb for r in runs), seconds=round(sum(r.seconds for r in runs), 2),
+            error=next((r.error for r in runs if r.error), ""),
+            extras=dict(first.extras, run_tokens_per_s=[round(r.speed_spread()[1], 1) for r in runs])))
+    return pooled
+
+
+@dataclass(frozen=True)
+class RoundsRatio:
+    """One config's tokens/s against the reference's, over all their runs (`speed_rounds`)."""
+
+    name: str
+    ratio: float  # the median of all its runs' timed steps / the reference's (nan: no timed step)
+    low: float  # the lowest ratio between the middle halves of the steps of any one of its runs and any reference run
+    high: float  # the highest
+    run_medians: tuple[float, ...]  # each of its runs' median step (tokens/s), in the order they ran
+
+    @property
+    def apart(self) -> float:
+        """How far its runs' median steps lay apart (max / min, >= 1); nan with fewer than two runs."""
+        mids = [m for m in self.run_medians if m > 0]
+        return max(mids) / min(mids) if len(mids) > 1 else math.nan
+
+
+@dataclass(frozen=True)
+class SpeedRounds:
+    """Speed ratios of configs that each ran more than once in one cell, interleaved (notebook 01: two rounds, the
+    second in reverse order), against one reference config.
+
+    Two runs of notebook 01 gave the same rows different verdict words (ZeRO-2 'within the noise' vs 'beyond',
+    reports/verdicts.md): a word drawn at a threshold flips whenever a ratio lies near it, however the threshold is
+    set. So no row gets a word: each prints its ratio and a range that holds the run-to-run movement measured in
+    this cell (any run of it against any run of the reference, between the middle halves of their steps), and one
+    sentence says how far one config's runs lay apart."""
+
+    reference: RoundsRatio  # the reference's own runs (ratio 1)
+    rows: tuple[RoundsRatio, ...]
+
+    @property
+    def noise(self) -> float:
+        """How far the runs of one config lay apart, the most over all configs (>= 1); nan when none ran twice."""
+        aparts = [r.apart for r in (self.reference, *self.rows) if not math.isnan(r.apart)]
+        return max(aparts) if aparts else math.nan
+
+    def table(self, note: str = "") -> str:
+        """The printable lines: the reference's runs, each ratio with its range and its runs, one sentence on the
+        noise. `note` is added to the heading (a CPU run says what its numbers are)."""
+        ref = self.reference.name
+        width = max([10] + [len(r.name) + 2 for r in (self.reference, *self.rows)])
+
+        def runs(r: RoundsRatio) -> str:
+            mids = [f"{m:,.0f}" for m in r.run_medians]
+            listed = mids[0] if len(mids) == 1 else ", ".join(mids[:-1]) + " and " + mids[-1]
+            word = "run" if len(mids) == 1 else "runs"
+            return f"{word} {listed} tokens/s" + ("" if math.isnan(r.apart) else f", {r.apart - 1:.0%} apart")
+
+        lines = [f"tokens/s against {ref}, every config ran {_times(len(self.reference.run_medians))}{note}:",
+                 "  the ratio of median steps, all its runs together; in brackets, the lowest and highest ratio between",
+                 "  the middle halves of the steps of any one of its runs and any one of the reference's",
+                 f"  {ref:<{width}}{'':<22}{runs(self.reference)}"]
+        for r in self.rows:
+            if math.isnan(r.ratio):
+                lines.append(f"  {r.name:<{width}}not measured (no timed steps)")
+                continue
+            lines.append(f"  {r.name:<{width}}{f'x{r.ratio:.2f} (x{r.low:.2f}-x{r.high:.2f})':<22}{runs(r)}")
+        if math.isnan(self.noise):
+            lines += ["no config ran twice, so no run-to-run noise was measured: the ranges hold only the spread of "
+                      "the steps", "inside each run"]
+        else:
+            lines += [f"one config's runs lay up to {self.noise - 1:.0%} apart in this cell: read each ratio with its "
+                      "range; where the range", "includes x1.00, this run cannot tell that config's speed from the reference's"]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def _times(n: int) -> str:
+    return {1: "once", 2: "twice"}.get(n, f"{n} times")
+
+
+def speed_rounds(results: Sequence[TimedRun], reference: str) -> SpeedRounds:
+    """Every config of `results` against `reference` in tokens/s, where each config ran more than once in the cell,
+    interleaved with the others (runs of one config share its name; notebook 01 runs two rounds, the second in
+    reverse order, so a drift over the cell falls on every config alike).
+
+    A row's ratio is the median step of all its runs over the reference's; its range goes from the lowest to the
+    highest ratio between the middle halves of the steps (lower quartile / upper quartile and upper / lower) of any
+    one of its runs and any one of the reference's: what a single run of each could have shown in this cell. No row
+    gets a verdict word (`SpeedRounds` says why); the table's last line says how far one config's runs lay apart."""
+    names = list(dict.fromkeys(r.name for r in results))
+    if reference not in names:
+        raise ValueError(f"speed_rounds: no run named {reference!r} (the reference) among {names}. Fix: reference= "
+                         "one of those names.")
+
+    def spreads(name: str) -> list[tuple[float, float, float]]:
+        return [_spread(r.step_tokens_per_s(), r.tokens_per_s) for r in results if r.name == name]
+
+    def pooled(name: str) -> float:
+        rates = sorted(x for r in results if r.name == name for x in r.step_tokens_per_s())
+        if rates:
+            return _quantile(rates, 0.5)
+        mids = [m for _, m, _ in spreads(name)]
+        return sum(mids) / len(mids)
+
+    ref_spreads, ref_mid = spreads(reference), pooled(reference)
+    reference_row = RoundsRatio(reference, 1.0, math.nan, math.nan, tuple(m for _, m, _ in ref_spreads))
+    rows = []
+    for name in names:
+        if name == reference:
+            continue
+        own, mid = spreads(name), pooled(name)
+        medians = tuple(m for _, m, _ in own)
+        if not (ref_mid > 0 and mid > 0 and all(lo > 0 for lo, _, _ in ref_spreads)):
+            rows.append(RoundsRatio(name, math.nan, math.nan, math.nan, medians))
+            continue
+        low = min(lo / rhi for lo, _, _ in own for _, _, rhi in ref_spreads)
+        high = max(hi / rlo for _, _, hi in own for rlo, _, _ in ref_spreads)
+        rows.append(RoundsRatio(name, mid / ref_mid, low, high, medians))
+    return SpeedRounds(reference_row, tuple(rows))
 
 
 def results_table(results: list[RunResult]) -> str:

@@ -673,6 +673,27 @@ def test_notebook_01s_step_counts_are_refused_with_a_fix_that_passes(kwargs, fix
     check_run_lengths(**fix)
 
 
+
+@pytest.mark.parametrize("seq_len, max_positions, says", [
+    (2048, 1024, "longer than the model's 1,024 positions"),  # passed cells 6-12, then torch's IndexError
+    (0, 1024, "at least 2"), ("512", 1024, "(no quotes)"), (1, 1024, "at least 2"), (512.0, 1024, "(an int)"),
+    (True, 1024, "at least 2"), (-3, None, "at least 2"), (600, 256, "positions"),
+])
+def test_notebook_01s_block_length_is_refused_up_front_with_a_fix_that_passes(seq_len, max_positions, says):
+    """Issue 52: SEQ_LEN beyond GPT-2's 1,024 positions, 0, '512' or 1 failed late (in the fine-tune or the packing);
+    check_run_lengths refuses them in the settings cell, and the SEQ_LEN its message names passes."""
+    import re
+
+    from helpers.checks import check_run_lengths
+
+    with pytest.raises(ValueError, match="Fix: SEQ_LEN = ") as refused:
+        check_run_lengths(steps=120, seq_len=seq_len, max_positions=max_positions)
+    assert says in str(refused.value), str(refused.value)
+    fix = int(re.search(r"Fix: SEQ_LEN = (\d+)", str(refused.value)).group(1))
+    check_run_lengths(steps=120, seq_len=fix, max_positions=max_positions)
+    check_run_lengths(steps=120, seq_len=1024, max_positions=1024)  # the longest GPT-2 takes
+    check_run_lengths(steps=120, seq_len=4096, max_positions=0)  # positions not known: not checked
+
 # ---- issue 41 item 3: silent wrong numbers
 
 

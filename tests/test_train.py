@@ -1,4 +1,5 @@
 import math
+import statistics
 import json
 import subprocess
 import sys
@@ -447,3 +448,71 @@ def test_speed_ratios_judge_nothing_without_a_repeat_and_name_a_missing_run():
 
     real = speed_ratios([result("a", [0.1] * 4), result("b", [0.2] * 4), result("a2", [0.1] * 4)], "a", "a2")
     assert real.rows[0].ratio == pytest.approx(0.5) and real.noise == pytest.approx(1.0)
+
+
+def _result(name, step_seconds, micro_batch=2, **kw):
+    return RunResult(name=name, model="m", params=1, config=name, precision="fp32", micro_batch=micro_batch,
+                     grad_accum=1, seq_len=8, steps=len(step_seconds) + 2, checkpointing=False, runtime="cpu",
+                     step_seconds=step_seconds, **kw)
+
+
+def test_speed_rounds_range_holds_every_pairing_of_runs_and_no_row_gets_a_word():
+    """Issue 52 item 2: every config runs twice, interleaved (A B C, C B A). A row's ratio is the median of all its
+    steps over the reference's; its range spans the middle halves of the steps of any one of its runs against any one
+    of the reference's, so it holds the run-to-run movement measured in the cell; no row is called faster, slower,
+    within or beyond anything, and one line says how far one config's runs lay apart (the most over all configs)."""
+    from helpers.train import speed_rounds
+
+    runs = [_Run("plain", _steps(1000)), _Run("ZeRO-2", _steps(800)), _Run("ZeRO-3", _steps(300)),
+            _Run("ZeRO-3", _steps(330)), _Run("ZeRO-2", _steps(700)), _Run("plain", _steps(1080))]
+    got = speed_rounds(runs, reference="plain")
+    assert got.reference.run_medians == pytest.approx((1000, 1080))
+    by = {r.name: r for r in got.rows}
+    assert list(by) == ["ZeRO-2", "ZeRO-3"]  # in the order they first ran; the reference is not a row
+    z2 = by["ZeRO-2"]
+    assert z2.run_medians == pytest.approx((800, 700)) and z2.apart == pytest.approx(800 / 700)
+    pooled = sorted(_steps(800) + _steps(700)), sorted(_steps(1000) + _steps(1080))
+    assert z2.ratio == pytest.approx(statistics.median(pooled[0]) / statistics.median(pooled[1]))
+    # the lowest pairing: ZeRO-2's slower run's lower quartile against plain's faster run's upper quartile
+    q = {m: (statistics.quantiles(_steps(m), n=4, method="inclusive")) for m in (700, 800, 1000, 1080)}
+    assert z2.low == pytest.approx(q[700][0] / q[1080][2]) and z2.high == pytest.approx(q[800][2] / q[1000][0])
+    assert z2.low < 700 / 1080 and z2.high > 800 / 1000  # wider than the runs' medians alone
+    assert got.noise == pytest.approx(800 / 700)  # ZeRO-2's runs, not only the reference's, set the noise
+    text = got.table()
+    assert f"x{z2.ratio:.2f} (x{z2.low:.2f}-x{z2.high:.2f})" in text and "runs 800 and 700 tokens/s, 14% apart" in text
+    assert "runs 300 and 330 tokens/s" in text and "runs 1,000 and 1,080 tokens/s" in text
+    assert "one config's runs lay up to 14% apart in this cell" in text and "includes x1.00" in text
+    assert "every config ran twice" in text
+    for word in ("faster", "slower", "within", "beyond", "fewer tokens", "more tokens"):
+        assert word not in text, word
+
+
+def test_speed_rounds_without_a_second_run_say_no_noise_was_measured_and_name_a_missing_reference():
+    from helpers.train import speed_rounds
+
+    once = speed_rounds([_Run("ref", _steps(1000)), _Run("other", _steps(300))], reference="ref")
+    assert math.isnan(once.noise) and "no config ran twice, so no run-to-run noise was measured" in once.table()
+    assert once.rows[0].ratio == pytest.approx(0.3, rel=0.01) and once.rows[0].low < 0.3 < once.rows[0].high
+    with pytest.raises(ValueError, match=r"no run named 'plain' \(the reference\).*Fix: reference="):
+        speed_rounds([_Run("ref", _steps(1000))], reference="plain")
+    untimed = speed_rounds([_Run("ref", _steps(1000)), _Run("oom", []), _Run("ref", _steps(1000))], "ref")
+    assert math.isnan(untimed.rows[0].ratio) and "oom" in untimed.table() and "not measured" in untimed.table()
+
+
+def test_pool_runs_gives_one_row_per_config_with_both_runs_steps():
+    """notebook 01's results tables: one row per config, its runs' timed steps pooled, the highest peak; the losses
+    and learning rates of the first run (the rounds repeat the same run), each run's median in extras."""
+    from helpers.train import pool_runs
+
+    runs = [_result("a", [0.1] * 4, peak_vram_gib=2.0, losses=[5.0, 4.0], seconds=3.0),
+            _result("b", [0.2] * 4, peak_vram_gib=3.0, seconds=2.0),
+            _result("b", [0.4] * 4, peak_vram_gib=3.1, error="out of memory", seconds=1.0),
+            _result("a", [0.3] * 4, peak_vram_gib=2.2, losses=[5.0, 4.5], seconds=3.0)]
+    a, b = pool_runs(runs)
+    assert (a.name, b.name) == ("a", "b") and a.step_seconds == [0.1] * 4 + [0.3] * 4
+    both = (16 / 0.1 + 16 / 0.3) / 2  # the median of all eight steps' tokens/s
+    assert a.tokens_per_s == pytest.approx(both, abs=0.1) and a.speed_spread()[1] == pytest.approx(both)
+    assert a.peak_vram_gib == 2.2 and a.losses == [5.0, 4.0] and a.seconds == 6.0
+    assert a.extras["run_tokens_per_s"] == pytest.approx([160.0, 16 / 0.3], rel=1e-3)
+    assert b.error == "out of memory" and b.peak_vram_gib == 3.1
+    assert results_table([a, b]).count("\n") == 3  # head, rule, two rows
