@@ -109,9 +109,11 @@ def capstone_model(model_id: str) -> ModelSource:
 
 
 def pick_plan(model: str, runtime: "Runtime", *, seq_len: int, micro_batch: int,
-              nvme_path: str | None = None) -> tuple[str, "Plan"]:
+              nvme_path: str | None = None, ram_in_use: int | None = None) -> tuple[str, "Plan"]:
     """(course config name, its plan) for the first config of helpers.planner.FALLBACK_LADDER predicted to fit `runtime`
-    (notebook 07).
+    (notebook 07). `ram_in_use`: RAM other processes hold beside the run (default: this kernel's RSS now, as
+    helpers.plan counts it); 0 plans for a fresh runtime, where nothing but the script holds RAM, so the answer does not
+    depend on what this kernel did before.
 
     A model no course config fits, NVMe included, is refused with a smaller model that fits (checked by the same
     planner); a `seq_len` longer than the model takes, with the longest it takes."""
@@ -127,7 +129,7 @@ def pick_plan(model: str, runtime: "Runtime", *, seq_len: int, micro_batch: int,
     for kind in FALLBACK_LADDER:
         args = dict(NAMED_CONFIGS[kind].kwargs)
         p = plan(shape, micro_batch_size=micro_batch, seq_len=seq_len, runtime=runtime, nvme_path=nvme_path,
-                 zero_init=args.get("stage") == 3, **args)
+                 zero_init=args.get("stage") == 3, ram_in_use=ram_in_use, **args)
         if p.report is not None and p.report.fits:
             return kind, p
         last = p if p.report is not None else last
@@ -135,7 +137,7 @@ def pick_plan(model: str, runtime: "Runtime", *, seq_len: int, micro_batch: int,
     for name in reversed([n for n in GPT2_LADDER if model_shape(n).n_params < shape.n_params]):
         if any((q := plan(name, micro_batch_size=micro_batch, seq_len=min(seq_len, 1024), runtime=runtime,
                           nvme_path=nvme_path, zero_init=NAMED_CONFIGS[k].kwargs.get("stage") == 3,
-                          **dict(NAMED_CONFIGS[k].kwargs))).report is not None and q.report.fits
+                          ram_in_use=ram_in_use, **dict(NAMED_CONFIGS[k].kwargs))).report is not None and q.report.fits
                for k in FALLBACK_LADDER):
             smaller = name
             break
