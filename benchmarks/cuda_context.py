@@ -115,7 +115,7 @@ def _deepspeed_step(size: str, seq_len: int, snapshots: list[dict[str, Any]]) ->
 
     import helpers
 
-    helpers.setup_single_process()
+    helpers.runtime.setup_single_process()
     runtime = helpers.detect_runtime(t4_budget=True)  # fp16 and the T4's attention kernels, as the emulation
     cfg = helpers.course_config("zero2", runtime, micro_batch_size=2, warmup_steps=1)
     model = GPT2LMHeadModel(helpers.gpt2_config(size, vocab_size=8192))

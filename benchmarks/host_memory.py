@@ -4,7 +4,7 @@
     DS_COURSE_T4_BUDGET=1 python benchmarks/host_memory.py --sizes gpt2-xl gpt2-2.7b --seq-len 512 \\
         --out reports/host_memory.json                    # GPU (fp16), in the Colab emulation for the 2.7B question
 
-Each (config, model) trains `--steps` optimizer steps in a fresh process (helpers.train_in_fresh_process) with
+Each (config, model) trains `--steps` optimizer steps in a fresh process (helpers.fresh_process.train_in_fresh_process) with
 `helpers.host_trace` recording every host storage of >= `--trace-mb` MB by the DeepSpeed line that allocated it.
 `helpers.host_buffers.stage3_host_buffers` predicts the same buffers from the config and the model's parameter
 tensors; the report puts them side by side (measured: the most bytes the site held at once), lists what the trace
@@ -108,7 +108,7 @@ def measure(args: argparse.Namespace, name: str, size: str, runtime: Any) -> dic
     nvme = Path(args.nvme_path)
     nvme.mkdir(parents=True, exist_ok=True)
     cfg = host_config(name, runtime, size, str(nvme), args.micro_batch, args.steps)
-    r = helpers.train_in_fresh_process(f"{name} {size}", cfg, size, tokenizer_dir=args.work_dir / "tokenizer",
+    r = helpers.fresh_process.train_in_fresh_process(f"{name} {size}", cfg, size, tokenizer_dir=args.work_dir / "tokenizer",
                                        steps=args.steps, seq_len=args.seq_len, nvme_path=nvme, max_blocks=64,
                                        trace_host_bytes=int(args.trace_mb * 1e6), progress=not args.quiet,
                                        mmap_threshold_mib=args.mmap_threshold_mib,
@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     runtime = helpers.detect_runtime()
     out = args.out or ROOT / "reports" / ("host_memory.json" if runtime.has_gpu else "host_memory_cpu.json")
-    helpers.build_ops("cpu_adam", "async_io")
+    helpers.runtime.build_ops("cpu_adam", "async_io")
     ds = helpers.load_text_dataset("local")
     helpers.train_tokenizer(ds["train"]["text"], args.work_dir / "tokenizer")
     import deepspeed

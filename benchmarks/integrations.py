@@ -37,7 +37,7 @@ def run_config(name: str, model_dir: str, train_blocks, runtime, args) -> list[d
     common = dict(runtime=runtime, ds_config=cfg, checkpointing=args.checkpointing, estimated_bytes=est,
                   model_name=args.size, untimed_steps=args.untimed_steps)
     if cfg["zero_optimization"]["stage"] == 3:
-        raw_factory = lambda: helpers.build_zero3_model(cfg, model_dir)  # noqa: E731
+        raw_factory = lambda: helpers.checkpoints.build_zero3_model(cfg, model_dir)  # noqa: E731
     else:
         raw_factory = lambda: helpers.load_causal_lm(model_dir)  # noqa: E731
     raw = helpers.train_run(f"raw engine {name}", raw_factory, train_blocks, steps=args.steps, **common)

@@ -54,13 +54,13 @@ def ladder_config(name: str, runtime, nvme_path: str | None, largest_param: int,
                   check_paths: bool = True, lr: float = LR, **overrides) -> dict:
     """The config of a ladder column: micro-batch, lr and warm-up (a tenth of the steps) for every column, plain
     PyTorch included (it trains without DeepSpeed, reading these from its config); fp16 starts at loss scale 2^12
-    (few steps). `overrides` go to helpers.offload_config (benchmarks/host_memory.py: precision="bf16" on CPU)."""
+    (few steps). `overrides` go to helpers.config.offload_config (benchmarks/host_memory.py: precision="bf16" on CPU)."""
     run = dict(micro_batch_size=micro_batch, lr=lr, warmup_steps=max(1, steps // 10))
     if name == "plain":
         return helpers.course_config("plain", runtime, **run)
     if name not in CONFIGS:
         raise ValueError(f"unknown ladder config {name!r}; choose from {CONFIGS}")
-    return helpers.offload_config(name, runtime, largest_param=largest_param, nvme_path=nvme_path,
+    return helpers.config.offload_config(name, runtime, largest_param=largest_param, nvme_path=nvme_path,
                                   initial_scale_power=12, check_paths=check_paths, **run, **overrides)
 
 
@@ -105,7 +105,7 @@ def predict(name: str, size: str, runtime, nvme: str | None, micro_batch: int, s
 
 def measure_in_child(args: argparse.Namespace, name: str, size: str, nvme: Path | None, gpu: str | None,
                      cpus: set[int] | None = None, timeout_s: float | None = None) -> dict:
-    """Run one rung in a fresh process (helpers.train_in_fresh_process) on GPU `gpu`, CPU cores `cpus`.
+    """Run one rung in a fresh process (helpers.fresh_process.train_in_fresh_process) on GPU `gpu`, CPU cores `cpus`.
 
     With --emulate the child runs inside its own Colab enclosure (scripts/colab_emulation.py: the RAM limit, two
     CPUs, the Colab profile), alone, as a learner would run it from a fresh runtime; the row records the enclosure's
@@ -121,7 +121,7 @@ def measure_in_child(args: argparse.Namespace, name: str, size: str, nvme: Path 
                   mmap_threshold_mib=args.mmap_threshold_mib, timeout_s=timeout_s, gpu=gpu, progress=False,
                   chunked_overflow_check=args.chunked_overflow_check)
     if not args.emulate:
-        r = helpers.train_in_fresh_process(f"{name} {size}", cfg, size, cpus=cpus, **kwargs)
+        r = helpers.fresh_process.train_in_fresh_process(f"{name} {size}", cfg, size, cpus=cpus, **kwargs)
         enclosure = None
     else:
         from colab_emulation import ColabLimits, Enclosure
@@ -130,7 +130,7 @@ def measure_in_child(args: argparse.Namespace, name: str, size: str, nvme: Path 
         pair = sorted(cpus or os.sched_getaffinity(0))[:limits.cpus]
         with Enclosure(f"rung-{size}", limits, cpus=pair, nvme_dir=str(nvme) if nvme else None,
                        gpu_index=int(gpu) if gpu else None) as enc:
-            r = helpers.train_in_fresh_process(f"{name} {size}", cfg, size, wrap=enc.join_argv(),
+            r = helpers.fresh_process.train_in_fresh_process(f"{name} {size}", cfg, size, wrap=enc.join_argv(),
                                                env=enc.environment(), **kwargs)
         enclosure = enc.stats.as_report()
     if not r.error and r.params != shape.n_params:
@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     ds = helpers.load_text_dataset("local")
     helpers.train_tokenizer(ds["train"]["text"], args.work_dir / "tokenizer")
     if set(args.configs) - {"plain"}:  # the offload configs' C++ ops, compiled here before any measured rung
-        helpers.build_ops("cpu_adam", *(["async_io"] if any("nvme" in c for c in args.configs) else []))
+        helpers.runtime.build_ops("cpu_adam", *(["async_io"] if any("nvme" in c for c in args.configs) else []))
     old = json.loads(args.out.read_text()) if (args.out.exists() and not args.fresh) else {}
     settings = {"micro_batch": args.micro_batch, "seq_len": args.seq_len, "steps": args.steps}
     if args.mmap_threshold_mib:

@@ -112,7 +112,7 @@ def child(spec_path: Path) -> int:
     helpers.detect_runtime()  # in the enclosure (T4 budget mode): caps this process's allocator at T4_VRAM_GIB
     if spec.get("allocator") == "expandable":
         helpers.use_expandable_segments()  # before the first allocation: every segment of this process expands
-    helpers.setup_single_process()
+    helpers.runtime.setup_single_process()
     import torch
 
     out = Path(spec["result"])

@@ -126,7 +126,7 @@ def markdown(report: dict) -> str:
     if len(runs) > 1 and all(len(r.step_seconds) >= 2 for r in runs):
         lines += ["", "tokens/s: the median timed step (the middle half of the steps in brackets, validation excluded); "
                   "a difference counts only where the middle halves do not overlap:", ""]
-        lines += [f"- {c}" for c in helpers.speed_verdicts(runs)]
+        lines += [f"- {c}" for c in helpers.moe.speed_verdicts(runs)]
     else:
         lines += ["", "tokens/s: the average over the timed steps, validation included; no per-step times recorded, "
                   "so no spread and no faster/slower verdict."]
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     shape = GPTConfig(vocab_size=len(tok), seq_len=args.seq_len, hidden=args.hidden, layers=args.layers,
                       heads=args.heads, ffn=args.ffn, num_experts=args.experts, k=1,
                       capacity_factor=args.capacity_factor, aux_loss_coef=args.aux_coef)
-    ds_config = helpers.moe_ds_config(runtime, micro_batch=args.micro_batch, lr=args.lr, steps=args.steps)
+    ds_config = helpers.moe.moe_ds_config(runtime, micro_batch=args.micro_batch, lr=args.lr, steps=args.steps)
     report = {"runtime": runtime.label, "date": dt.date.today().isoformat(), "precision": runtime.precision,
               "gpu": runtime.gpu_name, "torch": torch.__version__, "deepspeed": deepspeed.__version__,
               "shape": dataclasses.asdict(shape), "moe_layers": list(shape.moe_layers), "steps": args.steps,

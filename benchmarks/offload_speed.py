@@ -87,7 +87,7 @@ def patched(config: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
 def lever_config(name: str, runtime: Any, shape: Any, nvme: str) -> dict[str, Any]:
     """The DeepSpeed config of one lever (the ladder's NVMe config, then the lever's changes)."""
     _, mb, accum, patch = LEVERS[name]
-    cfg = helpers.offload_config(CONFIG, runtime, largest_param=shape.largest_layer_params, nvme_path=nvme,
+    cfg = helpers.config.offload_config(CONFIG, runtime, largest_param=shape.largest_layer_params, nvme_path=nvme,
                                  micro_batch_size=mb, grad_accum_steps=accum, lr=LR, scheduler=None,
                                  initial_scale_power=12, check_paths=False)
     return patched(cfg, patch)
@@ -364,11 +364,11 @@ def main(argv: list[str] | None = None) -> int:
                       chunked_overflow_check=name in CHUNKED_CHECK)
         enc = enclosure(f"os-{name}")
         if enc is None:
-            m = helpers.train_in_fresh_process(name, cfg, args.model, **kwargs)
+            m = helpers.fresh_process.train_in_fresh_process(name, cfg, args.model, **kwargs)
             enc_report = None
         else:
             with enc:
-                m = helpers.train_in_fresh_process(name, cfg, args.model, wrap=enc.join_argv(),
+                m = helpers.fresh_process.train_in_fresh_process(name, cfg, args.model, wrap=enc.join_argv(),
                                                    env=enc.environment(), **kwargs)
             enc_report = enc.stats.as_report()
             m.peak_rss_gb = max(m.peak_rss_gb, enc_report.get("peak_ram_gb", 0.0))

@@ -3,7 +3,7 @@
     DS_COURSE_T4_BUDGET=1 python benchmarks/overflow_check.py                       # GPU: gpt2 then gpt2-xl, fp16
     python benchmarks/overflow_check.py --sizes gpt2-tiny --seq-len 32 --steps 3    # CPU smoke (bf16: no check runs)
 
-Each size trains twice in a fresh process (helpers.train_in_fresh_process) with the ladder's NVMe config
+Each size trains twice in a fresh process (helpers.fresh_process.train_in_fresh_process) with the ladder's NVMe config
 (zero3_nvme_optimizer_gpu_params: the gradient buffer in host RAM), once with DeepSpeed 0.19.8's own
 `has_overflow` and once with the chunked one, from the same seed and data. fp16 starts at loss scale 2^16
 (`--initial-scale-power`), so the first steps overflow and are skipped: both runs must skip the same steps and give
@@ -37,10 +37,10 @@ def measure(args: argparse.Namespace, size: str, chunked: bool, runtime: Any) ->
     nvme = Path(args.nvme_path) / f"{size}-{'chunked' if chunked else 'deepspeed'}"
     nvme.mkdir(parents=True, exist_ok=True)
     extra = {} if runtime.has_gpu else {"precision": "bf16"}
-    cfg = helpers.offload_config(CONFIG, runtime, largest_param=shape.largest_layer_params, nvme_path=str(nvme),
+    cfg = helpers.config.offload_config(CONFIG, runtime, largest_param=shape.largest_layer_params, nvme_path=str(nvme),
                                  micro_batch_size=args.micro_batch, lr=args.lr, warmup_steps=1,
                                  initial_scale_power=args.initial_scale_power, **extra)
-    r = helpers.train_in_fresh_process(f"{size} {'chunked' if chunked else 'DeepSpeed'} check", cfg, size,
+    r = helpers.fresh_process.train_in_fresh_process(f"{size} {'chunked' if chunked else 'DeepSpeed'} check", cfg, size,
                                        tokenizer_dir=args.work_dir / "tokenizer", steps=args.steps,
                                        untimed_steps=args.untimed_steps, seq_len=args.seq_len, nvme_path=nvme,
                                        max_blocks=64, chunked_overflow_check=chunked, progress=not args.quiet)
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         print(out.with_suffix(".md").read_text())
         return 0
     out = args.out or ROOT / "reports" / ("overflow_check.json" if runtime.has_gpu else "overflow_check_cpu.json")
-    helpers.build_ops("cpu_adam", "async_io")
+    helpers.runtime.build_ops("cpu_adam", "async_io")
     ds = helpers.load_text_dataset("local")
     helpers.train_tokenizer(ds["train"]["text"], args.work_dir / "tokenizer")
     report: dict[str, Any] = {

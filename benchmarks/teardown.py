@@ -11,7 +11,7 @@ one's parameters, gradients and optimizer states still allocated. `helpers.teard
 `--runs` trainings in one fresh process and records GPU memory allocated and process RSS before and after each.
 Writes reports/teardown.json and .md.
 
-With an offload config (`helpers.OFFLOAD_KINDS`, e.g. zero3_nvme_all, its NVMe folder under --work-dir) the fix
+With an offload config (`helpers.config.OFFLOAD_KINDS`, e.g. zero3_nvme_all, its NVMe folder under --work-dir) the fix
 compared is the one for that config: with parameters on NVMe, `release_nvme_swappers` (DeepSpeed's parameter
 swapper never frees its page-locked swap buffers); the other one stays on in both variants. Page-locked bytes
 (/proc/self/smaps_rollup "Locked") are recorded too.
@@ -51,7 +51,7 @@ def child(args: argparse.Namespace) -> int:
     if args.config in OFFLOAD_KINDS:
         nvme = Path(args.work_dir) / "nvme"
         nvme.mkdir(parents=True, exist_ok=True)
-        cfg = helpers.offload_config(args.config, runtime, nvme_path=str(nvme), micro_batch_size=2, lr=3e-4,
+        cfg = helpers.config.offload_config(args.config, runtime, nvme_path=str(nvme), micro_batch_size=2, lr=3e-4,
                                      warmup_steps=1, largest_param=helpers.model_shape(config).largest_layer_params)
         param = cfg["zero_optimization"].get("offload_param", {})
         info = {"precision": "bf16" if cfg.get("bf16", {}).get("enabled") else "fp16" if cfg.get("fp16", {}).get(
@@ -62,7 +62,7 @@ def child(args: argparse.Namespace) -> int:
     for i in range(args.runs):
         helpers.reset_peak_stats()
         gpu0, rss0 = helpers.gpu_allocated_bytes(), helpers.release_host_memory()
-        r = helpers.train_run(f"run {i}", lambda: helpers.build_zero3_model(cfg, config=config, seed=0), blocks,
+        r = helpers.train_run(f"run {i}", lambda: helpers.checkpoints.build_zero3_model(cfg, config=config, seed=0), blocks,
                               runtime=runtime, ds_config=cfg, steps=3, untimed_steps=1, progress=False)
         gpu1, rss1 = helpers.gpu_allocated_bytes(), helpers.release_host_memory()
         rows.append({"run": i, "params": r.params, "losses": r.losses, "error": r.error,

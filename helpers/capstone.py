@@ -75,7 +75,7 @@ def capstone_model(model_id: str) -> ModelSource:
     """Where the id the learner typed loads from, checked without downloading or building anything (notebook 07).
 
     A folder loads as it is. A Hub id loads from the Hub (Colab) or the local cache (the course's stand-in cache: its
-    weights are called "stand-in"). Where neither serves it, a GPT-2 size of the course (helpers.GPT2_LADDER:
+    weights are called "stand-in"). Where neither serves it, a GPT-2 size of the course (helpers.models.GPT2_LADDER:
     'gpt2-tiny' ... 'gpt2-xl') becomes a stand-in built from its config (`ModelSource.path`, after the plan has
     passed); any other id is refused with the fix."""
     from helpers.hub import HubUnreachableError, check_hub_name, hub_available, hub_stand_in

@@ -19,7 +19,7 @@ from typing import Any
 
 from helpers.atomic import check_replaceable, write_atomically
 
-__all__ = ["build_zero3_model", "release_zero3", "save_checkpoint", "resume_checkpoint", "consolidate_to_hf",
+__all__ = [ "consolidate_to_hf",
            "placeholder_tensors", "check_saved_weights", "logits_for"]
 
 

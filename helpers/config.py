@@ -27,8 +27,7 @@ from helpers.memory import estimate_for_config
 if TYPE_CHECKING:
     from helpers.hardware import Runtime
 
-__all__ = ["NAMED_CONFIGS", "OFFLOAD_KINDS", "trainer_ds_config", "build_ds_config", "check_nvme_path", "course_config",
-           "offload_config", "validate_ds_config", "explain_config"]
+__all__ = [ "trainer_ds_config", "build_ds_config", "course_config", "validate_ds_config", "explain_config"]
 
 PRECISIONS = ("auto", "fp16", "bf16", "fp32")
 OPTIMIZERS = ("AdamW", "Adam")

@@ -33,7 +33,7 @@ from helpers.memory import GB, GiB
 if TYPE_CHECKING:
     from helpers.train import RunResult
 
-__all__ = ["train_in_fresh_process", "child_baseline_rss", "OffloadRuns"]
+__all__ = [ "child_baseline_rss", "OffloadRuns"]
 
 ROOT = Path(__file__).resolve().parent.parent
 _PROGRESS = "DS_COURSE_PROGRESS "  # prefix of the child's progress lines on stdout
@@ -84,7 +84,7 @@ def train_in_fresh_process(name: str, ds_config: dict[str, Any], model: str, *, 
                            estimated_vram_bytes: int = 0, wrap: list[str] | None = None,
                            env: dict[str, str] | None = None, time_micro_batches: bool = False,
                            trace_host_bytes: int = 0, chunked_overflow_check: bool = False) -> "RunResult":
-    """Train `model` (a helpers.GPT2_LADDER name) with `ds_config` (`plain_pytorch`: without DeepSpeed) in a child
+    """Train `model` (a helpers.models.GPT2_LADDER name) with `ds_config` (`plain_pytorch`: without DeepSpeed) in a child
     process, through `helpers.train_run` (notebook 02).
 
     Returns the child's RunResult. If the child dies (out-of-memory killer, a crash inside DeepSpeed's C++ code,
@@ -187,7 +187,7 @@ def train_in_fresh_process(name: str, ds_config: dict[str, Any], model: str, *, 
             result.peak_rss_gb = round(max(result.peak_rss_gb, state["peak_rss"] / GB), 3)
             if result.extras.get("compiled_ops"):
                 print(f"  note: this child compiled DeepSpeed's {', '.join(result.extras['compiled_ops'])} op first (not "
-                      "cached yet), so its RAM peak includes the compiler's. helpers.build_ops(...) before the first "
+                      "cached yet), so its RAM peak includes the compiler's. helpers.runtime.build_ops(...) before the first "
                       "measured run avoids that.", flush=True)
             return result
         result = RunResult(name=name, model=model, params=0, config="plain PyTorch" if plain_pytorch else name,

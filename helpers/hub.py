@@ -252,7 +252,7 @@ def check_hub_name(name: Any, kind: str = "model", *, variable: str | None = Non
     Anything else, a name only the Hub could serve while it does not answer, raises HubUnreachableError with the fix
     (cached names, the one it looks like a typo of, 'local' or a folder). `kind`: 'model', 'tokenizer' or 'dataset'
     ('name[:config]'); `variable`: the notebooks' parameter named in the fix (MODEL, DATASET); `local_size`: the
-    helpers.GPT2_LADDER rung the fix builds in the name's place (default 'gpt2')."""
+    helpers.models.GPT2_LADDER rung the fix builds in the name's place (default 'gpt2')."""
     if kind not in ("model", "tokenizer", "dataset"):
         raise ValueError(f"kind must be 'model', 'tokenizer' or 'dataset' (got {kind!r}). Fix: kind='model'.")
     if not isinstance(name, str) or name == "local" or Path(name).exists():

@@ -18,7 +18,7 @@ from typing import Any
 from helpers.atomic import needs_writing, write_atomically
 from helpers.hub import HUB_LOOKUP_TIMEOUT_S
 
-__all__ = ["GPT2_LADDER", "gpt2_config", "load_causal_lm", "model_shape", "save_model_from_config"]
+__all__ = [ "gpt2_config", "load_causal_lm", "model_shape", "save_model_from_config"]
 
 # name -> (hidden size, layers, heads); vocab 50257, context 1024 as in GPT-2
 GPT2_LADDER: dict[str, tuple[int, int, int]] = {

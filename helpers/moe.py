@@ -24,9 +24,9 @@ if TYPE_CHECKING:
     from helpers.gpt import GPTConfig
     from helpers.hardware import Runtime
 
-__all__ = ["count_moe_params", "moe_param_groups", "describe_param_groups", "measure_flops_per_token",
+__all__ = ["count_moe_params", "describe_param_groups", "measure_flops_per_token",
            "expert_capacity", "analytic_flops_per_token", "RoutingRecorder", "MoEHooks", "moe_table", "evaluate_moe",
-           "capacity_sweep", "moe_ds_config", "drop_shares", "zero3_refusal", "speed_verdicts", "evenness", "most_even",
+           "capacity_sweep", "drop_shares", "zero3_refusal", "evenness", "most_even",
            "committed_report_note"]
 
 ZERO3_REFUSAL = "Native DeepSpeed MoE is not supported with ZeRO Stage 3"
@@ -350,7 +350,7 @@ def moe_table(runs: Sequence[RunResult]) -> str:
 
 
 def speed_verdicts(runs: Sequence[RunResult], baseline: str = "dense") -> list[SpeedComparison]:
-    """Each run against the run named `baseline` by `helpers.compare_speed`: median step ratio and whether the middle
+    """Each run against the run named `baseline` by `helpers.train.compare_speed`: median step ratio and whether the middle
     halves of their per-step tokens/s are apart (only then is one called faster or slower) (notebook 03)."""
     base = next(r for r in runs if r.name == baseline)
     return [compare_speed(r, base) for r in runs if r is not base]

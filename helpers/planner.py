@@ -205,10 +205,10 @@ class PreflightReport:
             return "Fix: " + _batch_fix_text(self)
         if self.suggestion_kind is not None:
             call = ("helpers.build_ds_config(2, runtime=runtime)" if self.suggestion_kind == "zero2" else
-                    f"helpers.offload_config({self.suggestion_kind!r}, runtime"
+                    f"helpers.config.offload_config({self.suggestion_kind!r}, runtime"
                     + (", nvme_path=..." if "nvme" in self.suggestion_kind else "")
                     + (", largest_param=..." if self.suggestion_kind == "zero3_nvme_all" else "") + ")")
-            built = (" with the model built under deepspeed.zero.Init (HfDeepSpeedConfig, helpers.build_zero3_model)"
+            built = (" with the model built under deepspeed.zero.Init (HfDeepSpeedConfig, helpers.checkpoints.build_zero3_model)"
                      if self.suggestion_zero_init else "")
             need = f" (predicted: {self.suggestion_report.needs()})" if self.suggestion_report else ""
             batch = (" at " + ", ".join(f"{k}={v}" for k, v in self.suggestion_batch.items())
@@ -447,7 +447,7 @@ CHUNKED_NOTE = (", with helpers.chunk_zero3_overflow_check: DeepSpeed's fp16 ove
 
 
 def config_kind(config: dict[str, Any] | None) -> str | None:
-    """The course offload config (helpers.OFFLOAD_KINDS) a DeepSpeed dict is, by stage and offload devices; None
+    """The course offload config (helpers.config.OFFLOAD_KINDS) a DeepSpeed dict is, by stage and offload devices; None
     for any other config."""
     if not config:
         return None

@@ -13,8 +13,8 @@ import socket
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-__all__ = ["build_ops", "clean_slate", "free_port", "gpu_allocated_bytes", "mmap_large_allocations",
-           "release_host_memory", "quiet_deepspeed", "require", "reset_peak_stats", "setup_single_process", "teardown",
+__all__ = [ "clean_slate", "free_port", "gpu_allocated_bytes", "mmap_large_allocations",
+           "release_host_memory", "quiet_deepspeed", "require", "reset_peak_stats", "teardown",
            "hf_deepspeed_state", "reset_hf_deepspeed_state"]
 
 DIST_ENV_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")

@@ -29,7 +29,7 @@ from helpers.runtime import reset_peak_stats, setup_single_process, teardown
 if TYPE_CHECKING:
     from helpers.hardware import Runtime
 
-__all__ = ["compare_speed", "pool_runs", "speed_ratios", "speed_rounds", "train_run", "results_table",
+__all__ = [ "pool_runs", "speed_ratios", "speed_rounds", "train_run", "results_table",
            "stage0_fp16_loss"]
 
 # fields written in GiB by reports before issue 14, now in GB (what `RunResult.from_dict` converts)
@@ -854,7 +854,7 @@ def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *,
     (`lr_scheduler_from_config`: WarmupLR's first two updates run at warmup_min_lr, and a step fp16 overflow skipped
     does not advance it, as in DeepSpeed's engine), AMP with a GradScaler (the baseline). `RunResult.lrs` is the
     learning rate of each step, for either. `model_factory()` returns the model, or
-    (model, keep_alive) for a model built under ZeRO-3 (`helpers.build_zero3_model`). Peak GPU memory is
+    (model, keep_alive) for a model built under ZeRO-3 (`helpers.checkpoints.build_zero3_model`). Peak GPU memory is
     measured above the idle baseline, tokens/s after the first `untimed_steps` steps, bytes in `nvme_path`
     while it runs (the config's NVMe folder when `nvme_path` is None), above what the folder held at the start.
     `hooks` add what one kind of model needs (`helpers.moe.MoEHooks`). CUDA out-of-memory is caught and reported

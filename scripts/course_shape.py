@@ -65,7 +65,8 @@ PROGRESS_BAR = re.compile(r"%\||(?:it/s|s/it|examples/s)\b")
 MAX_MAIN_PATH_WORDS = 1300
 MAX_OUTPUT_LINES = 25
 EDITED: tuple[str, ...] = ("00_setup_and_ds_report.ipynb", "01_zero2_finetune_and_stages.ipynb",
-                           "04_hf_trainer_and_accelerate.ipynb", "06_long_context.ipynb")
+                           "02_zero3_offload_nvme.ipynb", "03_mixture_of_experts.ipynb",
+                           "04_hf_trainer_and_accelerate.ipynb", "05_scaling_out.ipynb", "06_long_context.ipynb")
 
 
 def t4_minutes(estimate: dict) -> tuple[int, int]:

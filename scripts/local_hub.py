@@ -6,7 +6,7 @@ the notebooks' Colab branches (`load_dataset("Salesforce/wikitext", "wikitext-2-
 
 What it writes under HF_HOME (the folder given):
 - hub/models--gpt2/: blobs, refs/main and a snapshot of config.json, generation_config.json and model.safetensors (GPT-2's
-  architecture at `--model-size`, a helpers.GPT2_LADDER rung, with course-initialised weights: torch's seed 0, the
+  architecture at `--model-size`, a helpers.models.GPT2_LADDER rung, with course-initialised weights: torch's seed 0, the
   same `from_config` initialisation the offline branch uses) and the course's tokenizer (tokenizer.json,
   tokenizer_config.json: a byte-level BPE of 8,192 tokens trained on data/shakespeare; GPT-2's own 50,257-token files
   are not shipped and cannot be downloaded here).

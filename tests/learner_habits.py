@@ -43,10 +43,10 @@ def _scripts():
 def build_ops_outside() -> None:
     """DeepSpeed's JIT op builds (g++ on 2 cores) need more RAM than the smoke run itself: inside a 3 GB group they
     were killed on a fresh machine. Build them first, outside (the notebooks then load them from the cache):
-    helpers.build_ops, which on CPU adds DeepSpeed's shm all-reduce and pin_memory ops."""
+    helpers.runtime.build_ops, which on CPU adds DeepSpeed's shm all-reduce and pin_memory ops."""
     import helpers
 
-    helpers.build_ops("cpu_adam", "async_io")
+    helpers.runtime.build_ops("cpu_adam", "async_io")
 
 
 def run_as_a_learner(path: Path, out_dir: Path, timeout_s: int = 1800) -> tuple[dict, list[str]]:

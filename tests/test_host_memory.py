@@ -66,7 +66,7 @@ def test_every_host_buffer_formula_is_within_10_percent_of_the_traced_bytes(conf
 
     import helpers
 
-    helpers.build_ops("cpu_adam", "async_io")
+    helpers.runtime.build_ops("cpu_adam", "async_io")
     ds = helpers.load_text_dataset("local")
     helpers.train_tokenizer(ds["train"]["text"][:400], tmp_path / "work" / "tokenizer")
     args = argparse.Namespace(nvme_path=str(tmp_path / "nvme"), micro_batch=2, steps=2, work_dir=tmp_path / "work",

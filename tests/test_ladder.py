@@ -189,7 +189,7 @@ def test_the_fresh_runtime_command_trains_in_a_colab_sized_cgroup(tmp_path):
         pytest.skip(f"cgroups not writable here: {why}")
     # on Colab the ops compile in the ladder's own process before its rung (benchmarks/ladder.py); g++ on a fresh
     # machine needs more than this 3 GB group, so they are built outside it first, as the notebook tests do
-    helpers.build_ops("cpu_adam", "async_io")
+    helpers.runtime.build_ops("cpu_adam", "async_io")
     out = tmp_path / "ladder-gpt2-tiny.json"
     cmd = fresh_runtime_command("zero3_nvme_optimizer_gpu_params", "gpt2-tiny", nvme_path=str(tmp_path / "nvme"),
                                 out=str(out))

@@ -87,5 +87,5 @@ def test_02_teaches_on_what_fits_when_the_ram_is_too_small_for_its_wall_model(tm
     assert "None of the offload configs trains gpt2 within this runtime's RAM" in text
     assert "this notebook continues with gpt2-tiny" in text
     assert "trained it (loss" in text  # the summary: at least one offload config trained the model that fits
-    assert "compiled DeepSpeed's" not in text  # no measured child compiled an op (helpers.build_ops ran first)
+    assert "compiled DeepSpeed's" not in text  # no measured child compiled an op (helpers.runtime.build_ops ran first)
     assert not emu.leftover_groups()

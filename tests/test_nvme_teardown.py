@@ -52,7 +52,7 @@ def test_repeated_nvme_param_offload_runs_keep_rss_flat(tmp_path, clean_dist_env
     leak_per_run = 8 * cfg["zero_optimization"]["offload_param"]["buffer_size"] * 2  # 8 x 10M x 2 bytes = 0.16 GB
     rss, locked = [], []
     for i in range(3):
-        r = helpers.train_run(f"nvme {i}", lambda: helpers.build_zero3_model(cfg, config=config, seed=0), blocks,
+        r = helpers.train_run(f"nvme {i}", lambda: helpers.checkpoints.build_zero3_model(cfg, config=config, seed=0), blocks,
                               runtime=runtime, ds_config=cfg, steps=2, untimed_steps=1, progress=False)
         assert not r.error, r.error
         rss.append(release_host_memory())
@@ -89,7 +89,7 @@ def test_tearing_down_one_nvme_run_leaves_another_live_engine_working(tmp_path, 
 
     def nvme_config(folder: str, **run) -> dict:  # each swapper empties its own folder when it is made: one per engine
         (tmp_path / folder).mkdir(exist_ok=True)
-        return helpers.offload_config("zero3_nvme_all", runtime, largest_param=largest, micro_batch_size=2,
+        return helpers.config.offload_config("zero3_nvme_all", runtime, largest_param=largest, micro_batch_size=2,
                                       nvme_path=str(tmp_path / folder), **run)
 
     gen = torch.Generator().manual_seed(0)
@@ -97,7 +97,7 @@ def test_tearing_down_one_nvme_run_leaves_another_live_engine_working(tmp_path, 
     blocks = [{"input_ids": row} for row in torch.randint(0, vocab, (8, 32), generator=gen)]
     setup_single_process()
     cfg = nvme_config("live")
-    model, keep_alive = helpers.build_zero3_model(cfg, config=config, seed=0)
+    model, keep_alive = helpers.checkpoints.build_zero3_model(cfg, config=config, seed=0)
     ns = {}
     ns["engine"], ns["optimizer"], _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                                                config=cfg)
@@ -111,7 +111,7 @@ def test_tearing_down_one_nvme_run_leaves_another_live_engine_working(tmp_path, 
 
     first = step()
     run = dict(lr=3e-4, warmup_steps=1)
-    r = helpers.train_run("other", lambda: helpers.build_zero3_model(nvme_config("other", **run), config=config, seed=1),
+    r = helpers.train_run("other", lambda: helpers.checkpoints.build_zero3_model(nvme_config("other", **run), config=config, seed=1),
                           blocks, runtime=runtime, ds_config=nvme_config("other", **run), steps=2, untimed_steps=1,
                           progress=False)
     assert not r.error, r.error
@@ -131,7 +131,7 @@ def _tiny_nvme_run_setup(folder):
     gen = torch.Generator().manual_seed(0)
     blocks = [{"input_ids": torch.randint(0, vocab, (seq_len,), generator=gen)} for _ in range(8)]
     largest = helpers.model_shape(config).largest_layer_params
-    cfg = helpers.offload_config("zero3_nvme_all", runtime, largest_param=largest, nvme_path=str(folder),
+    cfg = helpers.config.offload_config("zero3_nvme_all", runtime, largest_param=largest, nvme_path=str(folder),
                                  micro_batch_size=2, lr=3e-4, warmup_steps=1)
     return runtime, config, blocks, cfg
 
@@ -153,7 +153,7 @@ def test_repeated_nvme_runs_keep_the_folder_flat_and_report_their_own_disk_use(t
     engines_before = {id(e) for e in live_engines()}  # an earlier test's leak is not this test's (CI's full order)
     sizes, disk = [], []
     for i in range(5):
-        r = helpers.train_run(f"nvme {i}", lambda: helpers.build_zero3_model(cfg, config=config, seed=0), blocks,
+        r = helpers.train_run(f"nvme {i}", lambda: helpers.checkpoints.build_zero3_model(cfg, config=config, seed=0), blocks,
                               runtime=runtime, ds_config=cfg, steps=2, untimed_steps=1, progress=False)
         assert not r.error, r.error
         sizes.append(folder_bytes(folder))
@@ -167,7 +167,7 @@ def test_repeated_nvme_runs_keep_the_folder_flat_and_report_their_own_disk_use(t
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        helpers.train_run("interrupted", lambda: helpers.build_zero3_model(cfg, config=config, seed=0), blocks,
+        helpers.train_run("interrupted", lambda: helpers.checkpoints.build_zero3_model(cfg, config=config, seed=0), blocks,
                           runtime=runtime, ds_config=cfg, steps=4, progress=False, on_step=stop)
     assert folder_bytes(folder) == start and [e for e in live_engines() if id(e) not in engines_before] == []
     leftovers = [str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()]
@@ -187,7 +187,7 @@ def test_teardown_of_a_notebooks_own_nvme_engine_removes_its_swap_files(tmp_path
 
     runtime, config, blocks, cfg = _tiny_nvme_run_setup(tmp_path)
     setup_single_process()
-    model, keep_alive = helpers.build_zero3_model(cfg, config=config, seed=0)
+    model, keep_alive = helpers.checkpoints.build_zero3_model(cfg, config=config, seed=0)
     ns = {}
     ns["engine"], ns["optimizer"], _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                                                config=cfg)

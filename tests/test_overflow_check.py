@@ -16,10 +16,10 @@ def zero3_engine(clean_dist_env):
 
     runtime = helpers.detect_runtime()
     config = helpers.gpt2_config("gpt2-tiny", vocab_size=1024, n_positions=32)
-    cfg = helpers.offload_config("zero3_offload_cpu", runtime, largest_param=helpers.model_shape(config)
+    cfg = helpers.config.offload_config("zero3_offload_cpu", runtime, largest_param=helpers.model_shape(config)
                                  .largest_layer_params, micro_batch_size=2)
     setup_single_process()
-    model, keep_alive = helpers.build_zero3_model(cfg, config=config, seed=0)
+    model, keep_alive = helpers.checkpoints.build_zero3_model(cfg, config=config, seed=0)
     ns = {}
     ns["engine"], ns["optimizer"], _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                                                config=cfg)

@@ -456,7 +456,7 @@ def test_preflight_refuses_gpt2_xl_zero2_on_a_t4_and_names_a_config_that_fits(t4
     # CPU offload would need ~20 bytes/param of RAM (> 12.1 GB): the first course config that fits is ZeRO-Infinity
     # with the fp16 params kept on the GPU (3.1 GB of the T4's 14.44 GiB budget) and only the optimizer on NVMe
     assert "Fix: the course's 'zero3_nvme_optimizer_gpu_params' config" in msg
-    assert "helpers.offload_config('zero3_nvme_optimizer_gpu_params', runtime, nvme_path=...)" in msg
+    assert "helpers.config.offload_config('zero3_nvme_optimizer_gpu_params', runtime, nvme_path=...)" in msg
 
 
 def test_preflight_moves_params_off_the_gpu_when_they_do_not_fit_there(t4):

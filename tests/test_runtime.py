@@ -277,20 +277,20 @@ def test_build_ops_builds_once_and_a_child_after_it_compiles_nothing(tmp_path, c
     the child's record (RunResult.extras['compiled_ops']) then names none, so its RAM peak is the config's own."""
     import helpers
 
-    first = helpers.build_ops("cpu_adam")
+    first = helpers.runtime.build_ops("cpu_adam")
     assert first["cpu_adam"] == "cached" or first["cpu_adam"].startswith("built in")
     capsys.readouterr()
-    again = helpers.build_ops("cpu_adam")  # on CPU with DeepSpeed's own CPU ops (helpers.runtime.CPU_COMPANION_OPS)
+    again = helpers.runtime.build_ops("cpu_adam")  # on CPU with DeepSpeed's own CPU ops (helpers.runtime.CPU_COMPANION_OPS)
     assert again["cpu_adam"] == "cached" and set(again.values()) == {"cached"} and capsys.readouterr().out == ""
     rt = helpers.detect_runtime()
     ds = helpers.load_text_dataset("local")
     helpers.train_tokenizer(ds["train"]["text"][:400], tmp_path / "tok")
-    cfg = helpers.offload_config("zero2_offload_cpu", rt, micro_batch_size=2, lr=1e-3, warmup_steps=1)
-    r = helpers.train_in_fresh_process("zero2 offload", cfg, "gpt2-tiny", tokenizer_dir=tmp_path / "tok", steps=3,
+    cfg = helpers.config.offload_config("zero2_offload_cpu", rt, micro_batch_size=2, lr=1e-3, warmup_steps=1)
+    r = helpers.fresh_process.train_in_fresh_process("zero2 offload", cfg, "gpt2-tiny", tokenizer_dir=tmp_path / "tok", steps=3,
                                        seq_len=32, max_blocks=16, progress=False)
     assert not r.error, r.error
     assert "compiled_ops" not in r.extras and "compiled DeepSpeed's" not in capsys.readouterr().out
-    assert len(r.step_seconds) == 2  # 3 steps, the first untimed: the spread of tokens/s (helpers.compare_speed)
+    assert len(r.step_seconds) == 2  # 3 steps, the first untimed: the spread of tokens/s (helpers.train.compare_speed)
 
 
 def test_a_build_lock_left_by_a_killed_build_is_removed_and_a_live_one_kept(tmp_path, capsys):

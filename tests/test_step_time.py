@@ -17,7 +17,7 @@ GPU_LIMITS = L.RuntimeLimits(runtime="test GPU", cpus=2, has_gpu=True, disk_path
 
 def _nvme_config(**overrides):
     runtime = helpers.colab_t4_profile()
-    return helpers.offload_config("zero3_nvme_optimizer_gpu_params", runtime, nvme_path="/nvme", check_paths=False,
+    return helpers.config.offload_config("zero3_nvme_optimizer_gpu_params", runtime, nvme_path="/nvme", check_paths=False,
                                   **overrides)
 
 
