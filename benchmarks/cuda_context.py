@@ -12,8 +12,8 @@ fresh child process and takes the ones before it, measuring after each:
   deepspeed  + one ZeRO-2 fp16 step of a GPT-2 (the course's zero2 config, T4 budget mode) through
              deepspeed.initialize, in a world of one process with the five distributed variables set as helpers
              do (NCCL's communicator, DeepSpeed's kernels, more CUDA modules loaded lazily)
---nccl-variants: the deepspeed stage again in fresh children, one per NCCL setting (VARIANTS: fewer channels, smaller
-buffers, NCCL's cuMem allocations off, CUDA's eager module loading), side by side, measured by NVML per process
+--nccl-variants: the deepspeed stage again in fresh children, one per NCCL setting (VARIANTS: NCCL's own channel count
+against the course's one, NCCL's cuMem allocations off, CUDA's eager module loading), side by side, measured by NVML per process
 (process less reserved); which of DeepSpeed's ~1 GiB (H100, 2026-12-06) is NCCL's buffers, which is code.
 Outside the allocator = total - free - reserved (torch.cuda.mem_get_info, torch.cuda.memory_reserved): total - free
 counts every process on the GPU, so the GPU must be otherwise idle; NVML's per-process figure is recorded beside it
@@ -42,10 +42,9 @@ WHAT = {"context": "CUDA context (one small tensor)", "matmul": "+ cuBLAS fp16 m
         "deepspeed": "+ one ZeRO-2 fp16 step through deepspeed.initialize"}
 # the deepspeed stage again under each of these (--nccl-variants): what NCCL's settings and lazy loading change
 VARIANTS: dict[str, dict[str, str]] = {
-    "as the course runs": {},
+    "as the course runs": {},  # helpers.setup_single_process: NCCL_MAX_NCHANNELS=1 since 2026-12-06
+    "NCCL_MAX_NCHANNELS=64 (NCCL's own count)": {"NCCL_MAX_NCHANNELS": "64"},
     "NCCL_MAX_NCHANNELS=1": {"NCCL_MAX_NCHANNELS": "1"},
-    "NCCL_BUFFSIZE=1 MiB": {"NCCL_BUFFSIZE": str(2**20)},
-    "both": {"NCCL_MAX_NCHANNELS": "1", "NCCL_BUFFSIZE": str(2**20)},
     "NCCL_CUMEM_ENABLE=0": {"NCCL_CUMEM_ENABLE": "0"},
     "CUDA_MODULE_LOADING=EAGER": {"CUDA_MODULE_LOADING": "EAGER"},
 }

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from helpers.runtime import DIST_ENV_VARS, free_port
+from helpers.runtime import child_env, free_port
 
 __all__ = ["PROGRAMS", "launch_commands", "run_ranks", "function_source", "accelerate_config_yaml", "hostfile_text",
            "parse_hostfile", "multi_node_commands"]
@@ -93,8 +93,8 @@ def run_ranks(program: str | Path, n: int, out: Path, *, device: str = "cpu", la
     """Launch `n` ranks of `program` with --out `out` --device `device`; return what each wrote (rank<r>.json),
     rank 0 first, with the command and the seconds it took (notebook 03).
 
-    The five variables a launcher sets are removed from the children's environment (a notebook's own
-    single-process values would clash); on CPU the GPUs are hidden from them. PYTHONPATH names the course, so the
+    The five variables a launcher sets, and the one-rank NCCL setting the course made, are removed from the
+    children's environment (a notebook's own single-process values would clash); on CPU the GPUs are hidden from them. PYTHONPATH names the course, so the
     ranks import helpers even where the course is not pip-installed (a fresh Colab runtime).
     """
     import shutil
@@ -103,7 +103,7 @@ def run_ranks(program: str | Path, n: int, out: Path, *, device: str = "cpu", la
     port = free_port()
     argv = launch_argv(program, n, launcher=launcher, device=device, accelerate_config=accelerate_config, port=port,
                        args=[*args, "--out", str(out), "--device", device])
-    env = {k: v for k, v in os.environ.items() if k not in DIST_ENV_VARS}
+    env = child_env()  # without this process's world-of-one variables
     if device == "cpu":
         env.update(CUDA_VISIBLE_DEVICES="", DS_ACCELERATOR="cpu")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))

@@ -18,6 +18,24 @@ __all__ = [ "clean_slate", "free_port", "gpu_allocated_bytes", "mmap_large_alloc
            "hf_deepspeed_state", "reset_hf_deepspeed_state"]
 
 DIST_ENV_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
+# A world of one process needs one NCCL channel: NCCL's default (one per SM group) cost 0.74 GiB of GPU memory outside
+# PyTorch's allocator on an H200, DeepSpeed's whole addition 0.990 -> 0.252 GiB with the one (reports/cuda_context.md,
+# 2026-12-06); a one-rank all-reduce moves nothing between GPUs, so speed does not change. setup_single_process sets it
+# unless the learner did (NCCL_CHANNELS_SET_BY_COURSE records that), and child_env takes it out again for launched
+# ranks, which talk over several channels.
+ONE_RANK_NCCL = {"NCCL_MAX_NCHANNELS": "1"}
+NCCL_CHANNELS_SET_BY_COURSE = "DS_COURSE_SET_NCCL_MAX_NCHANNELS"
+
+
+def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """`env` (default os.environ) for a launched child: without the five distributed variables of this process's world
+    of one (they would clash with the launcher's) and without the one-rank NCCL setting the course made (not one the
+    learner made)."""
+    env = dict(os.environ if env is None else env)
+    drop = set(DIST_ENV_VARS)
+    if env.pop(NCCL_CHANNELS_SET_BY_COURSE, None):
+        drop |= set(ONE_RANK_NCCL)
+    return {k: v for k, v in env.items() if k not in drop}
 
 
 def free_port() -> int:
@@ -42,7 +60,8 @@ def quiet_deepspeed(level: int = 30) -> Iterator[None]:
 
 
 def setup_single_process(port: int | None = None) -> dict[str, str]:
-    """Set the five distributed variables for a world of one process, on a free port (notebook 02).
+    """Set the five distributed variables for a world of one process, on a free port, and one NCCL channel unless
+    NCCL_MAX_NCHANNELS is already set (ONE_RANK_NCCL) (notebook 02).
 
     Once torch.distributed is initialised (a second run in the same kernel) the port is left as it
     is: DeepSpeed reuses the existing process group.
@@ -51,6 +70,10 @@ def setup_single_process(port: int | None = None) -> dict[str, str]:
 
     initialised = dist.is_available() and dist.is_initialized()
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
+    for key, value in ONE_RANK_NCCL.items():  # one NCCL channel for one rank (ONE_RANK_NCCL says why)
+        if key not in os.environ:
+            os.environ[key] = value
+            os.environ[NCCL_CHANNELS_SET_BY_COURSE] = "1"
     if port is not None or not initialised or not os.environ.get("MASTER_PORT"):
         os.environ["MASTER_PORT"] = str(port or free_port())
     return {k: os.environ[k] for k in DIST_ENV_VARS}

@@ -84,7 +84,7 @@ def test_cuda_context_nccl_variants_table_names_each_setting_and_what_deepspeed_
     table = cuda_context.variants_markdown({"NCCL_MAX_NCHANNELS=1": ok, "both": {"env": {}, "error": "exit 1: x"}})
     rows = [line for line in table if line.startswith("| NCCL") or line.startswith("| both")]
     assert rows[0].endswith("| 0.900 | 1.200 | 1.250 | 0.590 |") and "failed" in rows[1]
-    assert set(cuda_context.VARIANTS) >= {"as the course runs", "NCCL_MAX_NCHANNELS=1", "NCCL_BUFFSIZE=1 MiB"}
+    assert {"as the course runs", "NCCL_MAX_NCHANNELS=1"} <= set(cuda_context.VARIANTS)
 
 
 # ------------------------------------------------------------------ committed reports against the budget

@@ -66,6 +66,9 @@ def single_process_env() -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    if os.environ["WORLD_SIZE"] == "1":
+        # one rank needs one NCCL channel; NCCL's default set cost 0.74 GiB of GPU memory on an H200
+        os.environ.setdefault("NCCL_MAX_NCHANNELS", "1")
 
 
 def load_text(data: str):
