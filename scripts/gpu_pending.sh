@@ -11,6 +11,10 @@
 #                 committed longest length ran within 1 GiB of the old 15 GiB cap (issue 51), 5 rungs side by side, each
 #                 in its own enclosure; the optimizer-on-CPU rung's row is kept (its GPU peak, 6.6 GiB, is far from any
 #                 cap: RAM ends it). Brings back cuda_context.*, long_context.json/.md/.log, long_context_logs.tgz
+#   context_cpu   the long-context search resumed from reports/long_context_logs/2026-12-06_cap14.44 (session 26's
+#                 context_long under 14.44 GiB: four rungs done, "+ checkpoints on CPU" unfinished at 320 s), its one
+#                 long rung given 520 s; brings back long_context.json/.md/.log and the logs (the report to commit as
+#                 reports/long_context.json BEFORE the next `notebooks` call: notebook 06 prints from it)
 #   speed_twice   the two-run check of issue 52: notebooks 01 and 04 (the ones that compare speeds) each ALONE on
 #                 the GPU, twice, under the emulation, then scripts/verdicts.py on the two runs (verdicts.md)
 #   drafts_alone  (a short call, when too little device time is left for `notebooks`) benchmarks/cuda_context.py,
@@ -49,6 +53,15 @@ step_context_long() {
   tar czf "$OUT/long_context_logs.tgz" -C /tmp long-context 2>/dev/null
 }
 
+step_context_cpu() {
+  timeout 560 python3 benchmarks/long_context.py --emulate --optimizer-offload --parallel 5 --rung-timeout-s 520 \
+    --rungs "plain" "checkpointing" "+ tiled logits" "+ tiled MLP" "+ checkpoints on CPU" \
+    --resume-from reports/long_context_logs/2026-12-06_cap14.44 --keep-rows-from reports/long_context.json \
+    --out "$OUT/long_context.json" --work-dir /tmp/long-context >"$OUT/long_context.log" 2>&1
+  say "long_context (resumed): exit $?"
+  tar czf "$OUT/long_context_logs.tgz" -C /tmp long-context 2>/dev/null
+}
+
 alone_twice() {  # alone_twice NOTEBOOK...: each notebook alone on the GPU, run a then run b; verdicts.py on the two
   local hub=1  # the local Hub cache is built once (the first run); later runs read it (hub.env)
   for run in ${RUNS:-a b}; do  # RUNS=a: once (a call too short for two)
@@ -80,7 +93,7 @@ step_drafts_alone() {
   alone_twice "${nbs[@]}"
 }
 
-[ $# -gt 0 ] || { echo "usage: gpu_pending.sh notebooks|context_long|speed_twice|drafts_alone ..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: gpu_pending.sh notebooks|context_long|context_cpu|speed_twice|drafts_alone ..." >&2; exit 2; }
 for s in "$@"; do
   say "step $s"
   "step_$s"
