@@ -37,8 +37,14 @@ COURSE_ROOT = next((d for d in [pathlib.Path.cwd(), *pathlib.Path.cwd().parents]
                     if (d / "helpers" / "__init__.py").is_file()), None)
 if COURSE_ROOT is None and "google.colab" in sys.modules:
     COURSE_ROOT = pathlib.Path("/content/deepspeed-course")
-    if not (COURSE_ROOT / "helpers").is_dir():
-        subprocess.run(["git", "clone", "--depth", "1", COURSE_REPO, str(COURSE_ROOT)], check=True)
+    if not (COURSE_ROOT / "helpers" / "__init__.py").is_file():
+        if COURSE_ROOT.exists():  # an interrupted clone, or another folder of that name
+            raise RuntimeError(f"{COURSE_ROOT} has no helpers/. Fix: run !rm -rf {COURSE_ROOT}, then this cell again.")
+        clone = subprocess.run(["git", "clone", "--depth", "1", COURSE_REPO, str(COURSE_ROOT)], capture_output=True,
+                               text=True)
+        if clone.returncode:
+            raise RuntimeError(f"git clone failed: {clone.stderr.strip()[-300:]}\\nFix: check that this runtime is "
+                               "online, then run this cell again.")
 if COURSE_ROOT is None:
     raise RuntimeError("Run this notebook from a checkout of the course (or in Colab): helpers/ was not found.")
 if sys.path[:1] != [str(COURSE_ROOT)]:

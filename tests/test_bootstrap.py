@@ -25,6 +25,39 @@ def test_bootstrap_cell_is_python_that_finds_this_checkout_from_a_subfolder(tmp_
     assert "Run this notebook from a checkout of the course" in outside.stderr
 
 
+@pytest.mark.slow
+def test_on_colab_a_folder_without_helpers_and_a_failed_clone_say_what_to_do_and_the_fix_works(tmp_path):
+    """Issue 41 item 8, the cell's Colab branch (google.colab stubbed, /content/deepspeed-course moved to tmp_path):
+    a folder without helpers/ (an interrupted clone) is refused with `rm -rf` as the fix; a clone that fails says so
+    with git's reason and what to do; after the fix, with the course reachable, the cell clones and imports."""
+    target = tmp_path / "content" / "deepspeed-course"
+    source = tmp_path / "course"  # a tiny course to clone: helpers/__init__.py in a git repository
+    (source / "helpers").mkdir(parents=True)
+    (source / "helpers" / "__init__.py").write_text("def start_notebook():\n    print('started')\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(source)]
+    for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "course"]):
+        subprocess.run(git + args, check=True, capture_output=True)
+
+    def run(repo: str) -> subprocess.CompletedProcess:
+        cell = (bootstrap.BOOTSTRAP_CELL.replace("/content/deepspeed-course", str(target))
+                .replace('"https://github.com/deepspeed-course/deepspeed-course"', repr(repo)))
+        code = "import sys, types\nsys.modules['google.colab'] = types.ModuleType('google.colab')\n" + cell
+        return subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                              env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+
+    target.mkdir(parents=True)  # an interrupted clone left the folder without helpers/
+    refused = run(f"file://{source}")
+    assert refused.returncode != 0 and f"{target} has no helpers/" in refused.stderr
+    assert f"rm -rf {target}" in refused.stderr
+    target.rmdir()  # the fix
+    offline = run(f"file://{tmp_path / 'unreachable'}")
+    assert offline.returncode != 0 and "git clone failed:" in offline.stderr and "online" in offline.stderr
+    assert not target.exists()
+    cloned = run(f"file://{source}")
+    assert cloned.returncode == 0, cloned.stderr
+    assert (target / "helpers" / "__init__.py").is_file() and "started" in cloned.stdout
+
+
 def test_work_dir_is_the_notebooks_own_folder_under_build(tmp_path):
     assert bootstrap.work_dir("nb09", tmp_path) == tmp_path / "build" / "nb09"
     assert (tmp_path / "build" / "nb09").is_dir()
