@@ -42,7 +42,7 @@ WHAT = {"context": "CUDA context (one small tensor)", "matmul": "+ cuBLAS fp16 m
         "deepspeed": "+ one ZeRO-2 fp16 step through deepspeed.initialize"}
 # the deepspeed stage again under each of these (--nccl-variants): what NCCL's settings and lazy loading change
 VARIANTS: dict[str, dict[str, str]] = {
-    "as the course runs": {},  # helpers.setup_single_process: NCCL_MAX_NCHANNELS=1 since 2026-12-06
+    "as the course runs": {},  # helpers.runtime.setup_single_process: NCCL_MAX_NCHANNELS=1 since 2026-12-06
     "NCCL_MAX_NCHANNELS=64 (NCCL's own count)": {"NCCL_MAX_NCHANNELS": "64"},
     "NCCL_MAX_NCHANNELS=1": {"NCCL_MAX_NCHANNELS": "1"},
     "NCCL_CUMEM_ENABLE=0": {"NCCL_CUMEM_ENABLE": "0"},

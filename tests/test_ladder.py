@@ -30,7 +30,7 @@ def fake_measure(fitting):
 @pytest.fixture
 def run_ladder(tmp_path, monkeypatch):
     monkeypatch.setattr(ladder.helpers, "detect_runtime", lambda: fake_runtime(t4_budget=True))
-    monkeypatch.setattr(ladder.helpers, "build_ops", lambda *ops: {})  # no rung runs here: nothing to compile
+    monkeypatch.setattr(ladder.helpers.runtime, "build_ops", lambda *ops: {})  # no rung runs here: nothing to compile
     monkeypatch.setattr(ladder.helpers, "train_tokenizer", lambda *a, **k: None)
     monkeypatch.setattr(ladder.helpers, "load_text_dataset", lambda *a, **k: {"train": {"text": []}})
 
@@ -91,7 +91,7 @@ def test_verdict_needs_a_falling_loss_and_the_budgets():
 
 def test_lanes_run_columns_on_their_own_gpu(tmp_path, monkeypatch):
     monkeypatch.setattr(ladder.helpers, "detect_runtime", lambda: fake_runtime(t4_budget=True))
-    monkeypatch.setattr(ladder.helpers, "build_ops", lambda *ops: {})  # no rung runs here: nothing to compile
+    monkeypatch.setattr(ladder.helpers.runtime, "build_ops", lambda *ops: {})  # no rung runs here: nothing to compile
     monkeypatch.setattr(ladder.helpers, "train_tokenizer", lambda *a, **k: None)
     monkeypatch.setattr(ladder.helpers, "load_text_dataset", lambda *a, **k: {"train": {"text": []}})
     seen = []
@@ -161,8 +161,8 @@ def test_a_child_that_trained_another_model_size_is_an_error(tmp_path, monkeypat
                          grad_accum=1, seq_len=32, steps=2, checkpointing=True, runtime="", losses=[2.0, 1.0])
 
     monkeypatch.setattr(ladder.helpers, "detect_runtime", lambda: fake_runtime(t4_budget=True))
-    monkeypatch.setattr(ladder.helpers, "build_ops", lambda *ops: {})  # no rung runs here: nothing to compile
-    monkeypatch.setattr(ladder.helpers, "train_in_fresh_process", wrong_size)
+    monkeypatch.setattr(ladder.helpers.runtime, "build_ops", lambda *ops: {})  # no rung runs here: nothing to compile
+    monkeypatch.setattr(ladder.helpers.fresh_process, "train_in_fresh_process", wrong_size)
     args = argparse.Namespace(work_dir=tmp_path, steps=2, micro_batch=2, seq_len=32, mmap_threshold_mib=0.0,
                               emulate=False, lr=ladder.LR, untimed_steps=1, chunked_overflow_check=False)
     row = ladder.measure_in_child(args, "plain", "gpt2", None, None)
