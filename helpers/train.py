@@ -215,7 +215,7 @@ def compare_speed(a: RunResult, b: RunResult) -> SpeedComparison:
 
 
 class TimedRun(Protocol):
-    """What `speed_ratios` reads of a run: a `RunResult`, or anything with these (notebook 04's drivers)."""
+    """What `speed_ratios` and `speed_rounds` read of a run: a `RunResult`, or anything with these."""
 
     name: str
     tokens_per_s: float
@@ -378,7 +378,7 @@ class RoundsRatio:
 @dataclass(frozen=True)
 class SpeedRounds:
     """Speed ratios of configs that each ran more than once in one cell, interleaved (notebook 01: two rounds, the
-    second in reverse order), against one reference config.
+    second in reverse order), against one reference config (notebook 04: one config through three drivers, a row each).
 
     Two runs of notebook 01 gave the same rows different verdict words (ZeRO-2 'within the noise' vs 'beyond',
     reports/verdicts.md): a word drawn at a threshold flips whenever a ratio lies near it, however the threshold is
@@ -395,9 +395,10 @@ class SpeedRounds:
         aparts = [r.apart for r in (self.reference, *self.rows) if not math.isnan(r.apart)]
         return max(aparts) if aparts else math.nan
 
-    def table(self, note: str = "") -> str:
+    def table(self, note: str = "", what: str = "config") -> str:
         """The printable lines: the reference's runs, each ratio with its range and its runs, one sentence on the
-        noise. `note` is added to the heading (a CPU run says what its numbers are)."""
+        noise. `note` is added to the heading (a CPU run says what its numbers are); `what` names a row: "config"
+        (notebook 01), "driver" (notebook 04: one config through three drivers)."""
         ref = self.reference.name
         width = max([10] + [len(r.name) + 2 for r in (self.reference, *self.rows)])
 
@@ -407,7 +408,7 @@ class SpeedRounds:
             word = "run" if len(mids) == 1 else "runs"
             return f"{word} {listed} tokens/s" + ("" if math.isnan(r.apart) else f", {r.apart - 1:.0%} apart")
 
-        lines = [f"tokens/s against {ref}, every config ran {_times(len(self.reference.run_medians))}{note}:",
+        lines = [f"tokens/s against {ref}, every {what} ran {_times(len(self.reference.run_medians))}{note}:",
                  "  the ratio of median steps, all its runs together; in brackets, the lowest and highest ratio between",
                  "  the middle halves of the steps of any one of its runs and any one of the reference's",
                  f"  {ref:<{width}}{'':<22}{runs(self.reference)}"]
@@ -417,11 +418,12 @@ class SpeedRounds:
                 continue
             lines.append(f"  {r.name:<{width}}{f'x{r.ratio:.2f} (x{r.low:.2f}-x{r.high:.2f})':<22}{runs(r)}")
         if math.isnan(self.noise):
-            lines += ["no config ran twice, so no run-to-run noise was measured: the ranges hold only the spread of "
+            lines += [f"no {what} ran twice, so no run-to-run noise was measured: the ranges hold only the spread of "
                       "the steps", "inside each run"]
         else:
-            lines += [f"one config's runs lay up to {self.noise - 1:.0%} apart in this cell: read each ratio with its "
-                      "range; where the range", "includes x1.00, this run cannot tell that config's speed from the reference's"]
+            lines += [f"one {what}'s runs lay up to {self.noise - 1:.0%} apart in this cell: read each ratio with its "
+                      "range; where the range", f"includes x1.00, this run cannot tell that {what}'s speed from the "
+                      "reference's"]
         return "\n".join(lines)
 
     def __str__(self) -> str:

@@ -487,6 +487,23 @@ def test_speed_rounds_range_holds_every_pairing_of_runs_and_no_row_gets_a_word()
         assert word not in text, word
 
 
+def test_speed_rounds_names_its_rows_drivers_where_one_config_ran_through_three_drivers():
+    """Notebook 04 (issue 52 item 2): the raw engine, Trainer and Accelerate on one config, twice each, the second round
+    backwards; its table says 'driver' where notebook 01's says 'config', with the same numbers."""
+    from helpers.train import speed_rounds
+
+    runs = [_Run("raw engine", _steps(1000)), _Run("Trainer", _steps(900)), _Run("Accelerate", _steps(950)),
+            _Run("Accelerate", _steps(1000)), _Run("Trainer", _steps(880)), _Run("raw engine", _steps(1100))]
+    got = speed_rounds(runs, reference="raw engine")
+    assert [r.name for r in got.rows] == ["Trainer", "Accelerate"] and got.noise == pytest.approx(1.1)
+    text = got.table(what="driver")
+    assert "every driver ran twice" in text and "one driver's runs lay up to 10% apart in this cell" in text
+    assert "that driver's speed from the reference's" in text and "config" not in text
+    assert text.replace("driver", "config") == got.table()
+    once = speed_rounds(runs[:3], reference="raw engine").table(what="driver")
+    assert "no driver ran twice" in once
+
+
 def test_speed_rounds_without_a_second_run_say_no_noise_was_measured_and_name_a_missing_reference():
     from helpers.train import speed_rounds
 
