@@ -94,8 +94,9 @@ def run_ranks(program: str | Path, n: int, out: Path, *, device: str = "cpu", la
     rank 0 first, with the command and the seconds it took (notebook 03).
 
     The five variables a launcher sets, and the one-rank NCCL setting the course made, are removed from the
-    children's environment (a notebook's own single-process values would clash); on CPU the GPUs are hidden from them. PYTHONPATH names the course, so the
-    ranks import helpers even where the course is not pip-installed (a fresh Colab runtime).
+    children's environment (a notebook's own single-process values would clash); on CPU the GPUs are hidden from
+    them. PYTHONPATH names the course, so the ranks import helpers even where the course is not pip-installed (a
+    fresh Colab runtime).
     """
     import shutil
 

@@ -13,7 +13,7 @@ import socket
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-__all__ = [ "clean_slate", "free_port", "gpu_allocated_bytes", "mmap_large_allocations",
+__all__ = ["clean_slate", "free_port", "gpu_allocated_bytes", "mmap_large_allocations",
            "release_host_memory", "quiet_deepspeed", "require", "reset_peak_stats", "teardown",
            "hf_deepspeed_state", "reset_hf_deepspeed_state"]
 
