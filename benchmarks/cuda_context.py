@@ -155,26 +155,40 @@ def child(stage: str, size: str, seq_len: int) -> int:
     return 0
 
 
+def _start_child(stage: str, size: str, seq_len: int, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """This file's `--child stage` in a fresh process, with `env`'s settings added to this process's environment."""
+    return subprocess.Popen([sys.executable, __file__, "--child", stage, "--size", size, "--seq-len", str(seq_len)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            env={**os.environ, **(env or {})})
+
+
+def _child_result(proc: subprocess.Popen[str], timeout_s: float | None = None,
+                  tail: int = 3000) -> tuple[dict[str, Any] | None, str]:
+    """(the last JSON line `proc` printed, ""), or (None, its exit code and the last `tail` characters of its stderr)
+    where it failed or printed none; a child still running after `timeout_s` is killed."""
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        stdout, stderr = proc.communicate()
+    lines = [x for x in stdout.splitlines() if x.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return None, f"exit {proc.returncode}: {stderr[-tail:]}"
+    return json.loads(lines[-1]), ""
+
+
 def nccl_variants(size: str, seq_len: int, timeout_s: float = 240) -> dict[str, Any]:
     """The deepspeed stage under each of VARIANTS' settings, in fresh children side by side; per part, what the child
     holds outside the allocator by NVML (its used memory less reserved), and the parts' differences. A child whose
     NVML figure is missing (no pynvml) is reported without numbers."""
-    procs = {name: subprocess.Popen([sys.executable, __file__, "--child", "deepspeed", "--size", size,
-                                     "--seq-len", str(seq_len)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True, cwd=ROOT, env={**os.environ, **env})
-             for name, env in VARIANTS.items()}
+    procs = {name: _start_child("deepspeed", size, seq_len, env) for name, env in VARIANTS.items()}
     out: dict[str, Any] = {}
     for name, proc in procs.items():
-        try:
-            stdout, stderr = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            stdout, stderr = proc.communicate()
-        lines = [x for x in stdout.splitlines() if x.startswith("{")]
-        if proc.returncode != 0 or not lines:
-            out[name] = {"env": VARIANTS[name], "error": f"exit {proc.returncode}: {stderr[-600:]}"}
+        result, error = _child_result(proc, timeout_s, tail=600)
+        if result is None:
+            out[name] = {"env": VARIANTS[name], "error": error}
             continue
-        parts = {r["stage"]: r.get("nvml_outside") for r in json.loads(lines[-1])["snapshots"]}
+        parts = {r["stage"]: r.get("nvml_outside") for r in result["snapshots"]}
         gib = {k: None if v is None else round(v / GiB, 3) for k, v in parts.items()}
         adds = (None if None in (parts.get("deepspeed"), parts.get("matmul"))
                 else round((parts["deepspeed"] - parts["matmul"]) / GiB, 3))
@@ -264,13 +278,11 @@ def main(argv: list[str] | None = None) -> int:
     from helpers.hardware import T4_CUDA_CONTEXT_GIB, T4_DEEPSPEED_ALLOWANCE_GIB
 
     runs = {}
-    for stage in STAGES:
-        proc = subprocess.run([sys.executable, __file__, "--child", stage, "--size", args.size,
-                               "--seq-len", str(args.seq_len)], capture_output=True, text=True, cwd=ROOT)
-        lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
-        if proc.returncode != 0 or not lines:
-            raise RuntimeError(f"{stage}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
-        runs[stage] = json.loads(lines[-1])
+    for stage in STAGES:  # one at a time: each measures an otherwise idle GPU
+        result, error = _child_result(_start_child(stage, args.size, args.seq_len))
+        if result is None:
+            raise RuntimeError(f"{stage}: {error}")
+        runs[stage] = result
     first = runs["context"]
     rows = [runs[s]["snapshots"][-1] for s in STAGES]
     ds = {r["stage"]: r for r in runs["deepspeed"]["snapshots"]}
