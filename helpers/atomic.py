@@ -20,16 +20,6 @@ from typing import Callable, Iterable
 __all__ = []
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, someone else's
-        return True
-    return True
-
-
 def _remove(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
@@ -39,11 +29,14 @@ def _remove(path: Path) -> None:
 
 def _leftovers(target: Path) -> list[Path]:
     """Temporaries of `target` whose writer is gone (named .<name>.partial-<pid>-<id> / .<name>.old-<pid>-<id>)."""
+    import psutil
+
     stale = []
     for p in target.parent.glob(f".{glob.escape(target.name)}.*-*"):
         kind, _, rest = p.name[len(target.name) + 2:].partition("-")
         pid = rest.split("-", 1)[0]
-        if kind in ("partial", "old") and pid.isdigit() and (int(pid) == os.getpid() or not _pid_alive(int(pid))):
+        if kind in ("partial", "old") and pid.isdigit() and (int(pid) == os.getpid()
+                                                              or not psutil.pid_exists(int(pid))):
             stale.append(p)
     return stale
 

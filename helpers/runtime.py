@@ -313,16 +313,6 @@ _PROCESS_NVME_PREFIX = "pid-"
 _OWN_NVME_FOLDERS: set[str] = set()
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive
-        return True
-    return True
-
-
 def _remove_folder(path: str | os.PathLike[str]) -> None:
     import shutil
 
@@ -335,6 +325,8 @@ def _own_nvme_folder(base: str | os.PathLike[str], *, make: bool = True) -> Path
     With `make`: created; the pid-<n> folders of processes that are gone (a kernel killed or restarted mid-run) are
     removed with what they hold; and this one is removed when the process exits. The pid is this machine's: a
     checkout shared between machines or containers with their own pid numbers would need a folder each."""
+    import psutil
+
     base = Path(os.path.expanduser(os.fspath(base)))
     own = base / f"{_PROCESS_NVME_PREFIX}{os.getpid()}"
     if not make:
@@ -342,7 +334,7 @@ def _own_nvme_folder(base: str | os.PathLike[str], *, make: bool = True) -> Path
     own.mkdir(parents=True, exist_ok=True)
     for other in base.glob(f"{_PROCESS_NVME_PREFIX}*"):
         pid = other.name[len(_PROCESS_NVME_PREFIX):]
-        if other != own and other.is_dir() and pid.isdigit() and not _pid_alive(int(pid)):
+        if other != own and other.is_dir() and pid.isdigit() and not psutil.pid_exists(int(pid)):
             _remove_folder(other)
     if str(own) not in _OWN_NVME_FOLDERS:
         import atexit

@@ -517,16 +517,6 @@ def leftover_groups(owner_pid: int | None = None) -> list[str]:
     return [n for n in names if (m := _GROUP_NAME.match(n)) and int(m.group(1)) == pid]
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def remove_stale_groups(min_age_s: float = 120.0) -> list[str]:
     """Remove ds-course-* cgroups left by runs that were killed before they could clean up; returns their names.
 
@@ -534,6 +524,8 @@ def remove_stale_groups(min_age_s: float = 120.0) -> list[str]:
     PID namespace (a run killed by SIGKILL, e.g. a session ending mid-test, leaves its empty groups behind; the next
     Enclosure sweeps them so that they neither pile up nor look like this run's leftovers).
     """
+    import psutil
+
     removed = []
     for d in _our_group_dirs():
         m = _GROUP_NAME.match(d.name) or re.match(r"^ds-course-probe-(\d+)$", d.name)
@@ -543,7 +535,7 @@ def remove_stale_groups(min_age_s: float = 120.0) -> list[str]:
         except OSError:
             continue
         owner = int(m.group(1)) if m else -1
-        if busy or age < min_age_s or owner == os.getpid() or (owner > 0 and _pid_alive(owner)):
+        if busy or age < min_age_s or owner == os.getpid() or (owner > 0 and psutil.pid_exists(owner)):
             continue
         try:
             d.rmdir()

@@ -106,13 +106,15 @@ def test_two_kernels_on_one_nvme_path_keep_their_own_swap_files(tmp_path, monkey
     """Issue 41 item 7: two kernels of notebook 02 on one checkout shared build/nvme/<config> and removed each
     other's swap files. Each process (two fake pids here) swaps under <NVMe path>/pid-<pid>/, removes only that,
     and the folder of a process that is gone is removed by the next one that runs."""
+    import psutil
+
     import helpers.fresh_process as fp
     import helpers.runtime as rt
     from helpers.train import RunResult
 
     base = tmp_path / "nvme"
     alive = {1001, 1002}
-    monkeypatch.setattr(rt, "_pid_alive", lambda pid: pid in alive)
+    monkeypatch.setattr(psutil, "pid_exists", lambda pid: pid in alive)
     kernels = {}
     for pid in (1001, 1002):
         monkeypatch.setattr(os, "getpid", lambda pid=pid: pid)
