@@ -10,13 +10,16 @@ while watching it.
   planner predicts fits this runtime, or a refusal naming a smaller model that one does fit;
 - `capstone_data`: the corpus train.py reads (a Hub name, or offline the shipped corpus, saying so);
 - `run_script`: train.py in a fresh process (a process group of its own), with a progress bar from the first second,
-  the peak RSS of its process tree, the peak GPU memory it logs, and the disk its output and offload folders take.
+  the peak RSS of its process tree, the peak GPU memory it logs, and the disk its output and offload folders take;
+  an NVMe offload swaps in this kernel's own folder under the course's, removed after the run (issue 41 item 7).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -243,17 +246,14 @@ def _read_log(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-# In T4 budget mode on a bigger GPU, the script runs under this wrapper: it caps the script's CUDA allocator as
-# helpers.hardware.apply_t4_budget caps the notebook's (the script imports no helpers), then runs it as __main__.
+# In T4 budget mode on a bigger GPU, the script runs under this wrapper: it calls helpers.hardware.apply_t4_budget,
+# which caps the notebook's allocator in detect_runtime (this checkout's helpers, on the path for that import only: the
+# script imports no helpers), then runs the script as __main__ with its own argv.
 _CAPPED_RUN = """import runpy, sys
-import torch
-cap = int(sys.argv[1])
-if torch.cuda.is_available():
-    props = torch.cuda.get_device_properties(0)
-    torch.cuda.set_per_process_memory_fraction(min(1.0, cap / props.total_memory), 0)
-    if (props.major, props.minor) >= (8, 0):  # a T4 has neither flash nor cuDNN attention
-        torch.backends.cuda.enable_flash_sdp(False)
-        torch.backends.cuda.enable_cudnn_sdp(False)
+sys.path.insert(0, sys.argv[1])
+from helpers.hardware import apply_t4_budget
+del sys.path[0]
+apply_t4_budget(0)
 sys.argv = sys.argv[2:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
@@ -265,8 +265,54 @@ def _script_command(script: str | Path, args: list[str], runtime: "Runtime | Non
     command = [sys.executable, str(script), *args]
     if runtime is not None and runtime.has_gpu and runtime.t4_budget and \
             runtime.vram_budget_bytes < runtime.gpu_total_bytes:
-        command[1:2] = ["-c", _CAPPED_RUN, str(runtime.vram_budget_bytes), str(script)]
+        command[1:2] = ["-c", _CAPPED_RUN, str(ROOT), str(script)]
     return command
+
+
+_OWN_RUN_FOLDER = "capstone"  # the run's folder inside this kernel's own NVMe folder
+
+
+def _own_nvme_run(args: list[str], nvme_path: str | os.PathLike[str] | None) -> tuple[list[str], Path | None]:
+    """(the script's args, the run's NVMe folder): where the DeepSpeed config after --deepspeed swaps into `nvme_path`
+    (the course's NVMe folder, shared by every kernel of the checkout), a copy of it that swaps into
+    <nvme_path>/pid-<this kernel's pid>/capstone instead, and the args naming the copy (written in that folder);
+    otherwise `args` as they are and None. Two kernels of notebook 07 would otherwise swap under the same names, and
+    DeepSpeed empties its rank folder when it starts (issue 41 item 7); notebook 02's runs swap under the same
+    per-process folder (helpers.runtime._own_nvme_folder)."""
+    from helpers.runtime import _own_nvme_folder
+
+    flag = next((i for i, a in enumerate(args) if a == "--deepspeed" or a.startswith("--deepspeed=")), None)
+    if nvme_path is None or flag is None:
+        return args, None
+    given = args[flag].partition("=")[2] or (args[flag + 1] if flag + 1 < len(args) else "")
+    try:
+        config = json.loads(Path(given).read_text())
+    except (OSError, ValueError):  # the script says what is wrong with its config
+        return args, None
+    def real(path: str | os.PathLike[str]) -> str:
+        return os.path.realpath(os.path.expanduser(os.fspath(path)))
+
+    moved = []  # (an offload section that swaps into nvme_path, its folder relative to nvme_path)
+    for section in (config.get("zero_optimization") or {}).values():
+        if isinstance(section, dict) and section.get("device") == "nvme" and isinstance(section.get("nvme_path"), str):
+            rel = os.path.relpath(real(section["nvme_path"]), real(nvme_path))
+            if rel != os.pardir and not rel.startswith(os.pardir + os.sep):
+                moved.append((section, rel))
+    if not moved:  # no NVMe offload, or a folder of the learner's own elsewhere
+        return args, None
+    run = _own_nvme_folder(nvme_path) / _OWN_RUN_FOLDER
+    shutil.rmtree(run, ignore_errors=True)  # what a run of this kernel left (removed after each run, even so)
+    run.mkdir(parents=True)
+    for section, rel in moved:
+        section["nvme_path"] = os.path.normpath(run / rel)
+    copy = run / Path(given).name
+    copy.write_text(json.dumps(config, indent=2) + "\n")
+    new = list(args)
+    if args[flag] == "--deepspeed":
+        new[flag + 1] = str(copy)
+    else:
+        new[flag] = f"--deepspeed={copy}"
+    return new, run
 
 
 def run_script(script: str | Path, args: list[str], *, out: str | Path, steps: int, nvme_path: str | None = None,
@@ -275,9 +321,12 @@ def run_script(script: str | Path, args: list[str], *, out: str | Path, steps: i
     """`python script *args` in a fresh process group, watched: a progress bar from the first second (the script's
     last printed line, the step from its loss.jsonl), peak RSS of its process tree, disk of `out` and `nvme_path`
     (notebook 07). Interrupting the cell stops the whole group. With `runtime` in T4 budget mode on a bigger GPU, the
-    script's CUDA allocator is capped at the notebook's budget (`_script_command`)."""
+    script's CUDA allocator is capped at the notebook's budget (`_script_command`). A config that swaps into
+    `nvme_path` is run from a copy that swaps into this kernel's own folder under it, removed after the run
+    (`_own_nvme_run`: another kernel's run keeps its files)."""
     from helpers.fresh_process import _stop_group, _tree_rss
     from helpers.progress import progress_bar
+    from helpers.runtime import child_env
 
     import psutil
 
@@ -285,14 +334,19 @@ def run_script(script: str | Path, args: list[str], *, out: str | Path, steps: i
     log = out / "loss.jsonl"
     if log.exists():
         log.unlink()  # a rerun's bar must not count the last run's steps
-    from helpers.runtime import DIST_ENV_VARS
-
-    child_env = {k: v for k, v in os.environ.items() if k not in DIST_ENV_VARS}  # the kernel's own, its port in use
-    child_env.update(PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore", TOKENIZERS_PARALLELISM="false",
-                     **(env or {}))
+    # the kernel's environment less its world-of-one variables (its port is in use) and the course's one-rank NCCL
+    # setting (train.py sets it again for a world of one)
+    script_env = child_env()
+    script_env.update(PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore", TOKENIZERS_PARALLELISM="false", **(env or {}))
+    args, own_nvme = _own_nvme_run(args, nvme_path)
+    swap_folder = own_nvme or nvme_path
     started = time.perf_counter()
-    proc = subprocess.Popen(_script_command(script, args, runtime), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=child_env, start_new_session=True)
+    try:
+        proc = subprocess.Popen(_script_command(script, args, runtime), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, env=script_env, start_new_session=True)
+    except BaseException:
+        _remove_own_nvme(own_nvme)
+        raise
     watched = psutil.Process(proc.pid)
     tail: list[str] = ["starting Python"]
 
@@ -315,7 +369,7 @@ def run_script(script: str | Path, args: list[str], *, out: str | Path, steps: i
                 children.update({c.pid: c.name() for c in watched.children(recursive=True)})
             except psutil.Error:
                 pass
-            peak_disk = max(peak_disk, folder_bytes(out) + (folder_bytes(nvme_path) if nvme_path else 0))
+            peak_disk = max(peak_disk, folder_bytes(out) + (folder_bytes(swap_folder) if swap_folder else 0))
             done = len(_read_log(log))
             if done > bar.n:
                 bar.update(done - bar.n)
@@ -334,6 +388,7 @@ def run_script(script: str | Path, args: list[str], *, out: str | Path, steps: i
         raise
     finally:
         proc.wait()
+        _remove_own_nvme(own_nvme)  # the swap files, an interrupted run's too
         reader.join(timeout=5)
         rows = _read_log(log)
         if len(rows) > bar.n:
@@ -344,3 +399,12 @@ def run_script(script: str | Path, args: list[str], *, out: str | Path, steps: i
                      peak_rss_bytes=peak_rss, peak_gpu_bytes=max((r["peak_gpu_bytes"] for r in rows), default=0),
                      peak_disk_bytes=max(peak_disk, folder_bytes(out)), checkpoint_bytes=folder_bytes(out / "checkpoint"),
                      tail=list(tail), peak_main_rss_bytes=peak_main, children=tuple(sorted(set(children.values()))))
+
+
+def _remove_own_nvme(run: Path | None) -> None:
+    """The run's NVMe folder (`_own_nvme_run`), and this kernel's folder above it once empty."""
+    if run is None:
+        return
+    shutil.rmtree(run, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        run.parent.rmdir()

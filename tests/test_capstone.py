@@ -108,7 +108,7 @@ def test_the_script_trains_smoke_sized_on_cpu_and_both_checkpoints_load(tmp_path
 
 def test_in_t4_budget_mode_on_a_bigger_gpu_the_script_runs_capped_with_its_own_argv(tmp_path):
     """The emulation caps the notebook's allocator; train.py imports no helpers, so run_script starts it under a
-    wrapper that sets the same cap. The wrapper must run the script as __main__ with the script's own argv, and is
+    wrapper that calls the same helpers.hardware.apply_t4_budget (this checkout's). The wrapper must run the script as __main__ with the script's own argv, and is
     used only where the budget is below the GPU (a real T4, or no budget, runs `python script` as printed)."""
     import dataclasses
     import subprocess
@@ -125,7 +125,55 @@ def test_in_t4_budget_mode_on_a_bigger_gpu_the_script_runs_capped_with_its_own_a
     assert _script_command(script, ["--a", "1"], dataclasses.replace(bigger, gpu_total_bytes=bigger.vram_budget_bytes)
                            ) == [sys.executable, str(script), "--a", "1"]
     command = _script_command(script, ["--a", "1"], bigger)
-    assert command[1] == "-c" and command[3] == str(bigger.vram_budget_bytes)
+    assert command[1] == "-c" and "apply_t4_budget(0)" in command[2] and command[3] == str(ROOT)
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 3, done.stderr
     assert done.stdout.strip() == repr([str(script), "--a", "1"])
+
+
+def test_an_nvme_run_swaps_in_this_kernels_own_folder_and_leaves_another_kernels_files(tmp_path, monkeypatch):
+    """Issue 41 item 7, notebook 07's part: every kernel of a checkout plans with helpers.default_nvme_path(), and
+    DeepSpeed empties its rank folder when it starts. run_script runs the config from a copy that swaps under
+    <NVMe folder>/pid-<this pid>/capstone, removed after the run; the learner's config, another kernel's folder and
+    files in the shared folder stay. The script gets the kernel's environment less its world-of-one variables and
+    the course's one-rank NCCL setting (helpers.runtime.child_env)."""
+    import os
+
+    base = tmp_path / "nvme"
+    other = base / f"pid-{os.getppid()}" / "capstone" / "zero_stage_3" / "optimizer" / "rank0" / "0_1.tensor.swp"
+    shared = base / "zero_stage_3" / "optimizer" / "rank0" / "0_1.tensor.swp"
+    for f in (other, shared):
+        f.parent.mkdir(parents=True)
+        f.write_bytes(b"\0" * 4096)
+    config = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": str(base)},
+                                    "offload_param": {"device": "cpu"}}}
+    config_path = tmp_path / "ds_config.json"
+    config_path.write_text(json.dumps(config))
+    script = tmp_path / "show.py"
+    script.write_text(
+        "import json, os, sys, time\nfrom pathlib import Path\n"
+        "config = sys.argv[sys.argv.index('--deepspeed') + 1]\nout = Path(sys.argv[sys.argv.index('--out') + 1])\n"
+        "nvme = json.loads(Path(config).read_text())['zero_optimization']['offload_optimizer']['nvme_path']\n"
+        "swap = Path(nvme) / 'zero_stage_3' / 'optimizer' / 'rank0'\nswap.mkdir(parents=True)\n"
+        "(swap / '0_1.tensor.swp').write_bytes(bytes(2**20))\nout.mkdir(parents=True, exist_ok=True)\n"
+        "(out / 'loss.jsonl').write_text(json.dumps({'loss': 1.0, 'seconds': 0.1, 'peak_gpu_bytes': 0}) + '\\n')\n"
+        "print(json.dumps({'config': config, 'nvme': nvme, 'env': [os.environ.get(k) for k in "
+        "('MASTER_PORT', 'NCCL_MAX_NCHANNELS')]}))\ntime.sleep(1)\n")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    monkeypatch.setenv("NCCL_MAX_NCHANNELS", "1")
+    monkeypatch.setenv("DS_COURSE_SET_NCCL_MAX_NCHANNELS", "1")
+    args = ["--deepspeed", str(config_path), "--out", str(tmp_path / "out")]
+    run = helpers.run_script(script, args, out=tmp_path / "out", steps=1, nvme_path=str(base))
+    assert run.trained, run.tail
+    seen = json.loads(next(line for line in run.tail if line.startswith("{")))
+    own = base / f"pid-{os.getpid()}" / "capstone"
+    assert seen["nvme"] == str(own) and seen["config"] == str(own / "ds_config.json")
+    assert seen["env"] == [None, None]
+    assert run.peak_disk_bytes >= 2**20  # the run's own swap file, counted while it ran
+    assert not own.parent.exists() and other.exists() and shared.exists()
+    assert json.loads(config_path.read_text()) == config and args[1] == str(config_path)
+    plain = dict(config, zero_optimization={"stage": 2})
+    config_path.write_text(json.dumps(plain))  # no NVMe offload: the config runs as it is
+    from helpers.capstone import _own_nvme_run
+
+    assert _own_nvme_run(args, str(base)) == (args, None) and not own.parent.exists()
