@@ -256,51 +256,13 @@ def _offload_section(device: str, nvme_path: str | None, what: str,
     return section
 
 
-def build_ds_config(
-    stage: int = 2,
-    *,
-    precision: str = "auto",
-    runtime: "Runtime | None" = None,
-    micro_batch_size: int = 4,
-    grad_accum_steps: int = 1,
-    world_size: int | None = None,
-    offload_optimizer: str = "none",
-    offload_param: str = "none",
-    nvme_path: str | None = None,
-    nvme_bytes_needed: int = 0,
-    n_params: int = 0,
-    largest_param: int = 0,
-    check_paths: bool = True,
-    nvme_buffer_count: int = 8,
-    nvme_buffer_size: int = 100_000_000,
-    pin_memory: bool = False,
-    sub_group_size: int = 100_000_000,
-    prefetch_bucket_size: int = 50_000_000,
-    max_live_parameters: int = 100_000_000,
-    initial_scale_power: int = 16,
-    optimizer: str = "AdamW",
-    lr: float = 1e-4,
-    weight_decay: float = 0.01,
-    betas: tuple[float, float] = (0.9, 0.999),
-    scheduler: str | None = "WarmupLR",
-    warmup_steps: int = 10,
-    total_steps: int | None = None,
-    gradient_clipping: float | None = 1.0,
-    activation_checkpointing: bool = False,
-    steps_per_print: int = 10_000,
-) -> dict[str, Any]:
-    """A DeepSpeed config dict for ZeRO `stage` 0-3 with optional CPU/NVMe offload (notebooks 00-05).
-
-    Offload buffers are not pinned by default (`pin_memory`): page-locked host memory is faster to copy but
-    comes out of the same small RAM that offload already fills. `sub_group_size` (stage 3) is how many
-    elements the optimizer steps at a time: with NVMe it sizes the swap buffers held in RAM.
-    With NVMe, the folder's free space is checked against `nvme_bytes_needed`, else against the estimate for
-    `n_params` parameters, else against NVME_MIN_FREE_BYTES; parameter swap buffers must hold `largest_param`
-    elements (the model's largest tensor) when it is given (`check_nvme_buffers`).
-    `train_batch_size` is left out unless `world_size` is given: DeepSpeed then derives it as micro-batch x
-    accumulation x data-parallel world size (runtime/config.py `_set_batch_related_parameters`), so the same config
-    runs on any number of GPUs; with `world_size` it is written, and DeepSpeed checks it against that world.
-    """
+def _check_build_arguments(*, stage: Any, micro_batch_size: Any, grad_accum_steps: Any, world_size: Any, lr: Any,
+                           weight_decay: Any, warmup_steps: Any, initial_scale_power: Any, steps_per_print: Any,
+                           betas: Any, activation_checkpointing: Any, gradient_clipping: Any, total_steps: Any,
+                           prefetch_bucket_size: Any, max_live_parameters: Any, n_params: Any, largest_param: Any,
+                           nvme_bytes_needed: Any, offload_optimizer: Any, offload_param: Any, optimizer: Any,
+                           scheduler: Any) -> None:
+    """`build_ds_config`'s arguments checked before anything is built: each refusal names a fix that passes."""
     _check_stage(stage)
     for name, value in (("micro_batch_size", micro_batch_size), ("grad_accum_steps", grad_accum_steps),
                         ("world_size", 1 if world_size is None else world_size)):
@@ -347,46 +309,41 @@ def build_ds_config(
                           f"warmup_steps={warmup_steps}: the learning rate would be 0 from step {total_steps} on). "
                           f"Fix: total_steps={max(10 * warmup_steps, warmup_steps + 1)}, or a shorter warm-up: "
                           f"warmup_steps={total_steps // 10}.")  # type: ignore[operator]
-    resolved = _resolve_precision(precision, runtime)
-    uses_nvme = "nvme" in (offload_optimizer, offload_param)
-    if uses_nvme:
-        nvme_path = _nvme_path_arg(nvme_path)
-    if uses_nvme and not check_paths and not nvme_path:
-        raise ConfigError("NVMe offload needs nvme_path. Fix: nvme_path='/content/nvme' on Colab.")
-    if offload_param == "nvme":
-        check_nvme_buffers(nvme_buffer_count, nvme_buffer_size, largest_param=largest_param,
-                           element_bytes=4 if resolved == "fp32" else 2)
 
-    config: dict[str, Any] = {} if world_size is None else {
-        "train_batch_size": micro_batch_size * grad_accum_steps * world_size}
-    config.update({
-        "train_micro_batch_size_per_gpu": micro_batch_size,
-        "gradient_accumulation_steps": grad_accum_steps,
-        "steps_per_print": steps_per_print,
-        "wall_clock_breakdown": False,
-    })
+
+def _optimizer_sections(optimizer: str, *, lr: float, betas: tuple[float, float], weight_decay: float,
+                        offload_optimizer: str, scheduler: str | None, warmup_steps: int,
+                        total_steps: int | None) -> dict[str, Any]:
+    """The config's "optimizer" and "scheduler" sections (`build_ds_config`)."""
     optimizer_params: dict[str, Any] = {"lr": lr, "betas": list(betas), "eps": 1e-8,
                                         "weight_decay": weight_decay}
     if offload_optimizer == "none":
         # torch's own AdamW: no fused_adam JIT build (about a minute on first use)
         optimizer_params["torch_adam"] = True
-    config["optimizer"] = {"type": optimizer, "params": optimizer_params}
+    sections: dict[str, Any] = {"optimizer": {"type": optimizer, "params": optimizer_params}}
     if scheduler == "WarmupLR":
-        config["scheduler"] = {"type": "WarmupLR", "params": {
+        sections["scheduler"] = {"type": "WarmupLR", "params": {
             "warmup_min_lr": 0.0, "warmup_max_lr": lr, "warmup_num_steps": warmup_steps,
             "warmup_type": "linear"}}
     elif scheduler == "WarmupDecayLR":
-        config["scheduler"] = {"type": "WarmupDecayLR", "params": {
+        sections["scheduler"] = {"type": "WarmupDecayLR", "params": {
             "warmup_min_lr": 0.0, "warmup_max_lr": lr, "warmup_num_steps": warmup_steps,
             "warmup_type": "linear", "total_num_steps": total_steps}}
-    if gradient_clipping is not None:
-        config["gradient_clipping"] = gradient_clipping
-    if resolved == "fp16":
-        config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": initial_scale_power,
-                          "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}
-    elif resolved == "bf16":
-        config["bf16"] = {"enabled": True}
+    return sections
 
+
+def _precision_section(precision: str, initial_scale_power: int) -> dict[str, Any]:
+    """The config's "fp16" (dynamic loss scale from 2^initial_scale_power) or "bf16" section; none for fp32."""
+    if precision == "fp16":
+        return {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": initial_scale_power,
+                         "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}}
+    return {"bf16": {"enabled": True}} if precision == "bf16" else {}
+
+
+def _zero_section(stage: int, offload_optimizer: str, offload_param: str, nvme_path: str | None, *,
+                  nvme_buffer_count: int, nvme_buffer_size: int, pin_memory: bool, sub_group_size: int,
+                  prefetch_bucket_size: int, max_live_parameters: int) -> dict[str, Any]:
+    """The config's "zero_optimization" section (`build_ds_config`)."""
     zero: dict[str, Any] = {"stage": stage}
     if stage >= 1:
         zero.update(overlap_comm=False, contiguous_gradients=True,
@@ -407,7 +364,91 @@ def build_ds_config(
     if offload_param != "none":
         zero["offload_param"] = _offload_section(offload_param, nvme_path, "param",
                                                  nvme_buffer_count, nvme_buffer_size, pin_memory)
-    config["zero_optimization"] = zero
+    return zero
+
+
+def build_ds_config(
+    stage: int = 2,
+    *,
+    precision: str = "auto",
+    runtime: "Runtime | None" = None,
+    micro_batch_size: int = 4,
+    grad_accum_steps: int = 1,
+    world_size: int | None = None,
+    offload_optimizer: str = "none",
+    offload_param: str = "none",
+    nvme_path: str | None = None,
+    nvme_bytes_needed: int = 0,
+    n_params: int = 0,
+    largest_param: int = 0,
+    check_paths: bool = True,
+    nvme_buffer_count: int = 8,
+    nvme_buffer_size: int = 100_000_000,
+    pin_memory: bool = False,
+    sub_group_size: int = 100_000_000,
+    prefetch_bucket_size: int = 50_000_000,
+    max_live_parameters: int = 100_000_000,
+    initial_scale_power: int = 16,
+    optimizer: str = "AdamW",
+    lr: float = 1e-4,
+    weight_decay: float = 0.01,
+    betas: tuple[float, float] = (0.9, 0.999),
+    scheduler: str | None = "WarmupLR",
+    warmup_steps: int = 10,
+    total_steps: int | None = None,
+    gradient_clipping: float | None = 1.0,
+    activation_checkpointing: bool = False,
+    steps_per_print: int = 10_000,
+) -> dict[str, Any]:
+    """A DeepSpeed config dict for ZeRO `stage` 0-3 with optional CPU/NVMe offload (notebooks 00-05).
+
+    Offload buffers are not pinned by default (`pin_memory`): page-locked host memory is faster to copy but
+    comes out of the same small RAM that offload already fills. `sub_group_size` (stage 3) is how many
+    elements the optimizer steps at a time: with NVMe it sizes the swap buffers held in RAM.
+    With NVMe, the folder's free space is checked against `nvme_bytes_needed`, else against the estimate for
+    `n_params` parameters, else against NVME_MIN_FREE_BYTES; parameter swap buffers must hold `largest_param`
+    elements (the model's largest tensor) when it is given (`check_nvme_buffers`).
+    `train_batch_size` is left out unless `world_size` is given: DeepSpeed then derives it as micro-batch x
+    accumulation x data-parallel world size (runtime/config.py `_set_batch_related_parameters`), so the same config
+    runs on any number of GPUs; with `world_size` it is written, and DeepSpeed checks it against that world.
+    """
+    _check_build_arguments(
+        stage=stage, micro_batch_size=micro_batch_size, grad_accum_steps=grad_accum_steps, world_size=world_size,
+        lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps, initial_scale_power=initial_scale_power,
+        steps_per_print=steps_per_print, betas=betas, activation_checkpointing=activation_checkpointing,
+        gradient_clipping=gradient_clipping, total_steps=total_steps, prefetch_bucket_size=prefetch_bucket_size,
+        max_live_parameters=max_live_parameters, n_params=n_params, largest_param=largest_param,
+        nvme_bytes_needed=nvme_bytes_needed, offload_optimizer=offload_optimizer, offload_param=offload_param,
+        optimizer=optimizer, scheduler=scheduler)
+    resolved = _resolve_precision(precision, runtime)
+    uses_nvme = "nvme" in (offload_optimizer, offload_param)
+    if uses_nvme:
+        nvme_path = _nvme_path_arg(nvme_path)
+    if uses_nvme and not check_paths and not nvme_path:
+        raise ConfigError("NVMe offload needs nvme_path. Fix: nvme_path='/content/nvme' on Colab.")
+    if offload_param == "nvme":
+        check_nvme_buffers(nvme_buffer_count, nvme_buffer_size, largest_param=largest_param,
+                           element_bytes=4 if resolved == "fp32" else 2)
+
+    config: dict[str, Any] = {} if world_size is None else {
+        "train_batch_size": micro_batch_size * grad_accum_steps * world_size}
+    config.update({
+        "train_micro_batch_size_per_gpu": micro_batch_size,
+        "gradient_accumulation_steps": grad_accum_steps,
+        "steps_per_print": steps_per_print,
+        "wall_clock_breakdown": False,
+    })
+    config.update(_optimizer_sections(optimizer, lr=lr, betas=betas, weight_decay=weight_decay,
+                                      offload_optimizer=offload_optimizer, scheduler=scheduler,
+                                      warmup_steps=warmup_steps, total_steps=total_steps))
+    if gradient_clipping is not None:
+        config["gradient_clipping"] = gradient_clipping
+    config.update(_precision_section(resolved, initial_scale_power))
+
+    config["zero_optimization"] = _zero_section(
+        stage, offload_optimizer, offload_param, nvme_path, nvme_buffer_count=nvme_buffer_count,
+        nvme_buffer_size=nvme_buffer_size, pin_memory=pin_memory, sub_group_size=sub_group_size,
+        prefetch_bucket_size=prefetch_bucket_size, max_live_parameters=max_live_parameters)
     if uses_nvme:
         # DeepSpeed 0.19.8 reads its I/O thread count from "intra_op_parallelism" ("thread_count", the older key,
         # is ignored without a word: runtime/swap_tensor/aio_config.py)

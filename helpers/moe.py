@@ -481,11 +481,8 @@ def moe_ds_config(runtime: "Runtime", *, stage: int = 2, micro_batch: int = 8, l
     """
     from helpers.config import course_config
 
-    cfg = course_config(f"zero{stage}", runtime, micro_batch_size=micro_batch, lr=lr,
-                        warmup_steps=max(1, steps // 10), world_size=world_size)
-    if "fp16" in cfg:
-        cfg["fp16"]["initial_scale_power"] = 12
-    return cfg
+    return course_config(f"zero{stage}", runtime, micro_batch_size=micro_batch, lr=lr,
+                         warmup_steps=max(1, steps // 10), world_size=world_size, initial_scale_power=12)
 
 
 class MoEHooks(TrainHooks):
