@@ -15,6 +15,7 @@
 #                 context_long under 14.44 GiB: four rungs done, "+ checkpoints on CPU" unfinished at 320 s), its one
 #                 long rung given 520 s; brings back long_context.json/.md/.log and the logs (the report to commit as
 #                 reports/long_context.json BEFORE the next `notebooks` call: notebook 06 prints from it)
+#   context_and_notebooks  context_cpu (in a copy at the 14.44 GiB cap it started under) beside `notebooks`, one call
 #   speed_twice   the two-run check of issue 52: notebooks 01 and 04 (the ones that compare speeds) each ALONE on
 #                 the GPU, twice, under the emulation, then scripts/verdicts.py on the two runs (verdicts.md)
 #   drafts_alone  (a short call, when too little device time is left for `notebooks`) benchmarks/cuda_context.py,
@@ -62,6 +63,21 @@ step_context_cpu() {
   tar czf "$OUT/long_context_logs.tgz" -C /tmp long-context 2>/dev/null
 }
 
+step_context_and_notebooks() {  # context_cpu beside notebooks, in one call (one machine start fewer)
+  # the resumed search stays under the cap its first part ran under (14.44 GiB: DeepSpeed's allowance 0.15 then),
+  # from a copy of the checkout; the notebooks run under the checkout's budget
+  rm -rf /tmp/ctx-tree && mkdir -p /tmp/ctx-tree
+  tar cf - --exclude=./.gpu-bundle --exclude=./.venv --exclude=./build . | tar xf - -C /tmp/ctx-tree
+  sed -i 's/^T4_DEEPSPEED_ALLOWANCE_GIB = .*/T4_DEEPSPEED_ALLOWANCE_GIB = 0.15/' /tmp/ctx-tree/helpers/hardware.py
+  local cap; cap=$(cd /tmp/ctx-tree && PYTHONPATH=/tmp/ctx-tree python3 -c "import helpers.hardware as h; print(h.T4_VRAM_GIB)")
+  say "context copy's cap: $cap GiB"
+  if [ "$cap" = 14.44 ]; then
+    (cd /tmp/ctx-tree && export PYTHONPATH=/tmp/ctx-tree${PYTHONPATH:+:$PYTHONPATH} && step_context_cpu) &
+  fi
+  step_notebooks
+  wait
+}
+
 alone_twice() {  # alone_twice NOTEBOOK...: each notebook alone on the GPU, run a then run b; verdicts.py on the two
   local hub=1  # the local Hub cache is built once (the first run); later runs read it (hub.env)
   for run in ${RUNS:-a b}; do  # RUNS=a: once (a call too short for two)
@@ -93,7 +109,7 @@ step_drafts_alone() {
   alone_twice "${nbs[@]}"
 }
 
-[ $# -gt 0 ] || { echo "usage: gpu_pending.sh notebooks|context_long|context_cpu|speed_twice|drafts_alone ..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: gpu_pending.sh notebooks|context_long|context_cpu|context_and_notebooks|speed_twice|drafts_alone ..." >&2; exit 2; }
 for s in "$@"; do
   say "step $s"
   "step_$s"
