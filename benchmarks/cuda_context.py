@@ -5,7 +5,7 @@
 
 The course's T4 budget, helpers.T4_VRAM_GIB, is what a T4 leaves PyTorch's allocator: the card's memory less what sits
 outside the allocator, the CUDA context (helpers.hardware.T4_CUDA_CONTEXT_GIB, from real T4s' out-of-memory messages)
-and what DeepSpeed adds (helpers.hardware.T4_DEEPSPEED_ALLOWANCE_GIB, provisional until this runs). Each stage runs in a
+and what DeepSpeed adds (helpers.hardware.T4_DEEPSPEED_ALLOWANCE_GIB, set from this script's --nccl-variants run). Each stage runs in a
 fresh child process and takes the ones before it, measuring after each:
   context    the CUDA context alone (one small tensor)
   matmul     + a cuBLAS fp16 matmul (cuBLAS's handle and workspace, its kernels loaded)

@@ -50,12 +50,13 @@ T4_TORCH_TOTAL_GIB = 14.74
 #   allocator (a cuFFT plan cache showed 1.67 GiB in one such message: not the context, and the course uses none).
 T4_CUDA_CONTEXT_GIB = 0.15
 # - A course process also runs DeepSpeed: an NCCL communicator even on one GPU, its ops' kernels, more CUDA modules
-#   loaded lazily. Provisional: on an H100 one ZeRO-2 fp16 step of GPT-2 through deepspeed.initialize added 0.62 GiB
-#   outside the allocator to a context of 0.67 (reports/cuda_context.json, 2026-12-06); how much of that is local
-#   memory, which a T4 reserves for 6.6x fewer threads, is what benchmarks/cuda_context.py's part-by-part rows (the
-#   stack limit at each part) are to tell. Raise this if the T4's share is larger.
-T4_DEEPSPEED_ALLOWANCE_GIB = 0.15
-T4_VRAM_GIB = round(T4_TORCH_TOTAL_GIB - T4_CUDA_CONTEXT_GIB - T4_DEEPSPEED_ALLOWANCE_GIB, 2)  # 14.44
+#   loaded lazily. Measured (H200, 2026-12-06, benchmarks/cuda_context.py --nccl-variants, reports/cuda_context.md):
+#   one ZeRO-2 fp16 step through deepspeed.initialize adds 0.990 GiB outside the allocator with NCCL's default
+#   channel count, 0.252 GiB with NCCL_MAX_NCHANNELS=1 (NCCL_BUFFSIZE changed nothing; NCCL_CUMEM_ENABLE=0 added
+#   0.24). helpers.runtime.setup_single_process sets NCCL_MAX_NCHANNELS=1 for a world of one, so ~0.25 GiB transfers:
+#   the code share plus one channel (an upper bound for NCCL's part: a T4 has fewer SMs than an H200).
+T4_DEEPSPEED_ALLOWANCE_GIB = 0.25
+T4_VRAM_GIB = round(T4_TORCH_TOTAL_GIB - T4_CUDA_CONTEXT_GIB - T4_DEEPSPEED_ALLOWANCE_GIB, 2)  # 14.34
 # Colab's RAM meter says "12.7 GB" and means GiB: psutil reports 13.6e9 bytes on a free VM (googlecolab/colabtools#2290).
 COLAB_VM_RAM_BYTES = int(12.7 * GiB)
 # Colab's own processes: a fresh VM shows 0.9-1.4 of those GB in use before a cell runs
@@ -110,7 +111,7 @@ class Runtime:
 
     @property
     def label(self) -> str:
-        """Label written next to every measured number, e.g. 'H200 capped to T4 budget (14.44 GiB)' (reports
+        """Label written next to every measured number, e.g. 'H200 capped to T4 budget (14.34 GiB)' (reports
         measured before issue 51 say 'H200 capped to T4 budget': the earlier 15 GiB cap)."""
         if not self.has_gpu:
             return f"CPU only ({self.cpu_cores} cores)"

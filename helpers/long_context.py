@@ -750,7 +750,7 @@ def use_expandable_segments(enabled: bool = True) -> bool:
     A long-sequence step allocates and frees tensors of hundreds of MiB to GiB. The default allocator keeps each
     freed block at its size and cuts later requests out of it, so after a step the free memory can lie in pieces that
     are each too small for the next step's large tensors although together they would do; under a cap (the
-    14.44 GiB a T4 leaves PyTorch, helpers.T4_VRAM_GIB) the step then fails with memory reserved but not allocated. With expandable segments the allocator maps
+    14.34 GiB a T4 leaves PyTorch, helpers.T4_VRAM_GIB) the step then fails with memory reserved but not allocated. With expandable segments the allocator maps
     physical pages into one growing address range and remaps freed pages where they are needed. The per-process cap
     (`set_per_process_memory_fraction`) still holds: the allocator checks it before it maps more. Same setting as
     PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which only takes effect before CUDA's first use; this call takes

@@ -34,7 +34,7 @@ RAM_ESTIMATE_MARGIN = 0.05
 # reserves, and what it reserved but did not use stood 0.16-0.55 GiB above the allocated peak at each long-context
 # rung's longest length (reports/long_context.json); GPT-2 large with plain AMP, predicted at 14.42 GiB under the
 # earlier 15 GiB cap (3.9 % below it), failed with 14.44 GiB allocated and 0.57 GiB reserved but unallocated
-# (reports/ladder_probe.json). 5 % of a T4's 14.44 GiB is 0.72 GiB.
+# (reports/ladder_probe.json). 5 % of a T4's 14.34 GiB is 0.72 GiB.
 GPU_TIGHT_MARGIN = 0.05
 # The course's one unit convention, stated once in every plan's table.
 UNITS = "GPU memory in GiB (2**30 bytes, as torch counts it); RAM and disk in GB (10**9 bytes, as their budgets are set)"

@@ -38,7 +38,7 @@ def _may_touch_the_hub(model: str) -> bool:
 
 
 def _needs_line(report: PreflightReport) -> str:
-    """'GPU 3.90 / 14.44 GiB · RAM 11.70 / 12.13 GB · disk 24.90 / 80.00 GB' (needed / budget)."""
+    """'GPU 3.90 / 14.34 GiB · RAM 11.70 / 12.13 GB · disk 24.90 / 80.00 GB' (needed / budget)."""
     parts = [f"GPU {report.gpu_needed / GiB:.2f} / {report.gpu_budget / GiB:.2f} GiB" if report.gpu_budget
              else "no GPU: everything in RAM"]
     parts.append(f"RAM {report.ram_needed / GB:.2f} / {report.ram_budget / GB:.2f} GB")

@@ -5,7 +5,7 @@
     python scripts/colab_emulation.py --probe          # which mechanism this machine allows
 
 What a notebook's kernel, and every process it starts, gets:
-- VRAM: PyTorch's allocator capped at what a T4 leaves it (helpers.T4_VRAM_GIB, 14.44 GiB of the card's 14.76: the
+- VRAM: PyTorch's allocator capped at what a T4 leaves it (helpers.T4_VRAM_GIB, 14.34 GiB of the card's 14.76: the
   CUDA context and DeepSpeed's share sit outside the allocator, helpers.t4_budget_account), fp16 and the T4's
   attention kernel (SDPA's memory-efficient one: no flash, no cuDNN): helpers' T4 budget mode inside each process
   (the Colab profile, DS_COURSE_COLAB=1, turns it on and makes the notebooks take their Colab branches).

@@ -118,7 +118,7 @@ def test_in_t4_budget_mode_on_a_bigger_gpu_the_script_runs_capped_with_its_own_a
 
     base = helpers.detect_runtime()
     bigger = dataclasses.replace(base, device="cuda", t4_budget=True, gpu_total_bytes=80 * 2**30,
-                                 vram_budget_bytes=int(14.44 * 2**30))
+                                 vram_budget_bytes=int(14.34 * 2**30))
     script = tmp_path / "show.py"
     script.write_text("import sys\nif __name__ == '__main__':\n    print(repr(sys.argv))\n    raise SystemExit(3)\n")
     assert _script_command(script, ["--a", "1"]) == [sys.executable, str(script), "--a", "1"]

@@ -78,5 +78,5 @@ def test_groups_of_a_killed_run_are_swept_and_not_counted_as_this_runs_leftovers
 def test_limits_report_names_what_is_and_is_not_emulated():
     rep = emu.ColabLimits().as_report("cgroup v2")
     assert rep["ram_limit_gb"] == 12.13 and rep["ram_reserved_gb"] == 1.5 and rep["colab_vm_ram_gib"] == 12.7
-    assert rep["cpus"] == 2 and rep["vram_cap_gib"] == 14.44 and rep["mechanism"] == "cgroup v2"
+    assert rep["cpus"] == 2 and rep["vram_cap_gib"] == 14.34 and rep["mechanism"] == "cgroup v2"
     assert "compute speed" in rep["not_emulated"]

@@ -40,7 +40,7 @@ def test_detect_runtime_on_this_cpu_machine(monkeypatch):
 
 def test_labels_never_call_an_emulated_t4_a_t4():
     h200 = fake_runtime(gpu_name="NVIDIA H200", compute_capability=(9, 0), t4_budget=True, is_colab=False)
-    assert h200.label == "H200 capped to T4 budget (14.44 GiB)"  # the cap it was measured under
+    assert h200.label == "H200 capped to T4 budget (14.34 GiB)"  # the cap it was measured under
     assert fake_runtime().label == "Colab T4"
     assert fake_runtime(t4_budget=False, is_colab=False, gpu_name="NVIDIA A100").label == "A100"
 
@@ -62,7 +62,7 @@ def test_sized_picks_by_runtime(t4, cpu):
 
 def test_summary_mentions_budgets(t4):
     text = str(t4)
-    assert "14.44 GiB of 14.76 GiB physical" in text and "12.1 GB of 13.6 GB" in text and "fp16" in text and "CPUs            2" in text
+    assert "14.34 GiB of 14.76 GiB physical" in text and "12.1 GB of 13.6 GB" in text and "fp16" in text and "CPUs            2" in text
 
 
 def test_colab_t4_profile_is_the_free_colab_budget():
@@ -70,8 +70,8 @@ def test_colab_t4_profile_is_the_free_colab_budget():
 
     t4 = colab_t4_profile()
     assert t4.label == "Colab T4" and t4.precision == "fp16" and not t4.native_bf16
-    # a T4 has 14.76 GiB; PyTorch may reserve 14.44 of it (its CUDA context and DeepSpeed's sit outside the allocator)
-    assert t4.gpu_total_bytes == 15_843_721_216 and t4.vram_budget_bytes == int(14.44 * 2**30) and t4.cpu_cores == 2
+    # a T4 has 14.76 GiB; PyTorch may reserve 14.34 of it (its CUDA context and DeepSpeed's sit outside the allocator)
+    assert t4.gpu_total_bytes == 15_843_721_216 and t4.vram_budget_bytes == int(14.34 * 2**30) and t4.cpu_cores == 2
     # Colab's meter says 12.7 GB and means GiB (13.6e9 bytes); 1.4 GiB of it is Colab's own
     assert t4.ram_total_bytes == int(12.7 * 2**30) and t4.ram_budget_bytes == int(12.7 * 2**30) - int(1.4 * 2**30)
 
@@ -139,7 +139,7 @@ def test_colab_profile_switches_on_t4_budget_and_colab_branches(monkeypatch):
 def test_emulation_labels_say_what_was_enforced():
     h200 = fake_runtime(gpu_name="NVIDIA H200", compute_capability=(9, 0), t4_budget=True, is_colab=True,
                         ram_total_bytes=12_133_282_611, emulation="cgroup v2")
-    assert h200.label == "H200 in Colab T4 emulation (14.44 GiB VRAM, 12.1 GB RAM enforced, 2 CPUs)"
+    assert h200.label == "H200 in Colab T4 emulation (14.34 GiB VRAM, 12.1 GB RAM enforced, 2 CPUs)"
     watched = fake_runtime(gpu_name="NVIDIA H200", t4_budget=True, emulation="watchdog")
     assert "held by a watchdog" in watched.label and "T4)" not in watched.label
     assert "not enforced" in fake_runtime(gpu_name="NVIDIA H200", t4_budget=True, emulation="none").label

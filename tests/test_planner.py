@@ -452,9 +452,9 @@ def test_preflight_refuses_gpt2_xl_zero2_on_a_t4_and_names_a_config_that_fits(t4
     with pytest.raises(BudgetError) as err:  # the rung alone in a fresh runtime, nothing else counted
         preflight(cfg, 1_557_611_200, t4, largest_layer_params=80_000_000, ram_in_use=0)
     msg = str(err.value)
-    assert "GPU: needs ~" in msg and "budget 14.44 GiB" in msg
+    assert "GPU: needs ~" in msg and "budget 14.34 GiB" in msg
     # CPU offload would need ~20 bytes/param of RAM (> 12.1 GB): the first course config that fits is ZeRO-Infinity
-    # with the fp16 params kept on the GPU (3.1 GB of the T4's 14.44 GiB budget) and only the optimizer on NVMe
+    # with the fp16 params kept on the GPU (3.1 GB of the T4's 14.34 GiB budget) and only the optimizer on NVMe
     assert "Fix: the course's 'zero3_nvme_optimizer_gpu_params' config" in msg
     assert "helpers.config.offload_config('zero3_nvme_optimizer_gpu_params', runtime, nvme_path=...)" in msg
 
@@ -536,7 +536,7 @@ def _assert_fix_passes(report, runtime, n_params, largest, act, ram_in_use):
 
 
 def test_zero2_on_gpt2_large_is_refused_for_its_optimizer_step_not_suggested(t4):
-    """ZeRO-2 without offload on 774M: 16 bytes/param fit 14.44 GiB, but the optimizer step's fp32 temporaries do not.
+    """ZeRO-2 without offload on 774M: 16 bytes/param fit 14.34 GiB, but the optimizer step's fp32 temporaries do not.
     Pre-flight counted only model states + activations and suggested exactly this config (issue 12)."""
     from helpers.models import model_shape
 
