@@ -833,7 +833,8 @@ def _clear_traceback_frames(exc: BaseException) -> None:
 def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *, runtime: "Runtime",
               ds_config: dict[str, Any], plain_pytorch: bool = False, val_blocks: Any = None, steps: int = 20,
               checkpointing: bool = False, eval_every: int = 0, eval_batches: int = 4, untimed_steps: int = 2,
-              seed: int = 0, estimated_bytes: int = 0, model_name: str = "", progress: bool = True, hooks: TrainHooks | None = None,
+              seed: int = 0, estimated_bytes: int = 0, model_name: str = "",
+              progress: bool = True, hooks: TrainHooks | None = None,
               on_step: Callable[[int, float], None] | None = None,
               on_phase: Callable[[str], None] | None = None, time_micro_batches: bool = False) -> RunResult:
     """Train a fresh model for `steps` optimizer steps with `ds_config` and measure it (notebook 01).
