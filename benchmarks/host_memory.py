@@ -109,7 +109,7 @@ def measure(args: argparse.Namespace, name: str, size: str, runtime: Any) -> dic
     nvme.mkdir(parents=True, exist_ok=True)
     cfg = host_config(name, runtime, size, str(nvme), args.micro_batch, args.steps)
     r = helpers.fresh_process.train_in_fresh_process(f"{name} {size}", cfg, size, tokenizer_dir=args.work_dir / "tokenizer",
-                                       steps=args.steps, seq_len=args.seq_len, nvme_path=nvme, max_blocks=64,
+                                       steps=args.steps, seq_len=args.seq_len, max_blocks=64,
                                        trace_host_bytes=int(args.trace_mb * 1e6), progress=not args.quiet,
                                        mmap_threshold_mib=args.mmap_threshold_mib,
                                        chunked_overflow_check=args.chunked_overflow_check)

@@ -117,7 +117,7 @@ def measure_in_child(args: argparse.Namespace, name: str, size: str, nvme: Path 
                         micro_batch=args.micro_batch, steps=args.steps, lr=args.lr)
     kwargs = dict(tokenizer_dir=args.work_dir / "tokenizer", plain_pytorch=name == "plain", steps=args.steps,
                   untimed_steps=args.untimed_steps,
-                  seq_len=args.seq_len, nvme_path=nvme, max_blocks=256,
+                  seq_len=args.seq_len, max_blocks=256,
                   mmap_threshold_mib=args.mmap_threshold_mib, timeout_s=timeout_s, gpu=gpu, progress=False,
                   chunked_overflow_check=args.chunked_overflow_check)
     if not args.emulate:

@@ -359,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(nvme, ignore_errors=True)
         nvme.mkdir(parents=True)
         kwargs = dict(tokenizer_dir=args.work_dir / "tokenizer", steps=args.steps, seq_len=args.seq_len,
-                      nvme_path=nvme, max_blocks=max(64, args.steps * mb * accum + 8),
+                      max_blocks=max(64, args.steps * mb * accum + 8),
                       untimed_steps=args.untimed_steps, timeout_s=left, progress=False, time_micro_batches=True,
                       chunked_overflow_check=name in CHUNKED_CHECK)
         enc = enclosure(f"os-{name}")

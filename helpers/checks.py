@@ -51,6 +51,25 @@ def check_number(name: str, value: Any, *, positive: bool, integer: bool, exampl
     raise ConfigError(f"{name} must be {kind} (got {got}). Fix: {fix}{hint}.")
 
 
+def config_micro_batch(config: Any, micro_batch: Any, *, caller: str) -> int:
+    """The micro-batch of a function that takes both a DeepSpeed config and a `micro_batch` argument (notebook 02's
+    `estimate_run`, `estimate_step_time`): the config's `train_micro_batch_size_per_gpu`; the argument only for a
+    config without one (1 when neither says) or for None (plain PyTorch, where it is needed). An argument that
+    disagrees with the config is refused with the fix (ConfigError), never silently used: the config is the one
+    home of the micro-batch."""
+    configured = config.get("train_micro_batch_size_per_gpu") if config is not None else None
+    if micro_batch is not None and configured is not None and int(configured) != int(micro_batch):
+        raise ConfigError(f"{caller}: micro_batch={micro_batch} but the config says train_micro_batch_size_per_gpu="
+                          f"{configured}. Fix: leave micro_batch out; the config's value is used (or build the "
+                          f"config with micro_batch_size={micro_batch}).")
+    if configured is not None:
+        return int(configured)
+    if micro_batch is None and config is None:
+        raise ConfigError(f"{caller}(None, ...) is plain PyTorch: no config to read the micro-batch from. Fix: pass "
+                          "micro_batch=4 (the samples one forward and backward runs).")
+    return 1 if micro_batch is None else int(micro_batch)
+
+
 def check_offload_device(name: str, device: Any) -> None:
     """`device` must be one of OFFLOAD_DEVICES (the config builder and the estimators)."""
     if device in OFFLOAD_DEVICES:

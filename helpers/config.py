@@ -107,8 +107,17 @@ def check_nvme_path(path: str | os.PathLike[str] | None, bytes_needed: int = 0) 
 
     `bytes_needed`: the estimate (`estimate_for_config(config, n_params).nvme_total`); without it (0) the folder
     must have NVME_MIN_FREE_BYTES free: a full disk makes DeepSpeed write short swap files and later abort the
-    process in C++ (a dead kernel) when it reads them back. A leading ~ is the home folder (expanded here).
+    process in C++ (a dead kernel) when it reads them back. A leading ~ is the home folder (expanded here). Nothing
+    is remembered: a run checks its own config's folder again when it starts (`helpers.train_run`).
     """
+    return _check_nvme_folder(path, bytes_needed, smaller=(
+        "or pass the estimate for a smaller model (n_params=... to build_ds_config, or bytes_needed="
+        "helpers.estimate_for_config(config, n_params).nvme_total)"))
+
+
+def _check_nvme_folder(path: Any, bytes_needed: int, *, smaller: str) -> Path:
+    """`check_nvme_path`; `smaller`: the fix's second way out of the NVME_MIN_FREE_BYTES floor, for the caller
+    (a run checks its model's estimate itself once the model is built: `helpers.train._check_nvme_need`)."""
     path = _nvme_path_arg(path)
     if path is None:
         raise ConfigError("NVMe offload needs a folder on a fast local disk. Fix: nvme_path='/content/nvme' "
@@ -130,7 +139,6 @@ def check_nvme_path(path: str | os.PathLike[str] | None, bytes_needed: int = 0) 
         raise ConfigError(f"bytes_needed must be a byte count >= 0 (got {bytes_needed!r}). Fix: bytes_needed="
                           "helpers.estimate_for_config(config, n_params).nvme_total, or 0 when it is not known.")
     free = shutil.disk_usage(p).free
-    NVME_NEEDS[os.path.realpath(p)] = bytes_needed  # what train_run checks again before each run
     if bytes_needed and free < bytes_needed:
         raise ConfigError(f"NVMe offload folder {str(p)!r} has {free / 1e9:.1f} GB free but this config needs "
                           f"about {bytes_needed / 1e9:.1f} GB.{_leftovers_note(p)} Fix: free disk space, point "
@@ -139,14 +147,27 @@ def check_nvme_path(path: str | os.PathLike[str] | None, bytes_needed: int = 0) 
         raise ConfigError(f"NVMe offload folder {str(p)!r} has only {free / 1e6:.0f} MB free; NVMe offload writes "
                           f"the optimizer states there (16 bytes per parameter, ~2.2 GB for GPT-2 124M), and a full "
                           f"disk aborts the process in DeepSpeed's C++ reader.{_leftovers_note(p)} Fix: point "
-                          f"nvme_path at a disk with at least {NVME_MIN_FREE_BYTES / 1e9:.0f} GB free, or pass the "
-                          "estimate for a smaller model (n_params=... to build_ds_config, or bytes_needed="
-                          "helpers.estimate_for_config(config, n_params).nvme_total).")
+                          f"nvme_path at a disk with at least {NVME_MIN_FREE_BYTES / 1e9:.0f} GB free"
+                          + (f", {smaller}." if smaller else "."))
     return p
 
 
-# the NVMe bytes each folder was last checked for (realpath -> bytes, 0: unknown), by build_ds_config or train_run
-NVME_NEEDS: dict[str, int] = {}
+# where a DeepSpeed config swaps to NVMe, and the rows of the estimate (`estimate_for_config(...).nvme`) it puts there
+_NVME_SWAPS = (("offload_param", ("params",)), ("offload_optimizer", ("optimizer", "grads")))
+
+
+def _nvme_folders_of(config: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+    """{NVMe folder (real path, ~ expanded): the estimate's rows DeepSpeed swaps there} of a DeepSpeed config, in
+    the order offload_param, offload_optimizer. The one reader of the NVMe path: it lives in the config
+    (zero_optimization.offload_param / offload_optimizer .nvme_path) and nowhere beside it."""
+    zero = config.get("zero_optimization") or {}
+    folders: dict[str, tuple[str, ...]] = {}
+    for section, rows in _NVME_SWAPS:
+        part = zero.get(section) or {}
+        if part.get("device") == "nvme" and part.get("nvme_path"):
+            folder = os.path.realpath(os.path.expanduser(str(part["nvme_path"])))
+            folders[folder] = folders.get(folder, ()) + rows
+    return folders
 
 
 def _leftovers_note(p: Path) -> str:

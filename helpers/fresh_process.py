@@ -77,7 +77,7 @@ def _tree_rss(proc: Any) -> int:
 
 def train_in_fresh_process(name: str, ds_config: dict[str, Any], model: str, *, tokenizer_dir: str | Path,
                            plain_pytorch: bool = False, steps: int = 4, seq_len: int = 512,
-                           nvme_path: str | Path | None = None, dataset: str = "local", max_blocks: int = 256,
+                           dataset: str = "local", max_blocks: int = 256,
                            checkpointing: bool = True, untimed_steps: int = 1, seed: int = 0,
                            mmap_threshold_mib: float = 0.0, cpus: set[int] | None = None,
                            timeout_s: float | None = None, gpu: str | None = None, progress: bool = True,
@@ -115,7 +115,7 @@ def train_in_fresh_process(name: str, ds_config: dict[str, Any], model: str, *, 
         spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
         spec = {"name": name, "ds_config": ds_config, "plain_pytorch": plain_pytorch, "model": model,
                 "tokenizer_dir": str(tokenizer_dir), "steps": steps, "seq_len": seq_len,
-                "nvme_path": str(nvme_path) if nvme_path else None, "dataset": dataset, "max_blocks": max_blocks,
+                "dataset": dataset, "max_blocks": max_blocks,
                 "checkpointing": checkpointing, "untimed_steps": untimed_steps, "seed": seed,
                 "mmap_threshold_mib": mmap_threshold_mib, "result": str(result_path),
                 "estimated_vram_bytes": int(estimated_vram_bytes), "time_micro_batches": time_micro_batches,
@@ -343,7 +343,7 @@ def _child(spec_path: str) -> int:
         r = helpers.train_run(spec["name"], build, blocks, runtime=runtime, ds_config=cfg,
                               plain_pytorch=spec["plain_pytorch"], steps=spec["steps"],
                               checkpointing=spec["checkpointing"], untimed_steps=spec["untimed_steps"],
-                              seed=spec["seed"], model_name=spec["model"], nvme_path=spec["nvme_path"], progress=False,
+                              seed=spec["seed"], model_name=spec["model"], progress=False,
                               on_step=on_step, on_phase=on_phase, estimated_bytes=spec["estimated_vram_bytes"],
                               time_micro_batches=spec.get("time_micro_batches", False))
     if trace is not None:
@@ -626,7 +626,7 @@ class OffloadRuns:
         prints measured against estimated. Returns the RunResult, or None when refused or when the child failed."""
         import shutil
 
-        from helpers.config import _nvme_folder_to_make
+        from helpers.config import _nvme_folder_to_make, _nvme_folders_of
         from helpers.memory import estimate_run
         from helpers.models import model_shape
         from helpers.planner import preflight
@@ -656,17 +656,15 @@ class OffloadRuns:
                 self._fixes_said.add(fix)
                 self.refused[name if model == self._model else f"{name}, {model}"] = report
                 return None
-        nvme_dirs = {_nvme_folder_to_make(s["nvme_path"]) for s in cfg["zero_optimization"].values()
-                     if isinstance(s, dict) and s.get("device") == "nvme"}
+        nvme_dirs = {_nvme_folder_to_make(folder) for folder in _nvme_folders_of(cfg)}  # the config's, its one home
         if nvme_dirs:
             _own_nvme_folder(self.nvme_path)  # made; folders of kernels that are gone removed; removed at exit
         for d in nvme_dirs:
             shutil.rmtree(d, ignore_errors=True)
             d.mkdir(parents=True)
-        nvme = next(iter(nvme_dirs), None)
         try:
             r = train_in_fresh_process(name, cfg, model, tokenizer_dir=self.work / "tokenizer", steps=self.steps,
-                                       seq_len=self.seq_len, nvme_path=nvme, max_blocks=self.max_blocks,
+                                       seq_len=self.seq_len, max_blocks=self.max_blocks,
                                        seed=self.seed, estimated_vram_bytes=est.peak_bytes)
         finally:  # an interrupted cell leaves no swap files behind
             for d in nvme_dirs:
@@ -692,7 +690,7 @@ class OffloadRuns:
               f"(estimated {report.ram_needed / GB:.2f}); budget {rt.ram_budget_bytes / GB:.2f} GB: "
               + ("within it" if total_gb <= rt.ram_budget_bytes / GB else
                  f"{total_gb / (rt.ram_budget_bytes / GB):.1f}x OVER it: on Colab it would be killed"))
-        if nvme:
+        if nvme_dirs:
             print(f"  NVMe folder peak {r.disk_gb:.2f} GB (estimated {report.disk_needed / GB:.2f} GB)")
         if not r.losses[-1] < r.losses[0]:
             raise RuntimeError(f"{name}: the loss did not fall ({r.losses[0]:.3f} -> {r.losses[-1]:.3f})")

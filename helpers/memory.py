@@ -19,7 +19,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
-from helpers.checks import ConfigError, check_model_size, check_number, check_offload_device
+from helpers.checks import ConfigError, check_model_size, check_number, check_offload_device, config_micro_batch
 from helpers.overflow_check import chunked_overflow_check_active
 
 __all__ = ["count_params", "deepspeed_estimate", "estimate_for_config", "estimate_model_states", "estimate_run",
@@ -560,16 +560,10 @@ def estimate_run(config: dict[str, Any] | None, shape: Any, *, seq_len: int, pre
     activations by the GPT formula (the Llama-shaped models of notebook 06: `helpers.estimate_long_context_run`).
 
     The micro-batch is the config's `train_micro_batch_size_per_gpu` (the config is the single source of truth);
-    `micro_batch` is only for `config` None, plain PyTorch.
+    `micro_batch` is only for `config` None, plain PyTorch (`helpers.checks.config_micro_batch`: one that disagrees
+    with the config is refused).
     """
-    if config is not None:
-        configured = config.get("train_micro_batch_size_per_gpu")
-        if micro_batch is not None and configured is not None and int(configured) != int(micro_batch):
-            raise ValueError(f"micro_batch={micro_batch} but the config says train_micro_batch_size_per_gpu="
-                             f"{configured}. Fix: leave micro_batch out; the config's value is used.")
-        micro_batch = int(configured if configured is not None else micro_batch or 1)
-    if micro_batch is None:
-        raise ValueError("estimate_run(None, ...) is plain PyTorch: pass micro_batch=.")
+    micro_batch = config_micro_batch(config, micro_batch, caller="estimate_run")
     act = estimate_activations(micro_batch, seq_len, shape.hidden, shape.n_layers, shape.vocab,
                                n_heads=shape.n_heads, precision=precision, checkpointing=checkpointing)
     states, transient = _states_and_transient(config, shape.n_params, precision=precision, n_gpus=n_gpus,

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from helpers.checks import ConfigError, check_model_size, check_number, check_runtime
-from helpers.config import NAMED_CONFIGS, OFFLOAD_KINDS, build_ds_config, check_nvme_buffers, check_nvme_path, \
-    nvme_buffer_size_for, offload_config
+from helpers.config import NAMED_CONFIGS, OFFLOAD_KINDS, _nvme_folders_of, build_ds_config, check_nvme_buffers, \
+    check_nvme_path, nvme_buffer_size_for, offload_config
 from helpers.memory import GB, GiB, ModelStateEstimate, estimate_activations, estimate_for_config, \
     estimate_step_transient, round_to_total, rss_bytes
 
@@ -374,15 +374,15 @@ def preflight(config: dict[str, Any], n_params: int, runtime: "Runtime", *, larg
     and the first course config that passes this same check (`PreflightReport.fix`), or, when none does, the
     largest GPT-2 that one of them fits.
     A config with parameters on NVMe has its swap buffers checked first (`check_nvme_buffers`, against
-    `largest_layer_params` when given).
+    `largest_layer_params` when given). The disk budget is the free space of `nvme_path`, by default the
+    config's own NVMe folder (`plan` passes the folder it built the config with); the fallback NVMe configs swap there.
     """
     _check_preflight_inputs(config, n_params, runtime, largest_layer_params, activation_bytes)
     if ram_in_use is None:
         ram_in_use = rss_bytes()
     check_number("ram_in_use", ram_in_use, positive=False, integer=False, example=0,
                  hint=" (bytes), or leave it out: this process's RSS now")
-    nvme_path = nvme_path or config.get("zero_optimization", {}).get("offload_optimizer", {}).get("nvme_path") \
-        or config.get("zero_optimization", {}).get("offload_param", {}).get("nvme_path")
+    nvme_path = nvme_path or next(iter(_nvme_folders_of(config)), None)  # the config's own folder, its one home
     report = _check(config, n_params, runtime, largest_layer_params, activation_bytes, nvme_path, zero_init,
                     ram_in_use)
     if report.fits:

@@ -43,6 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from helpers.checks import config_micro_batch
 from helpers.limits import RuntimeLimits, block_key, flops_per_token
 
 __all__ = ["estimate_step_time"]
@@ -139,12 +140,14 @@ def estimate_step_time(ds_config: dict[str, Any] | None, shape: Any, limits: Run
                        chunked_overflow_check: bool = False, name: str = "") -> StepTimeEstimate:
     """Predicted time of one optimizer step of `ds_config` (None: plain PyTorch) for model `shape` (notebook 02).
 
-    `micro_batch` and `grad_accum` default to the config's. `chunked_overflow_check`: the run patches ZeRO-3's fp16
+    The micro-batch is the config's (`micro_batch` only for `ds_config` None or a config without one; one that
+    disagrees with the config is refused, as by `estimate_run`: `helpers.checks.config_micro_batch`); `grad_accum`
+    defaults to the config's. `chunked_overflow_check`: the run patches ZeRO-3's fp16
     overflow check (helpers.chunk_zero3_overflow_check), timed at its own measured rate. Components whose rate was not measured on this
     runtime (no GPU, no NVMe folder given to `measure_limits`) are left out and listed in `missing`.
     """
     cfg = ds_config or {}
-    mb = int(micro_batch or cfg.get("train_micro_batch_size_per_gpu", 1))
+    mb = config_micro_batch(ds_config, micro_batch, caller="estimate_step_time")
     accum = int(grad_accum or cfg.get("gradient_accumulation_steps", 1))
     zero = cfg.get("zero_optimization", {})
     stage = int(zero.get("stage", 0))

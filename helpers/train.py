@@ -706,41 +706,30 @@ def _check_run_inputs(steps: Any, train_blocks: Any, model_factory: Callable[[],
 
 def _nvme_folders(ds_config: dict[str, Any]) -> list[str]:
     """The NVMe folders a DeepSpeed config swaps to (offload_param, offload_optimizer), real paths, no repeats."""
-    zero = ds_config.get("zero_optimization") or {}
-    folders: list[str] = []
-    for section in ("offload_param", "offload_optimizer"):
-        part = zero.get(section) or {}
-        if part.get("device") == "nvme" and part.get("nvme_path"):
-            folder = os.path.realpath(os.path.expanduser(str(part["nvme_path"])))
-            if folder not in folders:
-                folders.append(folder)
-    return folders
+    from helpers.config import _nvme_folders_of
+
+    return list(_nvme_folders_of(ds_config))
 
 
 def _check_nvme_space(folders: list[str]) -> None:
-    """`check_nvme_path` for each NVMe folder before a run: free space for what the config was built for, or what
-    the last run on that folder wrote (the larger); NVME_MIN_FREE_BYTES when neither is known."""
-    from helpers.config import NVME_NEEDS, check_nvme_path
+    """`check_nvme_path` for each NVMe folder when a run starts, before its model is built: there, writable, with
+    NVME_MIN_FREE_BYTES free (naming the swap files earlier runs left); what this model needs is checked once it is
+    built (`_check_nvme_need`, from the estimate for its parameter count). Nothing is kept between runs."""
+    from helpers.config import _check_nvme_folder
 
     for folder in folders:
-        check_nvme_path(folder, NVME_NEEDS.get(folder, 0))
+        _check_nvme_folder(folder, 0, smaller="")
 
 
 def _nvme_need_by_folder(ds_config: dict[str, Any], n_params: int, largest_param: int = 0) -> dict[str, int]:
     """{NVMe folder (real path): bytes the config writes there for a model of `n_params` parameters}, from the
     course's estimate (`estimate_for_config(...).nvme`: parameters to offload_param's folder, the optimizer states
     and fp32 gradients to offload_optimizer's)."""
+    from helpers.config import _nvme_folders_of
     from helpers.memory import estimate_for_config
 
     est = estimate_for_config(ds_config, int(n_params), largest_layer_params=int(largest_param))
-    zero = ds_config.get("zero_optimization") or {}
-    need: dict[str, int] = {}
-    for section, rows in (("offload_param", ("params",)), ("offload_optimizer", ("optimizer", "grads"))):
-        part = zero.get(section) or {}
-        if part.get("device") == "nvme" and part.get("nvme_path"):
-            folder = os.path.realpath(os.path.expanduser(str(part["nvme_path"])))
-            need[folder] = need.get(folder, 0) + sum(est.nvme.get(row, 0) for row in rows)
-    return need
+    return {folder: sum(est.nvme.get(row, 0) for row in rows) for folder, rows in _nvme_folders_of(ds_config).items()}
 
 
 def _check_nvme_need(ds_config: dict[str, Any], n_params: int, largest_param: int = 0, *, model: str = "",
@@ -844,7 +833,7 @@ def _clear_traceback_frames(exc: BaseException) -> None:
 def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *, runtime: "Runtime",
               ds_config: dict[str, Any], plain_pytorch: bool = False, val_blocks: Any = None, steps: int = 20,
               checkpointing: bool = False, eval_every: int = 0, eval_batches: int = 4, untimed_steps: int = 2,
-              seed: int = 0, estimated_bytes: int = 0, model_name: str = "", nvme_path: str | None = None,
+              seed: int = 0, estimated_bytes: int = 0, model_name: str = "",
               progress: bool = True, hooks: TrainHooks | None = None,
               on_step: Callable[[int, float], None] | None = None,
               on_phase: Callable[[str], None] | None = None, time_micro_batches: bool = False) -> RunResult:
@@ -857,17 +846,17 @@ def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *,
     does not advance it, as in DeepSpeed's engine), AMP with a GradScaler (the baseline). `RunResult.lrs` is the
     learning rate of each step, for either. `model_factory()` returns the model, or
     (model, keep_alive) for a model built under ZeRO-3 (`helpers.checkpoints.build_zero3_model`). Peak GPU memory is
-    measured above the idle baseline, tokens/s after the first `untimed_steps` steps, bytes in `nvme_path`
-    while it runs (the config's NVMe folder when `nvme_path` is None), above what the folder held at the start.
+    measured above the idle baseline, tokens/s after the first `untimed_steps` steps, bytes in the config's NVMe
+    folder while it runs (offload_param's, else offload_optimizer's), above what the folder held at the start.
     `hooks` add what one kind of model needs (`helpers.moe.MoEHooks`). CUDA out-of-memory is caught and reported
     in `RunResult.error`. Everything is torn down before returning, so runs can follow one another: the engine,
     the model, and the NVMe swap files the run wrote. An exception anywhere inside (a KeyboardInterrupt while the
     model is built, in deepspeed.initialize or in a step) tears down what was built before it is re-raised, and
     the frames of its traceback are cleared, so a kept traceback (IPython's `sys.last_traceback`) holds no engine
-    or model. With NVMe offload the folder's free space is checked before every run (`check_nvme_path`, against
-    the need its config was built for or the last run's measured use), naming the swap files earlier runs left,
-    and again once the model is built, before `deepspeed.initialize`, against the course's estimate for its
-    parameter count (a config built without `n_params` is checked too: ConfigError, with what was built removed).
+    or model. With NVMe offload the folders are those of `ds_config` (the one home of the NVMe path), checked when
+    the run starts (there, writable, NVME_MIN_FREE_BYTES free, naming the swap files earlier runs left) and once
+    the model is built, before `deepspeed.initialize`, against the course's estimate for its parameter count
+    (ConfigError, with what was built removed); nothing is remembered from the config's build or earlier runs.
     `on_phase(name)` and `on_step(step, loss)` report progress (a child process sends them on).
     `time_micro_batches=True` (benchmarks/offload_speed.py) waits for the GPU after every micro-batch and keeps
     the seconds of each in `extras["micro_batch_s"]` (one list per optimizer step; the last micro-batch of a step
@@ -885,8 +874,6 @@ def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *,
     # says how many steps its tokens/s covers
     untimed_steps = min(untimed_steps, steps - 1)
     nvme_folders = [] if plain_pytorch else _nvme_folders(ds_config)
-    if nvme_path is None and nvme_folders:
-        nvme_path = nvme_folders[0]
     _check_nvme_space(nvme_folders)  # before every run: a full disk aborts the process in DeepSpeed's C++ reader
     swap_before = _swap_snapshot(nvme_folders)
     hooks = hooks or TrainHooks()
@@ -906,7 +893,7 @@ def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *,
         loop.check_nvme = lambda n, largest: _check_nvme_need(ds_config, n, largest, model=model_name,
                                                               written=_new_swap_bytes(swap_before))
     try:
-        with measure_peak(nvme_path=nvme_path) as mem:
+        with measure_peak(nvme_path=nvme_folders[0] if nvme_folders else None) as mem:
             try:
                 loop.run(model_factory, train_blocks, val_blocks, steps, checkpointing, eval_every, eval_batches,
                          untimed_steps, seed, progress)
@@ -935,11 +922,6 @@ def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *,
     result.peak_rss_gb = round(mem.peak_rss / GB, 3)
     result.baseline_rss_gb = round(mem.baseline_rss / GB, 3)
     result.disk_gb = round(mem.nvme_bytes_added / GB, 3)
-    if nvme_path is not None and os.path.realpath(nvme_path) in nvme_folders:
-        from helpers.config import NVME_NEEDS
-
-        key = os.path.realpath(nvme_path)
-        NVME_NEEDS[key] = max(NVME_NEEDS.get(key, 0), mem.nvme_bytes_added)
     result.estimated_vram_gib = round(estimated_bytes / GiB, 3)
     return result
 
