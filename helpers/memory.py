@@ -124,6 +124,51 @@ class ModelStateEstimate:
         return "\n".join(lines)
 
 
+def _check_estimate_arguments(n_params: Any, stage: Any, offload_optimizer: Any, offload_param: Any, n_gpus: Any,
+                              largest_layer_params: Any) -> None:
+    """`estimate_model_states`' arguments, refused with a fix before anything is counted."""
+    check_model_size(n_params, largest_layer_params)
+    if stage is not None and (isinstance(stage, bool) or not isinstance(stage, int)):
+        fix = f"stage={int(stage)}" if isinstance(stage, float) and stage in (0, 1, 2, 3) else "stage=0..3"
+        raise ConfigError(f"stage must be None (plain PyTorch) or an int 0..3 (got {stage!r}). Fix: {fix}.")
+    check_offload_device("offload_optimizer", offload_optimizer)
+    check_offload_device("offload_param", offload_param)
+    check_number("n_gpus", n_gpus, positive=True, integer=True, example=1)
+
+
+def _offloaded_optimizer(cpu: dict[str, int], nvme: dict[str, int], device: str, *, stage: int, psi: int, n: int,
+                         e: int, opt_share: int, sub_group: int, precision: str) -> None:
+    """The optimizer states and the gradients they step on, on the host or NVMe (`estimate_model_states`)."""
+    target = cpu if device == "cpu" else nvme
+    target["optimizer"] = opt_share * n  # all ranks of the node share the host
+    if stage == 3:
+        # 16-bit gradient partitions, then the fp32 gradients the optimizer steps on; with NVMe those are
+        # swapped out with their sub-group (DeepSpeed's swap_out_gradients) and one sub-group is in RAM (in fp16 on
+        # a GPU only while the optimizer states are initialised: counted with the step's moments, 'step on host')
+        nvme_fp32_grads = 0 if precision == "fp16" else 4 * sub_group
+        cpu["grads"] = e * psi + (4 * psi if device == "cpu" else nvme_fp32_grads)
+        if device == "nvme":
+            nvme["grads"] = 4 * psi
+    else:
+        cpu["grads"] = 4 * psi // n * n  # fp32 gradient partition per rank, on the host
+
+
+def _stage3_offload_host_extras(precision: str, offload_optimizer: str, *, psi: int, largest_sub_group: int,
+                                chunked_overflow_check: bool) -> dict[str, int]:
+    """What ZeRO-3 with offload adds in RAM beyond the states (`estimate_model_states`): on a GPU (fp16) the step's
+    largest host moment and the runtime's growth; on CPU (bf16/fp32) the measured staging."""
+    if precision != "fp16":  # DeepSpeed refuses fp16 on CPU: bf16/fp32 is a CPU runtime
+        return {"staging": int(STAGE3_OFFLOAD_STAGING_BYTES_PER_PARAM * psi)}
+    extras: dict[str, int] = {}
+    if offload_optimizer != "none":
+        overflow = 0 if chunked_overflow_check else OVERFLOW_CHECK_BYTES_PER_PARAM * psi
+        # with NVMe: the first step's Adam moments of one sub-group (8 B), or at initialisation its fp32
+        # gradient buffer (4 B): at other moments than the overflow check, so the largest of the three counts
+        extras["step on host"] = max(overflow, 8 * largest_sub_group if offload_optimizer == "nvme" else 0)
+    extras["runtime"] = RUNTIME_GROWTH_BYTES
+    return extras
+
+
 def estimate_model_states(
     n_params: int,
     stage: int | None,
@@ -159,15 +204,8 @@ def estimate_model_states(
     of one NVMe sub-group, 8 B each, whichever is larger) and what the runtime grows by ('runtime'); in bf16/fp32
     (CPU runtimes) `STAGE3_OFFLOAD_STAGING_BYTES_PER_PARAM` ('staging', measured, see there).
     """
-    check_model_size(n_params, largest_layer_params)
-    if stage is not None and (isinstance(stage, bool) or not isinstance(stage, int)):
-        fix = f"stage={int(stage)}" if isinstance(stage, float) and stage in (0, 1, 2, 3) else "stage=0..3"
-        raise ConfigError(f"stage must be None (plain PyTorch) or an int 0..3 (got {stage!r}). Fix: {fix}.")
-    check_offload_device("offload_optimizer", offload_optimizer)
-    check_offload_device("offload_param", offload_param)
-    check_number("n_gpus", n_gpus, positive=True, integer=True, example=1)
-    psi = int(n_params)
-    n = int(n_gpus)
+    _check_estimate_arguments(n_params, stage, offload_optimizer, offload_param, n_gpus, largest_layer_params)
+    psi, n = int(n_params), int(n_gpus)
     if stage is None:
         label = "plain PyTorch AMP + AdamW" if precision != "fp32" else "plain PyTorch + AdamW"
         est = ModelStateEstimate(label, psi, n, gpu={"params": 4 * psi, "grads": 4 * psi, "optimizer": 8 * psi})
@@ -198,19 +236,8 @@ def estimate_model_states(
         gpu["grads"] = grad_share
     else:
         parts.append(f"optimizer->{offload_optimizer}")
-        target = cpu if offload_optimizer == "cpu" else nvme
-        target["optimizer"] = opt_share * n  # all ranks of the node share the host
-        sub_group = min(int(sub_group_size), psi)
-        if stage == 3:
-            # 16-bit gradient partitions, then the fp32 gradients the optimizer steps on; with NVMe those are
-            # swapped out with their sub-group (DeepSpeed's swap_out_gradients) and one sub-group is in RAM (in fp16 on
-            # a GPU only while the optimizer states are initialised: counted with the step's moments, 'step on host')
-            nvme_fp32_grads = 0 if precision == "fp16" else 4 * sub_group
-            cpu["grads"] = e * psi + (4 * psi if offload_optimizer == "cpu" else nvme_fp32_grads)
-            if offload_optimizer == "nvme":
-                nvme["grads"] = 4 * psi
-        else:
-            cpu["grads"] = 4 * psi // n * n  # fp32 gradient partition per rank, on the host
+        _offloaded_optimizer(cpu, nvme, offload_optimizer, stage=stage, psi=psi, n=n, e=e, opt_share=opt_share,
+                             sub_group=min(int(sub_group_size), psi), precision=precision)
     # parameters
     if offload_param == "none":
         gpu["params"] = param_share
@@ -235,15 +262,9 @@ def estimate_model_states(
         # contiguous gradients: torch.empty(reduce_bucket_size) in the model dtype, x2 with overlap_comm
         gpu["buffers"] = reduce_bucket_elements * e * (2 if overlap_comm else 1)
     if stage == 3 and (offload_optimizer != "none" or offload_param != "none"):
-        if precision == "fp16":  # a GPU runtime: DeepSpeed refuses fp16 on CPU
-            if offload_optimizer != "none":
-                overflow = 0 if chunked_overflow_check else OVERFLOW_CHECK_BYTES_PER_PARAM * psi
-                # with NVMe: the first step's Adam moments of one sub-group (8 B), or at initialisation its fp32
-                # gradient buffer (4 B): at other moments than the overflow check, so the largest of the three counts
-                cpu["step on host"] = max(overflow, 8 * largest_sub_group if offload_optimizer == "nvme" else 0)
-            cpu["runtime"] = RUNTIME_GROWTH_BYTES
-        else:
-            cpu["staging"] = int(STAGE3_OFFLOAD_STAGING_BYTES_PER_PARAM * psi)
+        cpu.update(_stage3_offload_host_extras(precision, offload_optimizer, psi=psi,
+                                               largest_sub_group=largest_sub_group,
+                                               chunked_overflow_check=chunked_overflow_check))
     cpu["model copy"] = 0 if (zero_init and stage == 3) else 4 * psi
     if precision:
         parts.append(precision)

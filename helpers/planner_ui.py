@@ -315,39 +315,16 @@ def _plan_or_error(name: str, runtime: "Runtime", **settings: Any) -> tuple["Pla
         return None, str(exc)
 
 
-def planner_widget(runtime: "Runtime | None" = None, model: str = "gpt2") -> Any:
-    """An ipywidgets dashboard over `plan`, starting at `model` (notebook 00): a coloured verdict line at the top
-    (with the fix in the widget's own settings and a button that applies it, and the predicted speed when the plan
-    has one), the plan as stacked bars against this runtime's budgets, the controls, a download / copy of the
-    DeepSpeed JSON, and the memory table and JSON folded in an accordion. Changing a setting re-plans; the model
-    field re-plans on Enter or when it loses focus (`continuous_update=False`), and shows "looking up ..." before a
-    name that may ask the Hugging Face Hub (which answers within `helpers.models.HUB_LOOKUP_TIMEOUT_S` or fails).
-    The same settings give the same numbers as `plan(...)` in a cell ("built under zero.Init" is plan's `zero_init`).
-
-    When a runner saves the notebook (`helpers.progress.saved_run()`), a widget would be saved as `VBox(children=...)`:
-    then the plan of the starting settings is returned as static HTML, saying to run the cell in Jupyter or Colab for
-    controls.
-    """
-    from helpers.hardware import detect_runtime
+def _planner_controls(w: Any, model: str) -> dict[str, Any]:
+    """The planner's settings as ipywidgets controls, keyed by `plan`'s argument names (`planner_widget`)."""
     from helpers.models import GPT2_CONTEXT, GPT2_LADDER
-    from helpers.progress import saved_run
-
-    runtime = runtime or detect_runtime()
-    if saved_run():
-        from IPython.display import HTML
-
-        p, error = _plan_or_error(model, runtime)
-        note = (f"a saved copy: run this cell in Jupyter or Colab for its controls; {model}, ZeRO-2, "
-                "micro-batch 4 x 512")
-        return HTML(_static_html(_rendering(p, model, error), note))
-    import ipywidgets as w
 
     style = {"description_width": "initial"}
 
     def box(width: str) -> Any:  # spaced by its margin: ipywidgets' Layout has no `gap` (7.7.1 and 8.1 alike)
         return w.Layout(width=width, min_width=width, margin="2px 12px 2px 0")
 
-    controls = {
+    return {
         "model": w.Combobox(value=model, options=list(GPT2_LADDER), description="model", style=style,
                             placeholder="1.3B, gpt2-xl, a folder or Hub id", ensure_option=False,
                             continuous_update=False, layout=box("330px")),
@@ -371,6 +348,35 @@ def planner_widget(runtime: "Runtime | None" = None, model: str = "gpt2") -> Any
         "zero_init": w.Checkbox(value=False, description=f"model {_ZERO_INIT_LABEL} (stage 3)", indent=False,
                                 style=style, layout=box("260px"), disabled=True),
     }
+
+
+def planner_widget(runtime: "Runtime | None" = None, model: str = "gpt2") -> Any:
+    """An ipywidgets dashboard over `plan`, starting at `model` (notebook 00): a coloured verdict line at the top
+    (with the fix in the widget's own settings and a button that applies it, and the predicted speed when the plan
+    has one), the plan as stacked bars against this runtime's budgets, the controls, a download / copy of the
+    DeepSpeed JSON, and the memory table and JSON folded in an accordion. Changing a setting re-plans; the model
+    field re-plans on Enter or when it loses focus (`continuous_update=False`), and shows "looking up ..." before a
+    name that may ask the Hugging Face Hub (which answers within `helpers.models.HUB_LOOKUP_TIMEOUT_S` or fails).
+    The same settings give the same numbers as `plan(...)` in a cell ("built under zero.Init" is plan's `zero_init`).
+
+    When a runner saves the notebook (`helpers.progress.saved_run()`), a widget would be saved as `VBox(children=...)`:
+    then the plan of the starting settings is returned as static HTML, saying to run the cell in Jupyter or Colab for
+    controls.
+    """
+    from helpers.hardware import detect_runtime
+    from helpers.progress import saved_run
+
+    runtime = runtime or detect_runtime()
+    if saved_run():
+        from IPython.display import HTML
+
+        p, error = _plan_or_error(model, runtime)
+        note = (f"a saved copy: run this cell in Jupyter or Colab for its controls; {model}, ZeRO-2, "
+                "micro-batch 4 x 512")
+        return HTML(_static_html(_rendering(p, model, error), note))
+    import ipywidgets as w
+
+    controls = _planner_controls(w, model)
     verdict, picture, actions, details = w.HTML(), w.HTML(), w.HTML(), w.HTML()
     picture.add_class("ds-plan-chart")  # may shrink below its picture, whose own box then scrolls (_WIDGET_STYLE)
     apply = w.Button(description="apply the fix", button_style="success", icon="check",
