@@ -1191,16 +1191,19 @@ class _Meter:
             clock.remove()
 
     def run_started(self) -> None:
+        """The loop starts (the model and its optimizer are built)."""
         self.start = time.perf_counter()
         self.result.step_seconds = []
 
     def step_started(self, step: int) -> None:
+        """Optimizer step `step` (from 0) starts; from step `untimed_steps` on, steps are timed."""
         if step == self.untimed_steps:
             self.sync()
             self.timed_from, self.timed = time.perf_counter(), True
         self.step_from = time.perf_counter()
 
     def step_ended(self) -> None:
+        """The step is done: its seconds into `RunResult.step_seconds` when it is timed."""
         if self.timed:
             self.sync()  # plain PyTorch's optimizer step is still queued after .item()
             self.result.step_seconds.append(round(time.perf_counter() - self.step_from, 5))
@@ -1215,6 +1218,7 @@ class _Meter:
         self.result.seconds = round(end - self.start, 2)
 
     def micro_batch_started(self) -> None:
+        """A micro-batch starts (before its batch moves to the device)."""
         self.micro_from = self.mark_from = time.perf_counter()
         if self.phases_on:
             self.phases.append({})
@@ -1228,6 +1232,7 @@ class _Meter:
             self.mark_from = now
 
     def micro_batch_ended(self) -> None:
+        """The micro-batch is done: ZeRO-3's optimizer phases into its phases, its seconds into the step's list."""
         if self.phase_clock is not None:
             self.phases[-1].update(self.phase_clock.take())
         if self.micro_batches:
