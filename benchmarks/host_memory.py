@@ -108,11 +108,12 @@ def measure(args: argparse.Namespace, name: str, size: str, runtime: Any) -> dic
     nvme = Path(args.nvme_path)
     nvme.mkdir(parents=True, exist_ok=True)
     cfg = host_config(name, runtime, size, str(nvme), args.micro_batch, args.steps)
-    r = helpers.fresh_process.train_in_fresh_process(f"{name} {size}", cfg, size, tokenizer_dir=args.work_dir / "tokenizer",
-                                       steps=args.steps, seq_len=args.seq_len, max_blocks=64,
-                                       trace_host_bytes=int(args.trace_mb * 1e6), progress=not args.quiet,
-                                       mmap_threshold_mib=args.mmap_threshold_mib,
-                                       chunked_overflow_check=args.chunked_overflow_check)
+    fp = helpers.fresh_process
+    r = fp.train_in_fresh_process(fp.FreshRunSpec(f"{name} {size}", cfg, size, tokenizer_dir=args.work_dir / "tokenizer",
+                                                  steps=args.steps, seq_len=args.seq_len, max_blocks=64,
+                                                  trace_host_bytes=int(args.trace_mb * 1e6), progress=not args.quiet,
+                                                  mmap_threshold_mib=args.mmap_threshold_mib,
+                                                  chunked_overflow_check=args.chunked_overflow_check))
     helpers.runtime.remove_nvme_leftovers(str(nvme))
     row: dict[str, Any] = {"config": name, "model": size, "params": r.params, "precision": r.precision,
                            "error": r.error, "losses": r.losses, "peak_rss_gb": r.peak_rss_gb,

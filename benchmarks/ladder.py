@@ -21,6 +21,7 @@ Writes reports/ladder.json and reports/ladder.md; target: DeepSpeed's best >= 4x
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -115,13 +116,14 @@ def measure_in_child(args: argparse.Namespace, name: str, size: str, nvme: Path 
     shape = helpers.model_shape(helpers.gpt2_config(size))
     cfg = ladder_config(name, runtime, str(nvme) if nvme else None, shape.largest_layer_params,
                         micro_batch=args.micro_batch, steps=args.steps, lr=args.lr)
-    kwargs = dict(tokenizer_dir=args.work_dir / "tokenizer", plain_pytorch=name == "plain", steps=args.steps,
-                  untimed_steps=args.untimed_steps,
-                  seq_len=args.seq_len, max_blocks=256,
-                  mmap_threshold_mib=args.mmap_threshold_mib, timeout_s=timeout_s, gpu=gpu, progress=False,
-                  chunked_overflow_check=args.chunked_overflow_check)
+    fp = helpers.fresh_process
+    spec = fp.FreshRunSpec(f"{name} {size}", cfg, size, tokenizer_dir=args.work_dir / "tokenizer",
+                           plain_pytorch=name == "plain", steps=args.steps, untimed_steps=args.untimed_steps,
+                           seq_len=args.seq_len, max_blocks=256, timeout_s=timeout_s, gpu=gpu,
+                           progress=False, mmap_threshold_mib=args.mmap_threshold_mib,
+                           chunked_overflow_check=args.chunked_overflow_check)
     if not args.emulate:
-        r = helpers.fresh_process.train_in_fresh_process(f"{name} {size}", cfg, size, cpus=cpus, **kwargs)
+        r = fp.train_in_fresh_process(dataclasses.replace(spec, cpus=cpus))
         enclosure = None
     else:
         from colab_emulation import ColabLimits, Enclosure
@@ -130,8 +132,7 @@ def measure_in_child(args: argparse.Namespace, name: str, size: str, nvme: Path 
         pair = sorted(cpus or os.sched_getaffinity(0))[:limits.cpus]
         with Enclosure(f"rung-{size}", limits, cpus=pair, nvme_dir=str(nvme) if nvme else None,
                        gpu_index=int(gpu) if gpu else None) as enc:
-            r = helpers.fresh_process.train_in_fresh_process(f"{name} {size}", cfg, size, wrap=enc.join_argv(),
-                                               env=enc.environment(), **kwargs)
+            r = fp.train_in_fresh_process(dataclasses.replace(spec, wrap=enc.join_argv(), env=enc.environment()))
         enclosure = enc.stats.as_report()
     if not r.error and r.params != shape.n_params:
         r.error = f"the child trained {r.params:,} parameters, not {size}'s {shape.n_params:,}"
@@ -251,8 +252,6 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     runtime = helpers.detect_runtime()
     if args.emulate:
-        import dataclasses
-
         from colab_emulation import ColabLimits, probe
 
         limits = ColabLimits()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -286,8 +287,6 @@ def main(argv: list[str] | None = None) -> int:
     runtime = helpers.detect_runtime()
     enclosure_cls = limits_cls = None
     if args.emulate:
-        import dataclasses
-
         from colab_emulation import ColabLimits, Enclosure, probe
 
         enclosure_cls, limits_cls = Enclosure, ColabLimits
@@ -358,18 +357,18 @@ def main(argv: list[str] | None = None) -> int:
             continue
         shutil.rmtree(nvme, ignore_errors=True)
         nvme.mkdir(parents=True)
-        kwargs = dict(tokenizer_dir=args.work_dir / "tokenizer", steps=args.steps, seq_len=args.seq_len,
-                      max_blocks=max(64, args.steps * mb * accum + 8),
-                      untimed_steps=args.untimed_steps, timeout_s=left, progress=False, time_micro_batches=True,
-                      chunked_overflow_check=name in CHUNKED_CHECK)
+        fp = helpers.fresh_process
+        spec = fp.FreshRunSpec(name, cfg, args.model, tokenizer_dir=args.work_dir / "tokenizer", steps=args.steps,
+                               seq_len=args.seq_len, max_blocks=max(64, args.steps * mb * accum + 8),
+                               untimed_steps=args.untimed_steps, timeout_s=left, progress=False,
+                               time_micro_batches=True, chunked_overflow_check=name in CHUNKED_CHECK)
         enc = enclosure(f"os-{name}")
         if enc is None:
-            m = helpers.fresh_process.train_in_fresh_process(name, cfg, args.model, **kwargs)
+            m = fp.train_in_fresh_process(spec)
             enc_report = None
         else:
             with enc:
-                m = helpers.fresh_process.train_in_fresh_process(name, cfg, args.model, wrap=enc.join_argv(),
-                                                   env=enc.environment(), **kwargs)
+                m = fp.train_in_fresh_process(dataclasses.replace(spec, wrap=enc.join_argv(), env=enc.environment()))
             enc_report = enc.stats.as_report()
             m.peak_rss_gb = max(m.peak_rss_gb, enc_report.get("peak_ram_gb", 0.0))
             if enc_report.get("oom_kills") and not m.error:

@@ -40,10 +40,12 @@ def measure(args: argparse.Namespace, size: str, chunked: bool, runtime: Any) ->
     cfg = helpers.config.offload_config(CONFIG, runtime, largest_param=shape.largest_layer_params, nvme_path=str(nvme),
                                  micro_batch_size=args.micro_batch, lr=args.lr, warmup_steps=1,
                                  initial_scale_power=args.initial_scale_power, **extra)
-    r = helpers.fresh_process.train_in_fresh_process(f"{size} {'chunked' if chunked else 'DeepSpeed'} check", cfg, size,
-                                       tokenizer_dir=args.work_dir / "tokenizer", steps=args.steps,
-                                       untimed_steps=args.untimed_steps, seq_len=args.seq_len,
-                                       max_blocks=64, chunked_overflow_check=chunked, progress=not args.quiet)
+    fp = helpers.fresh_process
+    r = fp.train_in_fresh_process(fp.FreshRunSpec(f"{size} {'chunked' if chunked else 'DeepSpeed'} check", cfg, size,
+                                                  tokenizer_dir=args.work_dir / "tokenizer", steps=args.steps,
+                                                  untimed_steps=args.untimed_steps, seq_len=args.seq_len,
+                                                  max_blocks=64, chunked_overflow_check=chunked,
+                                                  progress=not args.quiet))
     helpers.runtime.remove_nvme_leftovers(str(nvme))
     return {"model": size, "params": shape.n_params, "check": "chunked" if chunked else "DeepSpeed's",
             "precision": r.precision, "error": r.error, "losses": r.losses,

@@ -6,7 +6,7 @@ process starts clean, and its peak RAM belongs to that config alone, as `benchma
 asks the kernel's out-of-memory killer to pick it first (`oom_score_adj` 1000), so a config that does not fit kills
 the child, not your notebook: the kernel reports it and goes on.
 
-    r = train_in_fresh_process("ZeRO-3, optimizer on NVMe", ds_config, "gpt2-large", tokenizer_dir=...)
+    r = train_in_fresh_process(FreshRunSpec("ZeRO-3, optimizer on NVMe", ds_config, "gpt2-large", tokenizer_dir=...))
 
 The config is the single source of truth, as for `helpers.train_run`: micro-batch, accumulation, learning rate
 and warm-up come from `ds_config` (`plain_pytorch=True` trains the same numbers without DeepSpeed).
@@ -25,6 +25,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -75,112 +76,104 @@ def _tree_rss(proc: Any) -> int:
     return total
 
 
-def train_in_fresh_process(name: str, ds_config: dict[str, Any], model: str, *, tokenizer_dir: str | Path,
-                           plain_pytorch: bool = False, steps: int = 4, seq_len: int = 512,
-                           dataset: str = "local", max_blocks: int = 256,
-                           checkpointing: bool = True, untimed_steps: int = 1, seed: int = 0,
-                           mmap_threshold_mib: float = 0.0, cpus: set[int] | None = None,
-                           timeout_s: float | None = None, gpu: str | None = None, progress: bool = True,
-                           estimated_vram_bytes: int = 0, wrap: list[str] | None = None,
-                           env: dict[str, str] | None = None, time_micro_batches: bool = False,
-                           trace_host_bytes: int = 0, chunked_overflow_check: bool = False) -> "RunResult":
-    """Train `model` (a helpers.models.GPT2_LADDER name) with `ds_config` (`plain_pytorch`: without DeepSpeed) in a child
-    process, through `helpers.train_run` (notebook 02).
+@dataclass
+class FreshRunSpec:
+    """One run for `train_in_fresh_process`: what the child trains, and how the kernel watches it (notebook 02 through
+    `OffloadRuns.train`; benchmarks/ladder.py, offload_speed.py, host_memory.py, overflow_check.py).
+
+        spec = FreshRunSpec("ZeRO-3, optimizer on NVMe", ds_config, "gpt2-large", tokenizer_dir=WORK / "tokenizer")
+        r = train_in_fresh_process(spec)
+
+    The run, as `helpers.train_run` takes it in the child:
+      name: the run's name (RunResult.name, the progress bar's label).
+      ds_config: the DeepSpeed config, the single source of truth for micro-batch, accumulation, learning rate and
+        warm-up (also with `plain_pytorch`).
+      model: a helpers.models.GPT2_LADDER name (built with GPT-2's own vocabulary of 50,257).
+      tokenizer_dir: the tokenizer the child packs the text with (a `helpers.train_tokenizer` folder).
+      plain_pytorch: train the same numbers without DeepSpeed (train_run's baseline).
+      steps: optimizer steps. untimed_steps: the first steps, left out of tokens/s.
+      seq_len, dataset, max_blocks: the training blocks (`helpers.pack_blocks` of `helpers.load_text_dataset(dataset)`).
+      checkpointing: activation checkpointing. seed: the model's initial weights and the batch order.
+      estimated_vram_bytes: the estimate the record carries beside the measurement (RunResult.estimated_vram_gib).
+    How the kernel watches it:
+      progress: a progress bar in the kernel (phase, step, loss, peak RAM).
+      timeout_s: kill the child after this many seconds (RunResult.error says so; None: no limit).
+      gpu: CUDA_VISIBLE_DEVICES for the child (None: the kernel's).
+    The benchmarks' switches (notebook 02 leaves them at their defaults):
+      mmap_threshold_mib: the child calls `helpers.mmap_large_allocations` with it first (0: glibc's default).
+      cpus: the CPU cores the child is pinned to (benchmarks/ladder.py runs rungs side by side).
+      wrap, env: put before the child's command line, added to its environment (ladder.py and offload_speed.py
+        --emulate start it inside a Colab enclosure that way).
+      time_micro_batches: see `helpers.train_run` (benchmarks/offload_speed.py).
+      trace_host_bytes: > 0 records every host storage of at least that many bytes the run allocates, by the
+        DeepSpeed line that asked for it (`helpers.host_trace`, issue 25), in `extras["host_trace"]`; it slows the run
+        (a Python call per operator), so never on a timed run (benchmarks/host_memory.py).
+      chunked_overflow_check: the child calls `helpers.chunk_zero3_overflow_check()` first (fp16 ZeRO-3 with the
+        optimizer offloaded: ~3 bytes per parameter less host RAM at each step; DeepSpeed 0.19.8 only).
+    """
+
+    name: str
+    ds_config: dict[str, Any]
+    model: str
+    tokenizer_dir: str | Path
+    plain_pytorch: bool = False
+    steps: int = 4
+    seq_len: int = 512
+    dataset: str = "local"
+    max_blocks: int = 256
+    checkpointing: bool = True
+    untimed_steps: int = 1
+    seed: int = 0
+    estimated_vram_bytes: int = 0
+    progress: bool = True
+    timeout_s: float | None = None
+    gpu: str | None = None
+    # the benchmarks' switches
+    mmap_threshold_mib: float = 0.0
+    cpus: set[int] | None = None
+    wrap: list[str] | None = None
+    env: dict[str, str] | None = None
+    time_micro_batches: bool = False
+    trace_host_bytes: int = 0
+    chunked_overflow_check: bool = False
+
+    def for_child(self, result_path: Path) -> dict[str, Any]:
+        """What the child reads (its spec.json): the run, and where to write its RunResult."""
+        return {"name": self.name, "ds_config": self.ds_config, "plain_pytorch": self.plain_pytorch,
+                "model": self.model, "tokenizer_dir": str(self.tokenizer_dir), "steps": self.steps,
+                "seq_len": self.seq_len, "dataset": self.dataset, "max_blocks": self.max_blocks,
+                "checkpointing": self.checkpointing, "untimed_steps": self.untimed_steps, "seed": self.seed,
+                "mmap_threshold_mib": self.mmap_threshold_mib,
+                "result": str(result_path), "estimated_vram_bytes": int(self.estimated_vram_bytes),
+                "time_micro_batches": self.time_micro_batches, "trace_host_bytes": int(self.trace_host_bytes),
+                "chunked_overflow_check": self.chunked_overflow_check}
+
+
+def train_in_fresh_process(spec: FreshRunSpec) -> "RunResult":
+    """Train `spec.model` with `spec.ds_config` (`plain_pytorch`: without DeepSpeed) in a child process, through
+    `helpers.train_run` (notebook 02, through `OffloadRuns.train`; the benchmarks).
 
     Returns the child's RunResult. If the child dies (out-of-memory killer, a crash inside DeepSpeed's C++ code,
     the time limit), `error` says how, and `peak_rss_gb` is the peak seen from outside. Interrupting the cell kills
-    the child and its NVMe files stay for the caller to remove. `wrap` is put before the child's command line and
-    `env` added to its environment (benchmarks/ladder.py --emulate starts it inside a Colab enclosure that way).
-    `time_micro_batches`: see `helpers.train_run`. `trace_host_bytes` > 0 records every host storage of at least that
-    many bytes the run allocates, by the DeepSpeed line that asked for it (`helpers.host_trace`, issue 25), in
-    `extras["host_trace"]`; it slows the run (a Python call per operator), so never on a timed run.
-    `chunked_overflow_check`: the child calls `helpers.chunk_zero3_overflow_check()` first (fp16 ZeRO-3 with the
-    optimizer offloaded: ~3 bytes per parameter less host RAM at each step; DeepSpeed 0.19.8 only). An NVMe config
-    is refused (ConfigError) before the child starts when its folder lacks what `model` writes there.
+    the child and its NVMe files stay for the caller to remove. An NVMe config is refused (ConfigError) before the
+    child starts when its folder lacks what `spec.model` writes there. `FreshRunSpec` says what each field does.
     """
-    import psutil
-    from helpers.progress import progress_bar
-
     from helpers.train import RunResult, _check_nvme_need, _check_nvme_space, _nvme_folders
 
-    folders = [] if plain_pytorch else _nvme_folders(ds_config)
+    folders = [] if spec.plain_pytorch else _nvme_folders(spec.ds_config)
     if folders:  # the disk this model's NVMe files need, before a child starts (issue 41 item 1)
         from helpers.models import model_shape
 
-        shape = model_shape(model)
+        shape = model_shape(spec.model)
         _check_nvme_space(folders)
-        _check_nvme_need(ds_config, shape.n_params, shape.largest_layer_params, model=model)
+        _check_nvme_need(spec.ds_config, shape.n_params, shape.largest_layer_params, model=spec.model)
 
     with tempfile.TemporaryDirectory(prefix="ds-course-child-") as tmp:
         spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
-        spec = {"name": name, "ds_config": ds_config, "plain_pytorch": plain_pytorch, "model": model,
-                "tokenizer_dir": str(tokenizer_dir), "steps": steps, "seq_len": seq_len,
-                "dataset": dataset, "max_blocks": max_blocks,
-                "checkpointing": checkpointing, "untimed_steps": untimed_steps, "seed": seed,
-                "mmap_threshold_mib": mmap_threshold_mib, "result": str(result_path),
-                "estimated_vram_bytes": int(estimated_vram_bytes), "time_micro_batches": time_micro_batches,
-                "trace_host_bytes": int(trace_host_bytes), "chunked_overflow_check": chunked_overflow_check}
-        spec_path.write_text(json.dumps(spec))
-        child_env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
-                         **(env or {}))
-        if gpu is not None:
-            child_env["CUDA_VISIBLE_DEVICES"] = gpu
-
-        def prepare() -> None:  # in the child, before Python starts
-            if cpus:
-                os.sched_setaffinity(0, cpus)
-
-        cmd = [*(wrap or []), sys.executable, "-m", "helpers.fresh_process", str(spec_path)]
+        spec_path.write_text(json.dumps(spec.for_child(result_path)))
         started = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=str(ROOT), env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, preexec_fn=prepare if cpus else None)
-        watched = psutil.Process(proc.pid)
-        state: dict[str, Any] = {"phase": "starting Python", "step": 0, "loss": None, "peak_rss": 0}
-        stderr_tail: list[str] = []
-
-        def read_stdout() -> None:
-            for line in proc.stdout:  # type: ignore[union-attr]
-                if line.startswith(_PROGRESS):
-                    with_msg = json.loads(line[len(_PROGRESS):])
-                    state.update(with_msg)
-
-        def read_stderr() -> None:
-            for line in proc.stderr:  # type: ignore[union-attr]
-                stderr_tail.append(line.rstrip())
-                del stderr_tail[:-40]
-
-        readers = [threading.Thread(target=read_stdout, daemon=True), threading.Thread(target=read_stderr, daemon=True)]
-        for t in readers:
-            t.start()
-        bar = progress_bar(total=steps, desc=name, disable=not progress)
-        timed_out = False
-        shown: dict[str, str] = {}
-        try:
-            while proc.poll() is None:
-                state["peak_rss"] = max(state["peak_rss"], _tree_rss(watched))
-                if bar.n != state["step"]:
-                    bar.update(state["step"] - bar.n)
-                post = {"phase": state["phase"], "peak RAM": f"{state['peak_rss'] / GB:.1f} GB"}
-                if state["loss"] is not None:
-                    post["loss"] = f"{state['loss']:.3f}"
-                if post != shown:  # redraw only when something changed
-                    bar.set_postfix(post)
-                    shown = post
-                if timeout_s is not None and time.perf_counter() - started > timeout_s:
-                    timed_out = True
-                    _kill(proc)
-                    break
-                time.sleep(0.1)
-        except BaseException:  # KeyboardInterrupt included: never leave the child running
-            _kill(proc, grace_s=5.0)
-            raise
-        finally:
-            proc.wait()
-            for t in readers:
-                t.join(timeout=5)
-            if bar.n != state["step"]:
-                bar.update(state["step"] - bar.n)
-            bar.close()
+        proc = _start_child(spec, spec_path)
+        state, stderr_tail, timed_out = _watch_child(proc, spec, started)
         seconds = time.perf_counter() - started
         if result_path.exists() and proc.returncode == 0:
             result = RunResult.from_dict(json.loads(result_path.read_text()))
@@ -190,14 +183,91 @@ def train_in_fresh_process(name: str, ds_config: dict[str, Any], model: str, *, 
                       "cached yet), so its RAM peak includes the compiler's. helpers.runtime.build_ops(...) before the first "
                       "measured run avoids that.", flush=True)
             return result
-        result = RunResult(name=name, model=model, params=0, config="plain PyTorch" if plain_pytorch else name,
-                           precision="", micro_batch=int(ds_config["train_micro_batch_size_per_gpu"]),
-                           grad_accum=int(ds_config.get("gradient_accumulation_steps", 1)), seq_len=seq_len,
-                           steps=steps, checkpointing=checkpointing, runtime="", seconds=round(seconds, 1),
+        cfg = spec.ds_config
+        result = RunResult(name=spec.name, model=spec.model, params=0,
+                           config="plain PyTorch" if spec.plain_pytorch else spec.name,
+                           precision="", micro_batch=int(cfg["train_micro_batch_size_per_gpu"]),
+                           grad_accum=int(cfg.get("gradient_accumulation_steps", 1)), seq_len=spec.seq_len,
+                           steps=spec.steps, checkpointing=spec.checkpointing, runtime="", seconds=round(seconds, 1),
                            peak_rss_gb=round(state["peak_rss"] / GB, 3),
-                           estimated_vram_gib=round(estimated_vram_bytes / GiB, 3))
-        result.error = _death(proc.returncode, timed_out, timeout_s, state, stderr_tail)
+                           estimated_vram_gib=round(spec.estimated_vram_bytes / GiB, 3))
+        result.error = _death(proc.returncode, timed_out, spec.timeout_s, state, stderr_tail)
         return result
+
+
+def _start_child(spec: FreshRunSpec, spec_path: Path) -> subprocess.Popen:
+    """`python -m helpers.fresh_process spec.json` (after `spec.wrap`), in `spec.env` and on `spec.gpu`/`spec.cpus`."""
+    child_env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
+                     **(spec.env or {}))
+    if spec.gpu is not None:
+        child_env["CUDA_VISIBLE_DEVICES"] = spec.gpu
+    cpus = spec.cpus
+
+    def prepare() -> None:  # in the child, before Python starts
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+
+    cmd = [*(spec.wrap or []), sys.executable, "-m", "helpers.fresh_process", str(spec_path)]
+    return subprocess.Popen(cmd, cwd=str(ROOT), env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=prepare if cpus else None)
+
+
+def _watch_child(proc: subprocess.Popen, spec: FreshRunSpec,
+                 started: float) -> tuple[dict[str, Any], list[str], bool]:
+    """Follow the child until it ends: its progress lines into a progress bar, the peak RSS of its process tree, the
+    last 40 lines of its stderr; killed at `spec.timeout_s` or when the cell is interrupted (then re-raised).
+    Returns (state: phase, step, loss, peak_rss), the stderr tail, and whether the time limit stopped it."""
+    import psutil
+    from helpers.progress import progress_bar
+
+    watched = psutil.Process(proc.pid)
+    state: dict[str, Any] = {"phase": "starting Python", "step": 0, "loss": None, "peak_rss": 0}
+    stderr_tail: list[str] = []
+
+    def read_stdout() -> None:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            if line.startswith(_PROGRESS):
+                with_msg = json.loads(line[len(_PROGRESS):])
+                state.update(with_msg)
+
+    def read_stderr() -> None:
+        for line in proc.stderr:  # type: ignore[union-attr]
+            stderr_tail.append(line.rstrip())
+            del stderr_tail[:-40]
+
+    readers = [threading.Thread(target=read_stdout, daemon=True), threading.Thread(target=read_stderr, daemon=True)]
+    for t in readers:
+        t.start()
+    bar = progress_bar(total=spec.steps, desc=spec.name, disable=not spec.progress)
+    timed_out = False
+    shown: dict[str, str] = {}
+    try:
+        while proc.poll() is None:
+            state["peak_rss"] = max(state["peak_rss"], _tree_rss(watched))
+            if bar.n != state["step"]:
+                bar.update(state["step"] - bar.n)
+            post = {"phase": state["phase"], "peak RAM": f"{state['peak_rss'] / GB:.1f} GB"}
+            if state["loss"] is not None:
+                post["loss"] = f"{state['loss']:.3f}"
+            if post != shown:  # redraw only when something changed
+                bar.set_postfix(post)
+                shown = post
+            if spec.timeout_s is not None and time.perf_counter() - started > spec.timeout_s:
+                timed_out = True
+                _kill(proc)
+                break
+            time.sleep(0.1)
+    except BaseException:  # KeyboardInterrupt included: never leave the child running
+        _kill(proc, grace_s=5.0)
+        raise
+    finally:
+        proc.wait()
+        for t in readers:
+            t.join(timeout=5)
+        if bar.n != state["step"]:
+            bar.update(state["step"] - bar.n)
+        bar.close()
+    return state, stderr_tail, timed_out
 
 
 def _kill(proc: subprocess.Popen, grace_s: float = 0.0) -> None:
@@ -663,9 +733,10 @@ class OffloadRuns:
             shutil.rmtree(d, ignore_errors=True)
             d.mkdir(parents=True)
         try:
-            r = train_in_fresh_process(name, cfg, model, tokenizer_dir=self.work / "tokenizer", steps=self.steps,
-                                       seq_len=self.seq_len, max_blocks=self.max_blocks,
-                                       seed=self.seed, estimated_vram_bytes=est.peak_bytes)
+            r = train_in_fresh_process(FreshRunSpec(name, cfg, model, tokenizer_dir=self.work / "tokenizer",
+                                                    steps=self.steps, seq_len=self.seq_len,
+                                                    max_blocks=self.max_blocks, seed=self.seed,
+                                                    estimated_vram_bytes=est.peak_bytes))
         finally:  # an interrupted cell leaves no swap files behind
             for d in nvme_dirs:
                 shutil.rmtree(d, ignore_errors=True)

@@ -830,6 +830,21 @@ def _clear_traceback_frames(exc: BaseException) -> None:
         exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
 
 
+def _record_memory(result: RunResult, mem: Any, ns: dict[str, Any]) -> None:
+    """What `measure_peak` saw while train_run ran (`mem`), into `result`: the peak RSS of each phase, between the
+    loop's time marks in `ns` (build model, initialize, train), and the peaks of GPU memory, RSS and NVMe bytes."""
+    marks = [("build model", ns.get("t_start")), ("initialize", ns.get("t_built")), ("train", ns.get("t_ready")),
+             ("end", time.perf_counter())]
+    for (phase, t0), (_, t1) in zip(marks, marks[1:]):
+        if t0 is not None and t1 is not None:
+            result.rss_by_phase[phase] = round(mem.peak_between("rss", t0 - mem.started, t1 - mem.started) / GB, 3)
+    result.peak_vram_gib = round((mem.peak_gpu_allocated - mem.baseline_gpu_allocated) / GiB, 3)
+    result.peak_reserved_gib = round(mem.peak_gpu_reserved / GiB, 3)
+    result.peak_rss_gb = round(mem.peak_rss / GB, 3)
+    result.baseline_rss_gb = round(mem.baseline_rss / GB, 3)
+    result.disk_gb = round(mem.nvme_bytes_added / GB, 3)
+
+
 def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *, runtime: "Runtime",
               ds_config: dict[str, Any], plain_pytorch: bool = False, val_blocks: Any = None, steps: int = 20,
               checkpointing: bool = False, eval_every: int = 0, eval_batches: int = 4, untimed_steps: int = 2,
@@ -887,8 +902,8 @@ def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *,
                        precision=precision, micro_batch=settings.micro_batch, grad_accum=settings.grad_accum,
                        seq_len=seq_len, steps=steps, checkpointing=checkpointing, runtime=runtime.label)
     loop = _Loop(result, settings, runtime, hooks, ds_config, plain_pytorch,
+                 _Meter(result, runtime, untimed_steps, micro_batches=time_micro_batches),
                  on_step or (lambda step, loss: None), on_phase or (lambda phase: None))
-    loop.time_micro_batches = time_micro_batches
     if nvme_folders:  # once the model exists, before deepspeed.initialize: its NVMe need, from its parameter count
         loop.check_nvme = lambda n, largest: _check_nvme_need(ds_config, n, largest, model=model_name,
                                                               written=_new_swap_bytes(swap_before))
@@ -896,7 +911,7 @@ def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *,
         with measure_peak(nvme_path=nvme_folders[0] if nvme_folders else None) as mem:
             try:
                 loop.run(model_factory, train_blocks, val_blocks, steps, checkpointing, eval_every, eval_batches,
-                         untimed_steps, seed, progress)
+                         seed, progress)
             except torch.OutOfMemoryError as exc:
                 result.error = oom_summary(str(exc), runtime.vram_budget_bytes)
                 result.extras["raw_error"] = str(exc).split("\n")[0][:600]
@@ -911,38 +926,29 @@ def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *,
         finally:
             loop.close()
             _remove_new_swap_files(swap_before)
-    ns = loop.ns
-    marks = [("build model", ns.get("t_start")), ("initialize", ns.get("t_built")), ("train", ns.get("t_ready")),
-             ("end", time.perf_counter())]
-    for (phase, t0), (_, t1) in zip(marks, marks[1:]):
-        if t0 is not None and t1 is not None:
-            result.rss_by_phase[phase] = round(mem.peak_between("rss", t0 - mem.started, t1 - mem.started) / GB, 3)
-    result.peak_vram_gib = round((mem.peak_gpu_allocated - mem.baseline_gpu_allocated) / GiB, 3)
-    result.peak_reserved_gib = round(mem.peak_gpu_reserved / GiB, 3)
-    result.peak_rss_gb = round(mem.peak_rss / GB, 3)
-    result.baseline_rss_gb = round(mem.baseline_rss / GB, 3)
-    result.disk_gb = round(mem.nvme_bytes_added / GB, 3)
+    _record_memory(result, mem, loop.ns)
     result.estimated_vram_gib = round(estimated_bytes / GiB, 3)
     return result
 
 
 class _Loop:
-    """The loop of `train_run`; every object it makes is kept in `ns`, for the teardown."""
+    """The loop of `train_run`, the one notebook 01 writes out: build the model and its optimizer (`build`), then per
+    optimizer step `engine_step` (DeepSpeed: forward, `engine.backward`, `engine.step` per micro-batch) or `plain_step`
+    (PyTorch AMP: forward, scaled backward, then unscale, clip, `scaler.step`, the scheduler). What is measured around
+    it (step and micro-batch seconds, tokens/s) is `meter`'s, a `_Meter`; every object the loop makes is kept in `ns`,
+    for the teardown (`close`)."""
 
     def __init__(self, result: RunResult, settings: RunSettings, runtime: "Runtime", hooks: TrainHooks,
-                 ds_config: dict[str, Any], plain: bool, on_step: Callable[[int, float], None],
+                 ds_config: dict[str, Any], plain: bool, meter: "_Meter", on_step: Callable[[int, float], None],
                  on_phase: Callable[[str], None]) -> None:
         self.result, self.settings, self.runtime, self.hooks = result, settings, runtime, hooks
-        self.ds_config, self.plain, self.on_step, self.on_phase = ds_config, plain, on_step, on_phase
+        self.ds_config, self.plain, self.meter, self.on_step, self.on_phase = ds_config, plain, meter, on_step, on_phase
         self.ns: dict[str, Any] = {}
-        self.time_micro_batches = False
         self.check_nvme: Callable[[int, int], None] | None = None  # (parameters, largest tensor): refuses a full disk
 
     def build(self, model_factory: Callable[[], Any], checkpointing: bool, train_blocks: Any) -> None:
         """Model, then the optimizer: a DeepSpeed engine, or AdamW + warm-up + GradScaler for plain PyTorch."""
-        import torch
-
-        ns, s = self.ns, self.settings
+        ns = self.ns
         ns["t_start"] = time.perf_counter()
         made = model_factory()
         ns["t_built"] = time.perf_counter()
@@ -956,34 +962,40 @@ class _Loop:
             model.config.use_cache = False
         self.hooks.on_model(model, self.result, train_blocks)
         if self.plain:
-            device = "cuda" if self.runtime.has_gpu else "cpu"
-            model.to(device)
-            opt = self.ds_config.get("optimizer", {}).get("params", {})
-            ns["optimizer"] = torch.optim.AdamW(self.hooks.param_groups(model), lr=s.lr, weight_decay=s.weight_decay,
-                                                **{k: (tuple(opt[k]) if k == "betas" else float(opt[k]))
-                                                   for k in ("betas", "eps") if k in opt})
-            # the very scheduler DeepSpeed's engine builds from the config (WarmupLR: its warm-up and first steps)
-            ns["scheduler"] = lr_scheduler_from_config(ns["optimizer"], self.ds_config)
-            fp16 = self.ds_config.get("fp16") or {}  # DeepSpeed's dynamic loss scale: its start and growth window
-            ns["scaler"] = torch.amp.GradScaler(device, enabled=self.runtime.precision == "fp16",
-                                                init_scale=2.0 ** fp16.get("initial_scale_power", 16),
-                                                growth_interval=int(fp16.get("loss_scale_window", 1000)))
+            self._build_plain(model)
         else:
-            if self.check_nvme is not None:
-                largest = max((getattr(p, "ds_numel", p.numel()) for p in model.parameters()), default=0)
-                self.check_nvme(self.result.params, largest)
-            import deepspeed
-
-            self.on_phase("deepspeed.initialize")
-            ns["engine"], ns["optimizer"], _, _ = deepspeed.initialize(
-                model=model, model_parameters=self.hooks.param_groups(model), config=self.ds_config)
-            # what each micro-batch spends where, in the ZeRO-3 optimizer's own methods (benchmarks/offload_speed.py);
-            # ZeRO-1/2's optimizer has an `_optimizer_step` of its own, which ZERO3_PHASES must not time
-            if self.time_micro_batches and ns["engine"].zero_optimization_stage() == 3:
-                from helpers.step_time import ZERO3_PHASES, PhaseClock
-
-                ns["phase_clock"] = PhaseClock(ns["engine"].optimizer, ZERO3_PHASES)
+            self._build_engine(model)
         del model
+
+    def _build_plain(self, model: Any) -> None:
+        """The model on the device; torch AdamW with the config's numbers, DeepSpeed's own scheduler, a GradScaler."""
+        import torch
+
+        ns, s = self.ns, self.settings
+        device = "cuda" if self.runtime.has_gpu else "cpu"
+        model.to(device)
+        opt = self.ds_config.get("optimizer", {}).get("params", {})
+        ns["optimizer"] = torch.optim.AdamW(self.hooks.param_groups(model), lr=s.lr, weight_decay=s.weight_decay,
+                                            **{k: (tuple(opt[k]) if k == "betas" else float(opt[k]))
+                                               for k in ("betas", "eps") if k in opt})
+        # the very scheduler DeepSpeed's engine builds from the config (WarmupLR: its warm-up and first steps)
+        ns["scheduler"] = lr_scheduler_from_config(ns["optimizer"], self.ds_config)
+        fp16 = self.ds_config.get("fp16") or {}  # DeepSpeed's dynamic loss scale: its start and growth window
+        ns["scaler"] = torch.amp.GradScaler(device, enabled=self.runtime.precision == "fp16",
+                                            init_scale=2.0 ** fp16.get("initial_scale_power", 16),
+                                            growth_interval=int(fp16.get("loss_scale_window", 1000)))
+
+    def _build_engine(self, model: Any) -> None:
+        """`deepspeed.initialize`: the engine, with the optimizer, scheduler and loss scale its config names."""
+        if self.check_nvme is not None:
+            largest = max((getattr(p, "ds_numel", p.numel()) for p in model.parameters()), default=0)
+            self.check_nvme(self.result.params, largest)
+        import deepspeed
+
+        self.on_phase("deepspeed.initialize")
+        self.ns["engine"], self.ns["optimizer"], _, _ = deepspeed.initialize(
+            model=model, model_parameters=self.hooks.param_groups(model), config=self.ds_config)
+        self.meter.watch(self.ns["engine"])
 
     def close(self) -> None:
         """Tear down everything in `ns`, whether the run finished or stopped anywhere (a half-built engine too)."""
@@ -1008,8 +1020,7 @@ class _Loop:
                 remove_deepspeed_hooks(model)
                 del model
         try:
-            if ns.get("phase_clock") is not None:
-                ns.pop("phase_clock").remove()
+            self.meter.close()
             teardown(ns, "engine", "scheduler", "scaler", "optimizer", "model", "keep_alive")
         finally:
             ns.clear()  # whatever a failed teardown left; only the phase times stay
@@ -1024,123 +1035,97 @@ class _Loop:
         net = self.ns.get("engine") or self.ns.get("model")
         self.hooks.finish(getattr(net, "module", net), self.result)
 
-    def step(self, net: Any, batches: Any, device: str) -> float:
-        """One optimizer step over `grad_accum` micro-batches; returns its loss."""
-        import torch
-
-        accum = self.settings.grad_accum
+    def engine_step(self, engine: Any, batches: Any, device: str) -> float:
+        """One optimizer step with DeepSpeed over `grad_accum` micro-batches; returns its loss. `engine.step()` after
+        every micro-batch: the engine counts them and steps its optimizer (and scheduler) after the last one."""
+        accum, meter = self.settings.grad_accum, self.meter
         step_loss = 0.0
-        timings: list[float] = []
-        phases: list[dict[str, float]] = []
-        clock = self.ns.get("phase_clock")
-        timed = self.time_micro_batches and not self.plain
-        sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-
-        def mark(name: str, since: float) -> float:
-            if timed:
-                sync()
-                now = time.perf_counter()
-                phases[-1][name] = round(now - since, 4)
-                return now
-            return since
-
         for _ in range(accum):
-            started = time.perf_counter()
-            if timed:
-                phases.append({})
+            meter.micro_batch_started()
             ids = next(batches)["input_ids"].to(device)
+            meter.mark("batch to device")
             # the output is read and dropped before backward: it holds the logits (micro-batch x sequence x
             # vocabulary: 0.19 GiB at 4 x 512 for GPT-2 in fp16), which would otherwise add to the peak
-            if self.plain:
-                with _autocast(self.runtime):
-                    out = net(input_ids=ids, labels=ids)
-                self.hooks.after_forward(out)
-                loss = out.loss / accum
-                del out
-                self.ns["scaler"].scale(loss).backward()
-                step_loss += loss.item()
-            else:
-                t = mark("batch to device", started)
-                out = net(input_ids=ids, labels=ids)
-                self.hooks.after_forward(out)
-                loss = out.loss
-                del out
-                t = mark("forward", t)
-                net.backward(stage0_fp16_loss(net, loss))
-                t = mark("backward", t)
-                net.step()
-                mark("engine.step", t)
-                step_loss += loss.item() / accum
-                if clock is not None:
-                    phases[-1].update(clock.take())
+            out = engine(input_ids=ids, labels=ids)
+            self.hooks.after_forward(out)
+            loss = out.loss
+            del out
+            meter.mark("forward")
+            engine.backward(stage0_fp16_loss(engine, loss))
+            meter.mark("backward")
+            engine.step()
+            meter.mark("engine.step")
+            step_loss += loss.item() / accum
             del loss, ids
-            if self.time_micro_batches:
-                if device == "cuda":
-                    torch.cuda.synchronize()
-                timings.append(round(time.perf_counter() - started, 4))
-        if self.time_micro_batches:
-            self.result.extras.setdefault("micro_batch_s", []).append(timings)
-        if phases:
-            self.result.extras.setdefault("micro_batch_phases", []).append(phases)
-        if not self.plain:  # fp16 steps DeepSpeed skipped on overflow so far
-            self.result.extras["skipped_steps"] = int(getattr(net, "skipped_steps", 0))
-        if self.plain:
-            optimizer, scaler = self.ns["optimizer"], self.ns["scaler"]
-            scaler.unscale_(optimizer)
-            if self.settings.gradient_clipping:
-                torch.nn.utils.clip_grad_norm_(net.parameters(), self.settings.gradient_clipping)
-            scale = scaler.get_scale() if scaler.is_enabled() else 1.0
-            scaler.step(optimizer)
-            scaler.update()
-            # a step the GradScaler skipped (inf/nan gradients: it lowered the scale) does not advance the schedule,
-            # as DeepSpeed's engine does not step its scheduler on an fp16 overflow
-            skipped = scaler.is_enabled() and scaler.get_scale() < scale
-            if skipped:
-                self.result.extras["skipped_steps"] = self.result.extras.get("skipped_steps", 0) + 1
-                self.result.extras.setdefault("skipped_at_steps", []).append(len(self.result.losses))
-            elif self.ns["scheduler"] is not None:
-                self.ns["scheduler"].step()
-            optimizer.zero_grad(set_to_none=True)
+            meter.micro_batch_ended()
+        meter.micro_batches_done()
+        self.result.extras["skipped_steps"] = int(getattr(engine, "skipped_steps", 0))  # fp16 overflow skips so far
+        return step_loss
+
+    def plain_step(self, model: Any, batches: Any, device: str) -> float:
+        """The same step in plain PyTorch: per micro-batch a forward under autocast and a scaled backward; then the
+        GradScaler unscales, clips and steps, and the scheduler steps unless fp16 overflow skipped the update."""
+        import torch
+
+        accum, meter = self.settings.grad_accum, self.meter
+        optimizer, scaler = self.ns["optimizer"], self.ns["scaler"]
+        step_loss = 0.0
+        for _ in range(accum):
+            meter.micro_batch_started()
+            ids = next(batches)["input_ids"].to(device)
+            with _autocast(self.runtime):
+                out = model(input_ids=ids, labels=ids)
+            self.hooks.after_forward(out)
+            loss = out.loss / accum
+            del out  # the logits, before backward (see engine_step)
+            scaler.scale(loss).backward()
+            step_loss += loss.item()
+            del loss, ids
+            meter.micro_batch_ended()
+        meter.micro_batches_done()
+        scaler.unscale_(optimizer)
+        if self.settings.gradient_clipping:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), self.settings.gradient_clipping)
+        scale = scaler.get_scale() if scaler.is_enabled() else 1.0
+        scaler.step(optimizer)
+        scaler.update()
+        # a step the GradScaler skipped (inf/nan gradients: it lowered the scale) does not advance the schedule,
+        # as DeepSpeed's engine does not step its scheduler on an fp16 overflow
+        if scaler.is_enabled() and scaler.get_scale() < scale:
+            self.result.extras["skipped_steps"] = self.result.extras.get("skipped_steps", 0) + 1
+            self.result.extras.setdefault("skipped_at_steps", []).append(len(self.result.losses))
+        elif self.ns["scheduler"] is not None:
+            self.ns["scheduler"].step()
+        optimizer.zero_grad(set_to_none=True)
         return step_loss
 
     def run(self, model_factory: Callable[[], Any], train_blocks: Any, val_blocks: Any, steps: int,
-            checkpointing: bool, eval_every: int, eval_batches: int, untimed_steps: int, seed: int,
-            progress: bool) -> None:
-        import torch
+            checkpointing: bool, eval_every: int, eval_batches: int, seed: int, progress: bool) -> None:
+        """Build, then `steps` optimizer steps: each one's learning rate, loss, progress line and validation."""
         from helpers.progress import progress_bar
 
         from helpers.data import block_loader
 
-        result, runtime, s = self.result, self.runtime, self.settings
+        result, runtime, s, meter = self.result, self.runtime, self.settings, self.meter
         batches = block_loader(train_blocks, s.micro_batch, seed=seed)
         device = "cuda" if runtime.has_gpu else "cpu"
-        tokens_per_step = s.micro_batch * s.grad_accum * result.seq_len
         self.build(model_factory, checkpointing, train_blocks)
         self.on_phase("training")
         self.ns["t_ready"] = time.perf_counter()
         net = self.ns.get("engine") or self.ns["model"]
         net.train()
-        start = time.perf_counter()
-        timed_from = None
-        result.step_seconds = []
+        meter.run_started()
         bar = progress_bar(range(steps), desc=result.name, disable=not progress)
         for step in bar:
-            if step == untimed_steps:
-                if runtime.has_gpu:
-                    torch.cuda.synchronize()
-                timed_from = time.perf_counter()
-            step_started = time.perf_counter()
+            meter.step_started(step)
             skipped_before = getattr(net, "skipped_steps", None)  # DeepSpeed engines count fp16 overflow skips
             # the learning rate this step applies: DeepSpeed's engine.get_lr(), the plain optimizer's group
             lrs = net.get_lr() if hasattr(net, "get_lr") else [g["lr"] for g in self.ns["optimizer"].param_groups]
             result.lrs.append(float(lrs[0]) if lrs else math.nan)
-            step_loss = self.step(net, batches, device)
+            step_loss = (self.plain_step if self.plain else self.engine_step)(net, batches, device)
             if skipped_before is not None and getattr(net, "skipped_steps", skipped_before) > skipped_before:
                 result.extras.setdefault("skipped_at_steps", []).append(step)
-            if timed_from is not None:
-                if device == "cuda":
-                    torch.cuda.synchronize()  # plain PyTorch's optimizer step is still queued after .item()
-                result.step_seconds.append(round(time.perf_counter() - step_started, 5))
+            meter.step_ended()
             result.losses.append(step_loss)
             self.on_step(step, step_loss)
             # the loss only: a running tokens/s here would be a third speed beside the median step and the mean the
@@ -1149,10 +1134,97 @@ class _Loop:
             if val_blocks is not None and eval_every and ((step + 1) % eval_every == 0 or step + 1 == steps):
                 result.val_losses.append((step + 1, self.hooks.evaluate(net, val_blocks, runtime, eval_batches,
                                                                         s.micro_batch, autocast=self.plain)))
-        if runtime.has_gpu:
-            torch.cuda.synchronize()
+        meter.run_ended(steps, s.micro_batch * s.grad_accum * result.seq_len)
+
+
+class _Meter:
+    """What `train_run` measures around `_Loop`, kept out of the loop a learner reads. Always: the seconds of each
+    step from the `untimed_steps`-th on (`RunResult.step_seconds`, the run's tokens/s) and of the whole loop. With
+    `micro_batches` (`time_micro_batches=True`, benchmarks/offload_speed.py): each micro-batch's seconds
+    (`extras["micro_batch_s"]`, one list per step) and, for a DeepSpeed engine, where they went
+    (`extras["micro_batch_phases"]`: the loop's `mark`s, and the ZeRO-3 optimizer's own components,
+    `helpers.step_time.ZERO3_PHASES`, timed by `PhaseClock`). Each reading of the clock waits for the GPU first."""
+
+    def __init__(self, result: RunResult, runtime: "Runtime", untimed_steps: int, micro_batches: bool) -> None:
+        import torch
+
+        self.result, self.untimed_steps, self.micro_batches = result, untimed_steps, micro_batches
+        self.sync = torch.cuda.synchronize if runtime.has_gpu else (lambda: None)
+        self.phases_on = False  # per-phase seconds: micro_batches with a DeepSpeed engine (`watch`)
+        self.phase_clock: Any = None
+        self.start = self.timed_from = self.step_from = self.micro_from = self.mark_from = 0.0
+        self.timed = False
+        self.timings: list[float] = []
+        self.phases: list[dict[str, float]] = []
+
+    def watch(self, engine: Any) -> None:
+        """A DeepSpeed engine trains: time its micro-batches' phases, under ZeRO-3 its optimizer's too (ZeRO-1/2's
+        optimizer has an `_optimizer_step` of its own, which ZERO3_PHASES must not time)."""
+        self.phases_on = self.micro_batches
+        if self.micro_batches and engine.zero_optimization_stage() == 3:
+            from helpers.step_time import ZERO3_PHASES, PhaseClock
+
+            self.phase_clock = PhaseClock(engine.optimizer, ZERO3_PHASES)
+
+    def close(self) -> None:
+        """Take the phase clock's wrappers off the optimizer (the teardown's first act)."""
+        clock, self.phase_clock = self.phase_clock, None
+        if clock is not None:
+            clock.remove()
+
+    def run_started(self) -> None:
+        """The loop starts (the model and its optimizer are built)."""
+        self.start = time.perf_counter()
+        self.result.step_seconds = []
+
+    def step_started(self, step: int) -> None:
+        """Optimizer step `step` (from 0) starts; from step `untimed_steps` on, steps are timed."""
+        if step == self.untimed_steps:
+            self.sync()
+            self.timed_from, self.timed = time.perf_counter(), True
+        self.step_from = time.perf_counter()
+
+    def step_ended(self) -> None:
+        """The step is done: its seconds into `RunResult.step_seconds` when it is timed."""
+        if self.timed:
+            self.sync()  # plain PyTorch's optimizer step is still queued after .item()
+            self.result.step_seconds.append(round(time.perf_counter() - self.step_from, 5))
+
+    def run_ended(self, steps: int, tokens_per_step: int) -> None:
+        """tokens/s over the timed steps; the loop's seconds."""
+        self.sync()
         end = time.perf_counter()
-        if timed_from is not None and steps > untimed_steps:
-            result.tokens_per_s = round((steps - untimed_steps) * tokens_per_step / (end - timed_from), 1)
-            result.extras["timed_steps"] = steps - untimed_steps
-        result.seconds = round(end - start, 2)
+        if self.timed and steps > self.untimed_steps:
+            self.result.tokens_per_s = round((steps - self.untimed_steps) * tokens_per_step / (end - self.timed_from), 1)
+            self.result.extras["timed_steps"] = steps - self.untimed_steps
+        self.result.seconds = round(end - self.start, 2)
+
+    def micro_batch_started(self) -> None:
+        """A micro-batch starts (before its batch moves to the device)."""
+        self.micro_from = self.mark_from = time.perf_counter()
+        if self.phases_on:
+            self.phases.append({})
+
+    def mark(self, phase: str) -> None:
+        """The micro-batch's seconds since the last mark (or its start) were spent in `phase`."""
+        if self.phases_on:
+            self.sync()
+            now = time.perf_counter()
+            self.phases[-1][phase] = round(now - self.mark_from, 4)
+            self.mark_from = now
+
+    def micro_batch_ended(self) -> None:
+        """The micro-batch is done: ZeRO-3's optimizer phases into its phases, its seconds into the step's list."""
+        if self.phase_clock is not None:
+            self.phases[-1].update(self.phase_clock.take())
+        if self.micro_batches:
+            self.sync()
+            self.timings.append(round(time.perf_counter() - self.micro_from, 4))
+
+    def micro_batches_done(self) -> None:
+        """The step's micro-batches are done: their seconds (and phases) into the record, as one list each."""
+        if self.micro_batches:
+            self.result.extras.setdefault("micro_batch_s", []).append(self.timings)
+        if self.phases:
+            self.result.extras.setdefault("micro_batch_phases", []).append(self.phases)
+        self.timings, self.phases = [], []

@@ -315,13 +315,13 @@ def test_train_run_checks_the_disk_a_config_built_without_n_params_needs_before_
 def test_a_fresh_process_run_is_refused_before_its_child_starts_when_the_disk_is_too_small(tmp_path, monkeypatch, t4):
     import subprocess
 
-    from helpers.fresh_process import train_in_fresh_process
+    from helpers.fresh_process import FreshRunSpec, train_in_fresh_process
 
     cfg = offload_config("zero3_nvme_optimizer_gpu_params", t4, nvme_path=str(tmp_path), check_paths=False)
     _disk_with(monkeypatch, tmp_path, int(1.1e9))  # above the 1 GB floor, below gpt2's ~2 GB of optimizer files
     monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("no child may start"))
     with pytest.raises(ConfigError, match=r"gpt2 \(124.4M parameters\) writes about 1.99 GB there"):
-        train_in_fresh_process("nvme", cfg, "gpt2", tokenizer_dir=tmp_path)
+        train_in_fresh_process(FreshRunSpec("nvme", cfg, "gpt2", tokenizer_dir=tmp_path))
 
 
 def test_an_nvme_path_that_is_a_file(tmp_path):

@@ -156,8 +156,8 @@ def test_a_child_that_trained_another_model_size_is_an_error(tmp_path, monkeypat
 
     from helpers.train import RunResult
 
-    def wrong_size(name, cfg, size, **kwargs):
-        return RunResult(name=name, model=size, params=123, config=name, precision="fp16", micro_batch=2,
+    def wrong_size(spec):
+        return RunResult(name=spec.name, model=spec.model, params=123, config=spec.name, precision="fp16", micro_batch=2,
                          grad_accum=1, seq_len=32, steps=2, checkpointing=True, runtime="", losses=[2.0, 1.0])
 
     monkeypatch.setattr(ladder.helpers, "detect_runtime", lambda: fake_runtime(t4_budget=True))

@@ -130,11 +130,11 @@ def test_two_kernels_on_one_nvme_path_keep_their_own_swap_files(tmp_path, monkey
     a_file.write_bytes(b"\0" * 4096)  # kernel A is mid-run
     seen = {}
 
-    def child(run_name, cfg, model, **kw):  # kernel B's child: writes its swap file, sees A's
-        folder = Path(cfg["zero_optimization"]["offload_optimizer"]["nvme_path"])
+    def child(spec):  # kernel B's child: writes its swap file, sees A's
+        folder = Path(spec.ds_config["zero_optimization"]["offload_optimizer"]["nvme_path"])
         (folder / "0_1.tensor.swp").write_bytes(b"\0" * 4096)
         seen.update(nvme_path=folder, a_file=a_file.exists())  # the config is the one home of the NVMe path
-        return RunResult(name=run_name, model=model, params=0, config=run_name, precision="fp16", micro_batch=2,
+        return RunResult(name=spec.name, model=spec.model, params=0, config=spec.name, precision="fp16", micro_batch=2,
                          grad_accum=1, seq_len=32, steps=4, checkpointing=True, runtime="fake", error="a fake child")
 
     monkeypatch.setattr(fp, "train_in_fresh_process", child)

@@ -286,8 +286,9 @@ def test_build_ops_builds_once_and_a_child_after_it_compiles_nothing(tmp_path, c
     ds = helpers.load_text_dataset("local")
     helpers.train_tokenizer(ds["train"]["text"][:400], tmp_path / "tok")
     cfg = helpers.config.offload_config("zero2_offload_cpu", rt, micro_batch_size=2, lr=1e-3, warmup_steps=1)
-    r = helpers.fresh_process.train_in_fresh_process("zero2 offload", cfg, "gpt2-tiny", tokenizer_dir=tmp_path / "tok", steps=3,
-                                       seq_len=32, max_blocks=16, progress=False)
+    fp = helpers.fresh_process
+    r = fp.train_in_fresh_process(fp.FreshRunSpec("zero2 offload", cfg, "gpt2-tiny", tokenizer_dir=tmp_path / "tok",
+                                                  steps=3, seq_len=32, max_blocks=16, progress=False))
     assert not r.error, r.error
     assert "compiled_ops" not in r.extras and "compiled DeepSpeed's" not in capsys.readouterr().out
     assert len(r.step_seconds) == 2  # 3 steps, the first untimed: the spread of tokens/s (helpers.train.compare_speed)
