@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import gc
+import os
 import statistics
 import sys
 import time
@@ -49,10 +50,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--no-checkpointing", dest="checkpointing", action="store_false")
     p.add_argument("--profile", action="store_true", help="torch.profiler over 2 more steps of each run")
+    p.add_argument("--cpus", type=int, default=0,
+                   help="run on this many CPU cores (affinity and torch threads), as notebook 01's Colab emulation "
+                        "runs on 2; 0: all this process may use")
     p.add_argument("--out", type=Path, default=ROOT / "reports" / "zero0_fp16_step.json")
     args = p.parse_args(argv)
-    for name in ("warmup", "steps", "micro_batch", "seq_len"):
-        if getattr(args, name) < (0 if name == "warmup" else 1):
+    for name in ("warmup", "steps", "micro_batch", "seq_len", "cpus"):
+        if getattr(args, name) < (0 if name in ("warmup", "cpus") else 1):
             p.error(f"--{name.replace('_', '-')} {getattr(args, name)} is too small. Fix: --{name.replace('_', '-')} "
                     f"{p.get_default(name)}")
     return args
@@ -197,8 +201,8 @@ def markdown(report: dict[str, Any]) -> str:
     s = report["settings"]
     lines = [f"# ZeRO-0 in fp16: one step four ways ({report['device']}, {report['date']})", "",
              f"GPT-2 small, fp16, micro-batch {s['micro_batch']} x {s['seq_len']} tokens, activation checkpointing "
-             f"{'on' if s['checkpointing'] else 'off'}, {s['warmup']} warm-up + {s['steps']} timed steps; torch "
-             f"{report['torch']}, DeepSpeed {report['deepspeed']}.", "",
+             f"{'on' if s['checkpointing'] else 'off'}, {s.get('cpus', '?')} CPU cores, {s['warmup']} warm-up + "
+             f"{s['steps']} timed steps; torch {report['torch']}, DeepSpeed {report['deepspeed']}.", "",
              "| run | optimizer (DeepSpeed's wrapper) | tokens/s | x plain | median step ms | build s | syncs/step "
              "| DtoH copies/step | kernel launches/step |", "|---|---|---|---|---|---|---|---|---|"]
     for r in report["runs"]:
@@ -229,16 +233,19 @@ def main(argv: list[str] | None = None) -> int:
         print("zero0_fp16_step.py needs a CUDA GPU: it times DeepSpeed's fp16 optimizers, which DeepSpeed refuses on "
               "CPU. Fix: run it on the GPU machine (scripts/gpu_pending.sh zero0).", file=sys.stderr)
         return 2
+    if args.cpus:
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:args.cpus])
+        torch.set_num_threads(args.cpus)
     import deepspeed
 
-    sys.path.insert(0, str(ROOT))
     import _bench
 
     report: dict[str, Any] = {
         "date": dt.date.today().isoformat(), "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
         "deepspeed": deepspeed.__version__,
         "settings": {"micro_batch": args.micro_batch, "seq_len": args.seq_len, "warmup": args.warmup,
-                     "steps": args.steps, "checkpointing": args.checkpointing, "precision": "fp16"},
+                     "steps": args.steps, "checkpointing": args.checkpointing, "precision": "fp16",
+                     "cpus": args.cpus or len(os.sched_getaffinity(0))},
         "runs": []}
     plain_tps = None
     for name, config, torch_adam in RUNS:
