@@ -21,6 +21,10 @@
 #   drafts_alone  (a short call, when too little device time is left for `notebooks`) benchmarks/cuda_context.py,
 #                 then the drafts 00, 01, 04 promoted and run each ALONE under the emulation, 01 and 04 twice, then
 #                 verdicts.py (verdicts.md): run a's executed copies and parts come back as evidence.tgz (~400 s)
+#   zero0         benchmarks/zero0_fp16_step.py --profile: one fp16 step of GPT-2 small as plain AMP, ZeRO-0 with
+#                 torch_adam true and false (FusedAdam: its fused_adam op is JIT-built first) and ZeRO-2, with
+#                 torch.profiler's host-device syncs per step (docs/decisions.md: ZeRO-0 in fp16 is slow; ~120 s).
+#                 Brings back zero0_fp16_step.json/.md and zero0.log (commit them as reports/zero0_fp16_step.*)
 # DRAFTS="01": drafts_alone promotes and runs that draft only (with RUNS=a and the context: ~220 s).
 # RUNS=a: drafts_alone and speed_twice run each notebook once (no verdicts.md; ~300 s for drafts_alone).
 # PROMOTE="00 01 04": the notebooks step promotes these drafts only (default: every draft in the checkout).
@@ -109,7 +113,12 @@ step_drafts_alone() {
   alone_twice "${nbs[@]}"
 }
 
-[ $# -gt 0 ] || { echo "usage: gpu_pending.sh notebooks|context_long|context_cpu|context_and_notebooks|speed_twice|drafts_alone ..." >&2; exit 2; }
+step_zero0() {
+  timeout 200 python3 benchmarks/zero0_fp16_step.py --profile --out "$OUT/zero0_fp16_step.json" > "$OUT/zero0.log" 2>&1
+  say "zero0_fp16_step: exit $?"
+}
+
+[ $# -gt 0 ] || { echo "usage: gpu_pending.sh notebooks|context_long|context_cpu|context_and_notebooks|speed_twice|drafts_alone|zero0 ..." >&2; exit 2; }
 for s in "$@"; do
   say "step $s"
   "step_$s"
