@@ -279,6 +279,7 @@ def _own_nvme_run(args: list[str], nvme_path: str | os.PathLike[str] | None) -> 
     otherwise `args` as they are and None. Two kernels of notebook 07 would otherwise swap under the same names, and
     DeepSpeed empties its rank folder when it starts (issue 41 item 7); notebook 02's runs swap under the same
     per-process folder (helpers.runtime._own_nvme_folder)."""
+    from helpers.config import _nvme_sections, _real_folder
     from helpers.runtime import _own_nvme_folder
 
     flag = next((i for i, a in enumerate(args) if a == "--deepspeed" or a.startswith("--deepspeed=")), None)
@@ -289,15 +290,11 @@ def _own_nvme_run(args: list[str], nvme_path: str | os.PathLike[str] | None) -> 
         config = json.loads(Path(given).read_text())
     except (OSError, ValueError):  # the script says what is wrong with its config
         return args, None
-    def real(path: str | os.PathLike[str]) -> str:
-        return os.path.realpath(os.path.expanduser(os.fspath(path)))
-
     moved = []  # (an offload section that swaps into nvme_path, its folder relative to nvme_path)
-    for section in (config.get("zero_optimization") or {}).values():
-        if isinstance(section, dict) and section.get("device") == "nvme" and isinstance(section.get("nvme_path"), str):
-            rel = os.path.relpath(real(section["nvme_path"]), real(nvme_path))
-            if rel != os.pardir and not rel.startswith(os.pardir + os.sep):
-                moved.append((section, rel))
+    for _, section in _nvme_sections(config):
+        rel = os.path.relpath(_real_folder(str(section["nvme_path"])), _real_folder(nvme_path))
+        if rel != os.pardir and not rel.startswith(os.pardir + os.sep):
+            moved.append((section, rel))
     if not moved:  # no NVMe offload, or a folder of the learner's own elsewhere
         return args, None
     run = _own_nvme_folder(nvme_path) / _OWN_RUN_FOLDER

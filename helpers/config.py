@@ -153,20 +153,30 @@ def _check_nvme_folder(path: Any, bytes_needed: int, *, smaller: str) -> Path:
 
 
 # where a DeepSpeed config swaps to NVMe, and the rows of the estimate (`estimate_for_config(...).nvme`) it puts there
-_NVME_SWAPS = (("offload_param", ("params",)), ("offload_optimizer", ("optimizer", "grads")))
+_NVME_SWAPS = {"offload_param": ("params",), "offload_optimizer": ("optimizer", "grads")}
+
+
+def _real_folder(path: str | os.PathLike[str]) -> str:
+    """A folder as the course compares them: ~ expanded, links resolved."""
+    return os.path.realpath(os.path.expanduser(os.fspath(path)))
+
+
+def _nvme_sections(config: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """[(section name, the section)] of a DeepSpeed config's offload sections that swap to an NVMe folder, in the
+    order offload_param, offload_optimizer: where the NVMe path lives (zero_optimization.offload_param /
+    offload_optimizer .nvme_path) and nowhere beside it."""
+    zero = config.get("zero_optimization") or {}
+    return [(name, part) for name in _NVME_SWAPS if isinstance(part := zero.get(name), dict)
+            and part.get("device") == "nvme" and part.get("nvme_path")]
 
 
 def _nvme_folders_of(config: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
-    """{NVMe folder (real path, ~ expanded): the estimate's rows DeepSpeed swaps there} of a DeepSpeed config, in
-    the order offload_param, offload_optimizer. The one reader of the NVMe path: it lives in the config
-    (zero_optimization.offload_param / offload_optimizer .nvme_path) and nowhere beside it."""
-    zero = config.get("zero_optimization") or {}
+    """{NVMe folder (`_real_folder`): the estimate's rows DeepSpeed swaps there} of a DeepSpeed config, in the order
+    offload_param, offload_optimizer. The one reader of the NVMe path (`_nvme_sections`)."""
     folders: dict[str, tuple[str, ...]] = {}
-    for section, rows in _NVME_SWAPS:
-        part = zero.get(section) or {}
-        if part.get("device") == "nvme" and part.get("nvme_path"):
-            folder = os.path.realpath(os.path.expanduser(str(part["nvme_path"])))
-            folders[folder] = folders.get(folder, ()) + rows
+    for name, part in _nvme_sections(config):
+        folder = _real_folder(str(part["nvme_path"]))
+        folders[folder] = folders.get(folder, ()) + _NVME_SWAPS[name]
     return folders
 
 
