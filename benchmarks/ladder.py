@@ -95,7 +95,7 @@ def predict(name: str, size: str, runtime, nvme: str | None, micro_batch: int, s
     if not plain:
         states = helpers.estimate_for_config(cfg, shape.n_params, largest_layer_params=shape.largest_layer_params,
                                              zero_init=cfg["zero_optimization"]["stage"] == 3,
-                                             chunked_overflow_check=chunked_overflow_check)
+                                             chunked_overflow_check=chunked_overflow_check, on_gpu=runtime.has_gpu)
     cpu = states.n_params * 4 if plain else states.cpu_total  # plain: the fp32 model built on CPU
     return {"predicted_vram_gib": round(est.peak_bytes / GiB, 2),
             "predicted_rss_gb": round(cpu / GB + baseline_rss_gb, 2),

@@ -40,8 +40,11 @@ OVERFLOW_CHECK_BYTES_PER_PARAM = 3
 RUNTIME_GROWTH_BYTES = 950_000_000
 # Without a GPU (bf16/fp32 runs on CPU) ZeRO-3's zero.Init builds each layer's partitions in host RAM, copies them
 # into DeepSpeed's flat buffer and frees them into glibc's heap, which keeps them: measured on CPU (GPT-2 large,
-# reports/host_memory_cpu.md) 2.4-3.2 GB above the traced storages, 3.1-4.1 bytes/param ('staging'). bf16 on a GPU
-# was not measured: the same allowance is kept there.
+# reports/host_memory_cpu.md) 2.4-3.2 GB above the traced storages, 3.1-4.1 bytes/param ('staging'). On a GPU the
+# partitions are built in GPU memory, so a GPU runtime counts no staging in any precision; bf16 and fp32 on a GPU
+# count what fp16 does less the overflow check, which DeepSpeed 0.19.8 runs for fp16 only (stage3.py:2815,
+# `if self.dtype == torch.float16: self.check_overflow()`). Issue 41 item 6: GPT-2 2.7B, bf16 ZeRO-3 with the
+# optimizer on NVMe on a whole H200 peaked at 10.95 GB RSS where the CPU account (staging) predicted 18.5 GB.
 STAGE3_OFFLOAD_STAGING_BYTES_PER_PARAM = 3.5
 
 
@@ -137,7 +140,7 @@ def _check_estimate_arguments(n_params: Any, stage: Any, offload_optimizer: Any,
 
 
 def _offloaded_optimizer(cpu: dict[str, int], nvme: dict[str, int], device: str, *, stage: int, psi: int, n: int,
-                         e: int, opt_share: int, sub_group: int, precision: str) -> None:
+                         e: int, opt_share: int, sub_group: int, on_gpu: bool) -> None:
     """The optimizer states and the gradients they step on, on the host or NVMe (`estimate_model_states`)."""
     target = cpu if device == "cpu" else nvme
     target["optimizer"] = opt_share * n  # all ranks of the node share the host
@@ -145,7 +148,7 @@ def _offloaded_optimizer(cpu: dict[str, int], nvme: dict[str, int], device: str,
         # 16-bit gradient partitions, then the fp32 gradients the optimizer steps on; with NVMe those are
         # swapped out with their sub-group (DeepSpeed's swap_out_gradients) and one sub-group is in RAM (in fp16 on
         # a GPU only while the optimizer states are initialised: counted with the step's moments, 'step on host')
-        nvme_fp32_grads = 0 if precision == "fp16" else 4 * sub_group
+        nvme_fp32_grads = 0 if on_gpu else 4 * sub_group
         cpu["grads"] = e * psi + (4 * psi if device == "cpu" else nvme_fp32_grads)
         if device == "nvme":
             nvme["grads"] = 4 * psi
@@ -154,19 +157,31 @@ def _offloaded_optimizer(cpu: dict[str, int], nvme: dict[str, int], device: str,
 
 
 def _stage3_offload_host_extras(precision: str, offload_optimizer: str, *, psi: int, largest_sub_group: int,
-                                chunked_overflow_check: bool) -> dict[str, int]:
-    """What ZeRO-3 with offload adds in RAM beyond the states (`estimate_model_states`): on a GPU (fp16) the step's
-    largest host moment and the runtime's growth; on CPU (bf16/fp32) the measured staging."""
-    if precision != "fp16":  # DeepSpeed refuses fp16 on CPU: bf16/fp32 is a CPU runtime
+                                chunked_overflow_check: bool, on_gpu: bool) -> dict[str, int]:
+    """What ZeRO-3 with offload adds in RAM beyond the states (`estimate_model_states`): on a GPU the step's
+    largest host moment (fp16's overflow check among them) and the runtime's growth; on CPU the measured staging."""
+    if not on_gpu:
         return {"staging": int(STAGE3_OFFLOAD_STAGING_BYTES_PER_PARAM * psi)}
     extras: dict[str, int] = {}
     if offload_optimizer != "none":
-        overflow = 0 if chunked_overflow_check else OVERFLOW_CHECK_BYTES_PER_PARAM * psi
+        # DeepSpeed checks for overflow in fp16 only (stage3.py:2815): bf16 and fp32 have no loss scale
+        checked = precision == "fp16" and not chunked_overflow_check
+        overflow = OVERFLOW_CHECK_BYTES_PER_PARAM * psi if checked else 0
         # with NVMe: the first step's Adam moments of one sub-group (8 B), or at initialisation its fp32
         # gradient buffer (4 B): at other moments than the overflow check, so the largest of the three counts
         extras["step on host"] = max(overflow, 8 * largest_sub_group if offload_optimizer == "nvme" else 0)
     extras["runtime"] = RUNTIME_GROWTH_BYTES
     return extras
+
+
+def _gpu_runtime(precision: str) -> bool:
+    """Whether a run in `precision` runs on a GPU here: fp16 always does (DeepSpeed refuses it on CPU), bf16 and fp32
+    when this process sees a CUDA GPU."""
+    if precision == "fp16":
+        return True
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def estimate_model_states(
@@ -185,6 +200,7 @@ def estimate_model_states(
     sub_group_size: int = 1_000_000_000,
     zero_init: bool = False,
     chunked_overflow_check: bool = False,
+    on_gpu: bool | None = None,
 ) -> ModelStateEstimate:
     """Model-state bytes per GPU and per node CPU for a ZeRO `stage` (None: plain PyTorch AMP + AdamW) (notebook 00).
 
@@ -201,10 +217,13 @@ def estimate_model_states(
     gradients then live on NVMe beside the optimizer states: 16 Ψ on disk). ZeRO-3 with offload in fp16 (a GPU
     runtime) adds the largest moment of the step in RAM ('step on host': DeepSpeed's overflow check, 3 Ψ, or with
     `chunked_overflow_check` (helpers.chunk_zero3_overflow_check) nothing, or the first step's Adam moments
-    of one NVMe sub-group, 8 B each, whichever is larger) and what the runtime grows by ('runtime'); in bf16/fp32
-    (CPU runtimes) `STAGE3_OFFLOAD_STAGING_BYTES_PER_PARAM` ('staging', measured, see there).
+    of one NVMe sub-group, 8 B each, whichever is larger) and what the runtime grows by ('runtime'); bf16 and fp32
+    on a GPU the same without the overflow check. Without a GPU (bf16/fp32; DeepSpeed refuses fp16 on CPU) it adds
+    `STAGE3_OFFLOAD_STAGING_BYTES_PER_PARAM` ('staging', measured, see there) instead. `on_gpu` None: fp16 is a GPU
+    runtime, bf16/fp32 one when this process sees a CUDA GPU.
     """
     _check_estimate_arguments(n_params, stage, offload_optimizer, offload_param, n_gpus, largest_layer_params)
+    on_gpu = _gpu_runtime(precision) if on_gpu is None else bool(on_gpu)
     psi, n = int(n_params), int(n_gpus)
     if stage is None:
         label = "plain PyTorch AMP + AdamW" if precision != "fp32" else "plain PyTorch + AdamW"
@@ -237,7 +256,7 @@ def estimate_model_states(
     else:
         parts.append(f"optimizer->{offload_optimizer}")
         _offloaded_optimizer(cpu, nvme, offload_optimizer, stage=stage, psi=psi, n=n, e=e, opt_share=opt_share,
-                             sub_group=min(int(sub_group_size), psi), precision=precision)
+                             sub_group=min(int(sub_group_size), psi), on_gpu=on_gpu)
     # parameters
     if offload_param == "none":
         gpu["params"] = param_share
@@ -264,7 +283,7 @@ def estimate_model_states(
     if stage == 3 and (offload_optimizer != "none" or offload_param != "none"):
         cpu.update(_stage3_offload_host_extras(precision, offload_optimizer, psi=psi,
                                                largest_sub_group=largest_sub_group,
-                                               chunked_overflow_check=chunked_overflow_check))
+                                               chunked_overflow_check=chunked_overflow_check, on_gpu=on_gpu))
     cpu["model copy"] = 0 if (zero_init and stage == 3) else 4 * psi
     if precision:
         parts.append(precision)
@@ -281,9 +300,10 @@ def model_states_per_gpu(n_params: int, precision: str = "fp16",
 
 def estimate_for_config(config: dict[str, Any], n_params: int, *, n_gpus: int = 1,
                         largest_layer_params: int = 0, zero_init: bool = False,
-                        chunked_overflow_check: bool | None = None) -> ModelStateEstimate:
+                        chunked_overflow_check: bool | None = None, on_gpu: bool | None = None) -> ModelStateEstimate:
     """`estimate_model_states` read off a DeepSpeed config dict (stage, offload, precision) (notebook 00).
-    `chunked_overflow_check` None: whether this process has called helpers.chunk_zero3_overflow_check()."""
+    `chunked_overflow_check` None: whether this process has called helpers.chunk_zero3_overflow_check(); `on_gpu`
+    None: as `estimate_model_states` decides it."""
     if chunked_overflow_check is None:
         chunked_overflow_check = chunked_overflow_check_active()
     zero = config.get("zero_optimization", {})
@@ -301,7 +321,7 @@ def estimate_for_config(config: dict[str, Any], n_params: int, *, n_gpus: int = 
         reduce_bucket_elements=int(zero.get("reduce_bucket_size", 500_000_000))
         if zero.get("contiguous_gradients", True) else 0,
         overlap_comm=bool(zero.get("overlap_comm", False)), zero_init=zero_init,
-        chunked_overflow_check=chunked_overflow_check, **kwargs)
+        chunked_overflow_check=chunked_overflow_check, on_gpu=on_gpu, **kwargs)
 
 
 def deepspeed_estimate(n_params: int, stage: int, *, offload_optimizer: str = "none",

@@ -320,7 +320,8 @@ def _disk_budget(runtime: "Runtime", nvme_path: Any) -> int:
 def _check(config: dict[str, Any], n_params: int, runtime: "Runtime", largest_layer_params: int,
            activation_bytes: int, nvme_path: Any, zero_init: bool, ram_in_use: int) -> PreflightReport:
     """Pre-flight of one config, without suggestions."""
-    est = estimate_for_config(config, n_params, largest_layer_params=largest_layer_params, zero_init=zero_init)
+    est = estimate_for_config(config, n_params, largest_layer_params=largest_layer_params, zero_init=zero_init,
+                              on_gpu=runtime.has_gpu)
     zero = config.get("zero_optimization", {})
     transient = estimate_step_transient(n_params, int(zero.get("stage", 0)), precision=est.label.rsplit(" + ", 1)[-1],
                                         offload_optimizer=zero.get("offload_optimizer", {}).get("device", "none"),

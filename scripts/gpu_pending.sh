@@ -25,6 +25,9 @@
 #                 torch_adam true and false (FusedAdam: its fused_adam op is JIT-built first) and ZeRO-2, with
 #                 torch.profiler's host-device syncs per step (docs/decisions.md: ZeRO-0 in fp16 is slow; ~120 s).
 #                 Brings back zero0_fp16_step.json/.md and zero0.log (commit them as reports/zero0_fp16_step.*)
+#   bf16_ram      benchmarks/ladder.py in bf16 on the whole GPU (no emulation), ZeRO-3 offload rungs of GPT-2 large
+#                 and XL (issue 41 item 6: the RAM estimate for bf16 on a GPU). Brings back ladder_bf16.json/.md/.log
+#                 (commit as reports/ladder_bf16.*; tests/test_ladder checks pre-flight against it). ~300 s
 # DRAFTS="01": drafts_alone promotes and runs that draft only (with RUNS=a and the context: ~220 s).
 # RUNS=a: drafts_alone and speed_twice run each notebook once (no verdicts.md; ~300 s for drafts_alone).
 # PROMOTE="00 01 04": the notebooks step promotes these drafts only (default: every draft in the checkout).
@@ -118,7 +121,18 @@ step_zero0() {
   say "zero0_fp16_step: exit $?"
 }
 
-[ $# -gt 0 ] || { echo "usage: gpu_pending.sh notebooks|context_long|context_cpu|context_and_notebooks|speed_twice|drafts_alone|zero0 ..." >&2; exit 2; }
+step_bf16_ram() {
+  # issue 41 item 6: pre-flight's RAM for bf16 on a GPU (no fp16 overflow check, no CPU 'staging'), on the whole GPU
+  # (no emulation: bf16 is what a bigger GPU runs); every rung runs, the ones pre-flight would refuse included
+  DS_COURSE_T4_BUDGET= timeout 400 python3 benchmarks/ladder.py --sizes gpt2-large gpt2-xl \
+    --configs zero3_offload_cpu zero3_nvme_optimizer_gpu_params zero3_nvme_optimizer \
+    --verify-refusals zero3_offload_cpu zero3_nvme_optimizer_gpu_params zero3_nvme_optimizer \
+    --fresh --deadline-s 300 --nvme-path /tmp/bf16-nvme --work-dir /tmp/bf16-bench \
+    --out "$OUT/ladder_bf16.json" >"$OUT/ladder_bf16.log" 2>&1
+  say "ladder bf16: exit $?"
+}
+
+[ $# -gt 0 ] || { echo "usage: gpu_pending.sh notebooks|context_long|context_cpu|context_and_notebooks|speed_twice|drafts_alone|zero0|bf16_ram ..." >&2; exit 2; }
 for s in "$@"; do
   say "step $s"
   "step_$s"

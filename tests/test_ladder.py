@@ -257,6 +257,27 @@ def test_preflight_ram_is_within_10_percent_of_every_measured_gpu_rung():
     assert not off, off
 
 
+# Issue 41 item 6: GPT-2 2.7B, zero3_nvme_optimizer_gpu_params in bf16 on a whole H200 (ladder.py --emulate before
+# 0bb06da, which ran bf16 with the whole GPU), peaked at 10.95 GB RSS; pre-flight had predicted 18.5 GB from the
+# CPU runtime's account. scripts/gpu_pending.sh bf16_ram measures more rungs (reports/ladder_bf16.json).
+BF16_2P7B_PEAK_RSS_GB = 10.95
+
+
+def test_preflight_ram_for_bf16_on_a_gpu_holds_the_measured_2p7b_rung():
+    """bf16 on a GPU: no fp16 overflow check and no CPU staging; the 2.7B rung's prediction within 10 % of its peak,
+    where the CPU runtime's account (staging) is more than 50 % over it."""
+    import dataclasses
+
+    import helpers
+
+    gpu_bf16 = dataclasses.replace(helpers.detect_runtime(t4_budget=False), device="cuda", precision="bf16")
+    cpu_bf16 = dataclasses.replace(gpu_bf16, device="cpu")
+    on_gpu = ladder.predict("zero3_nvme_optimizer_gpu_params", "gpt2-2.7b", gpu_bf16, "/content/nvme", 2, 512, 1.33)
+    on_cpu = ladder.predict("zero3_nvme_optimizer_gpu_params", "gpt2-2.7b", cpu_bf16, "/content/nvme", 2, 512, 1.33)
+    assert abs(on_gpu["predicted_rss_gb"] - BF16_2P7B_PEAK_RSS_GB) <= 0.10 * BF16_2P7B_PEAK_RSS_GB, on_gpu
+    assert on_cpu["predicted_rss_gb"] > 1.5 * BF16_2P7B_PEAK_RSS_GB, on_cpu
+
+
 def test_the_fresh_runtime_command_repeats_a_rung_with_its_own_settings():
     """Issue 25: the 2.7B rung of the emulated ladder ran with its own lr and steps and the chunked overflow check; the
     command the planner and notebook 02 print for it passes those (ladder.py accepts each), and a rung run with the

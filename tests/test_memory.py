@@ -55,14 +55,38 @@ def test_param_offload_keeps_only_live_layers_on_gpu():
     # at each step, and what the runtime grows by (reports/host_memory.md)
     assert e.cpu["step on host"] == 3 * PSI and e.cpu["runtime"] == RUNTIME_GROWTH_BYTES and "staging" not in e.cpu
     assert e.cpu_total == 2**21 + 6 * PSI + 12 * PSI + 3 * PSI + RUNTIME_GROWTH_BYTES
-    # helpers.chunk_zero3_overflow_check: min/max per slice, no temporary; bf16/fp32 (CPU runtimes): the zero.Init
-    # heap allowance
+    # helpers.chunk_zero3_overflow_check: min/max per slice, no temporary; bf16/fp32 without a GPU (CPU runtimes):
+    # the zero.Init heap allowance
     chunked = estimate_model_states(PSI, 3, precision="fp16", offload_optimizer="cpu", offload_param="cpu",
                                     largest_layer_params=50_000, zero_init=True, chunked_overflow_check=True)
     assert chunked.cpu["step on host"] == 0
     bf16 = estimate_model_states(PSI, 3, precision="bf16", offload_optimizer="cpu", offload_param="cpu",
-                                 largest_layer_params=50_000, zero_init=True)
+                                 largest_layer_params=50_000, zero_init=True, on_gpu=False)
     assert bf16.cpu["staging"] == 3.5 * PSI and "step on host" not in bf16.cpu and "runtime" not in bf16.cpu
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+@pytest.mark.parametrize("device", ["cpu", "nvme"])
+def test_bf16_and_fp32_on_a_gpu_count_fp16s_host_bytes_less_the_overflow_check(precision, device):
+    """Issue 41 item 6: on a GPU, bf16/fp32 ZeRO-3 offload has no CPU staging (zero.Init builds the partitions in GPU
+    memory) and no overflow check (DeepSpeed checks in fp16 only): fp16's account with the chunked check, less the
+    16-bit buffers fp32 does not have."""
+    kw = dict(offload_optimizer=device, offload_param=device, largest_layer_params=50_000, zero_init=True,
+              nvme_buffer_count=4, nvme_buffer_size=600_000, sub_group_size=100_000)
+    gpu = estimate_model_states(PSI, 3, precision=precision, on_gpu=True, **kw)
+    assert "staging" not in gpu.cpu and gpu.cpu["runtime"] == RUNTIME_GROWTH_BYTES
+    assert gpu.cpu["step on host"] == (8 * 100_000 if device == "nvme" else 0)
+    if precision == "bf16":
+        fp16 = estimate_model_states(PSI, 3, precision="fp16", chunked_overflow_check=True, **kw)
+        assert gpu.cpu == fp16.cpu and gpu.nvme == fp16.nvme
+        assert estimate_model_states(PSI, 3, precision="fp16", **kw).cpu_total > gpu.cpu_total  # the check
+    cpu = estimate_model_states(PSI, 3, precision=precision, on_gpu=False, **kw)
+    assert "runtime" not in cpu.cpu and cpu.cpu["staging"] == 3.5 * PSI
+    # None: fp16 is a GPU runtime; bf16/fp32 one when this process sees a CUDA GPU (CI has none)
+    import torch
+
+    assert estimate_model_states(PSI, 3, precision=precision, **kw).cpu == (
+        gpu if torch.cuda.is_available() else cpu).cpu
 
 
 def test_pinned_buffers_round_up_to_a_power_of_two():
@@ -81,7 +105,7 @@ def test_nvme_offload_puts_states_on_disk_and_buffers_in_ram():
     # states are initialised in fp16 (counted in 'step on host'), and always on a CPU runtime (bf16/fp32)
     assert e.cpu["grads"] == 2 * PSI
     bf16 = estimate_model_states(PSI, 3, precision="bf16", offload_optimizer="nvme", offload_param="nvme",
-                                 nvme_buffer_count=4, nvme_buffer_size=600_000, sub_group_size=100_000)
+                                 nvme_buffer_count=4, nvme_buffer_size=600_000, sub_group_size=100_000, on_gpu=False)
     assert bf16.cpu["grads"] == 2 * PSI + 4 * 100_000
     cfg = build_ds_config(3, precision="fp16", offload_optimizer="nvme", offload_param="nvme", nvme_path="/x",
                           check_paths=False, nvme_buffer_count=4, nvme_buffer_size=600_000, sub_group_size=100_000)
