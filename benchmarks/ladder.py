@@ -5,8 +5,10 @@
 
 Each rung (a model size with a config) trains a few steps in a FRESH Python process, as a new Colab kernel
 would: peak RSS then belongs to that rung alone (pinned and cached host memory of an earlier rung would
-otherwise stay in the process). A rung *fits* when it ran, the loss fell and it stayed within the budgets:
-VRAM (the T4 cap makes PyTorch raise out-of-memory), peak process RSS <= 12.7 GB and NVMe folder <= 60 GB.
+otherwise stay in the process). A rung *fits* when it ran its steps within the budgets: VRAM (the T4 cap makes
+PyTorch raise out-of-memory), peak process RSS <= 12.7 GB and NVMe folder <= 60 GB. Whether it *learns* is judged
+apart (issue 42): the loss fell by helpers.train.LOSS_FALL_NATS (first loss against the mean of the last three) and no
+timed step was skipped by fp16 overflow. `--rejudge` judges the rows of --out again by these rules, running nothing.
 
 Search: plain PyTorch climbs from the smallest size until its first failure (the OOM wall). Each DeepSpeed
 config starts AT that wall: it climbs while it fits, and if the wall itself does not fit it steps down until
@@ -38,6 +40,7 @@ from helpers.memory import estimate_run
 from helpers.models import GPT2_LADDER
 from helpers.planner import LADDER_LR, LADDER_UNTIMED_STEPS, ladder_flags
 from helpers.records import report_gb
+from helpers.train import LOSS_FALL_NATS, loss_fell
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))  # colab_emulation, for --emulate
@@ -66,20 +69,58 @@ def ladder_config(name: str, runtime, nvme_path: str | None, largest_param: int,
 
 
 def verdict(r: dict, ram_budget_gb: float) -> tuple[bool, str]:
-    """(fits, reason) of one measured rung."""
+    """(fits, reason) of one measured rung: it ran its steps within the budgets (memory; whether it learned is
+    `learns`)."""
     if r["error"]:
         return False, r["error"]
-    losses = r["losses"]
-    if len(losses) < 2 or not losses[-1] < losses[0]:
-        return False, f"loss did not fall ({losses[0]:.3f} -> {losses[-1]:.3f})" if losses else "no steps ran"
-    if r.get("skipped_timed_steps"):
-        return False, (f"{r['skipped_timed_steps']} timed step(s) skipped by fp16 overflow (the loss scale was still "
-                       "settling): run it with more --untimed-steps")
+    if not r["losses"]:
+        return False, "no steps ran"
     if report_gb(r, "peak_rss") > ram_budget_gb:
         return False, f"peak RSS {report_gb(r, 'peak_rss'):.1f} GB > {ram_budget_gb} GB RAM budget"
     if report_gb(r, "disk") > DISK_BUDGET_GB:
         return False, f"NVMe folder {report_gb(r, 'disk'):.1f} GB > {DISK_BUDGET_GB} GB disk budget"
     return True, ""
+
+
+NOT_JUDGED = "not judged: the rung does not fit"
+
+
+def learns(r: dict, on_gpu: bool) -> tuple[bool, str]:
+    """(learns, why) of one rung that ran (issue 42): its loss fell by helpers.train.LOSS_FALL_NATS (the first loss
+    against the mean of the last three; on CPU smoke runs it only has to fall) and no timed step was skipped by fp16
+    overflow after the loss scale settled."""
+    if r.get("skipped_timed_steps"):
+        return False, (f"{r['skipped_timed_steps']} timed step(s) skipped by fp16 overflow (the loss scale was still "
+                       "settling): run it with more --untimed-steps")
+    return loss_fell(r["losses"], on_gpu=on_gpu)
+
+
+def _loss_reason(reason: str) -> bool:
+    """A reason the ladder gave before issue 42 split memory from learning: the loss's, not the memory's."""
+    return reason.startswith("loss did not fall") or "timed step(s) skipped" in reason
+
+
+def judge(row: dict, ram_budget_gb: float, on_gpu: bool) -> dict:
+    """A committed row judged again by today's rules (--rejudge): fits/reason from its memory (a failure it recorded
+    stays one), learns/learn_reason from its losses; a rung that did not run keeps its reason."""
+    if not row.get("ran", True):
+        return {**row, "fits": False, "learns": False, "learn_reason": "not run"}
+    error = row.get("error") or ("" if row["fits"] or _loss_reason(row["reason"]) else row["reason"])
+    fits, reason = verdict({**row, "error": error}, ram_budget_gb)
+    taught, why = learns(row, on_gpu) if fits else (False, NOT_JUDGED)
+    return {**row, "fits": fits, "reason": reason, "learns": taught, "learn_reason": why}
+
+
+def rejudge(path: Path) -> dict:
+    """Rewrite the report at `path` (and its .md) with every row judged by `judge`, against the report's own RAM
+    budget; nothing is run again."""
+    report = json.loads(path.read_text())
+    on_gpu = not report["runtime"].startswith("CPU")
+    report["rows"] = [judge(r, report["budgets"]["ram_gb"], on_gpu) for r in report["rows"]]
+    report["summary"] = summary(report["rows"])
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    path.with_suffix(".md").write_text(markdown(report))
+    return report
 
 
 def predict(name: str, size: str, runtime, nvme: str | None, micro_batch: int, seq_len: int,
@@ -159,8 +200,19 @@ def summary(rows: list[dict]) -> dict:
             best[r["config"]] = {"model": r["model"], "params": r["params"]}
     plain = best.get("plain", {}).get("params", 0)
     ds_best = max((v["params"] for k, v in best.items() if k != "plain"), default=0)
+    learned: dict[str, dict] = {}  # the largest rung per config whose loss fell by the margin (issue 42)
+    for r in rows:
+        if r["fits"] and r.get("learns") and r["params"] > learned.get(r["config"], {}).get("params", 0):
+            learned[r["config"]] = {"model": r["model"], "params": r["params"]}
     return {"largest_per_config": best, "deepspeed_over_plain": round(ds_best / plain, 2) if plain else None,
-            "target_4x_met": bool(plain and ds_best >= 4 * plain)}
+            "target_4x_met": bool(plain and ds_best >= 4 * plain), "largest_learning_per_config": learned}
+
+
+def _learns_cell(r: dict) -> str:
+    """The `learns` column: yes/no and the loss's reason, or '-' for a rung that did not run its steps."""
+    if not r.get("fits") or "learns" not in r:
+        return "-"
+    return f"{'yes' if r['learns'] else 'no'}: {r.get('learn_reason', '')}"
 
 
 def markdown(report: dict) -> str:
@@ -169,20 +221,25 @@ def markdown(report: dict) -> str:
              f"micro-batch {s['micro_batch']} x {s['seq_len']} tokens, {s['steps']} steps, activation checkpointing, "
              f"{report['precision']}; budgets: VRAM {report['budgets']['vram_gib']} GiB, RAM {report['budgets']['ram_gb']} "
              f"GB, disk {report['budgets']['disk_gb']} GB. Each rung ran in a fresh process.", "",
-             "| model | params | config | ran | fits | peak VRAM GiB | peak RSS GB (predicted) | disk GB (predicted) "
-             "| tokens/s | reason |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "A rung *fits* when it ran its steps within the budgets (memory). It *learns* when its loss fell by "
+             f"{LOSS_FALL_NATS:g} nat or more (the first loss against the mean of the last three; issue 42) with no "
+             "timed step skipped by fp16 overflow.", "",
+             "| model | params | config | ran | fits | learns | peak VRAM GiB | peak RSS GB (predicted) "
+             "| disk GB (predicted) | tokens/s | reason |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
         ran = r.get("ran", True)
         m = (lambda v: f"{v:.2f}" if ran else "-")
         lines.append(
             f"| {r['model']} | {r['params'] / 1e6:,.0f}M | {r['config']} | {'yes' if ran else 'no'} | "
-            f"{'yes' if r['fits'] else 'no'} | {m(r['peak_vram_gib'])} | "
+            f"{'yes' if r['fits'] else 'no'} | {_learns_cell(r)} | {m(r['peak_vram_gib'])} | "
             f"{m(report_gb(r, 'peak_rss'))} ({r.get('predicted_rss_gb', 0):.1f}) | "
             f"{m(report_gb(r, 'disk'))} ({r.get('predicted_disk_gb', 0):.1f}) | "
             f"{r['tokens_per_s']:,.0f} | {r['reason'][:160]} |")
     sm = report["summary"]
+    fitting = [r for r in report["rows"] if r["fits"]]
     lines += ["", f"DeepSpeed's largest / plain PyTorch's largest: {sm['deepspeed_over_plain']} "
-              f"(target >= 4: {'met' if sm['target_4x_met'] else 'NOT met'})"]
+              f"(target >= 4: {'met' if sm['target_4x_met'] else 'NOT met'}); of the {len(fitting)} rungs that fit, "
+              f"{sum(bool(r.get('learns')) for r in fitting)} learned by that rule"]
     phased = [r for r in report["rows"] if r.get("rss_by_phase_gb")]
     if phased:
         lines += ["", "Where the RAM peak happens (peak process RSS in GB while the model is built, while "
@@ -204,6 +261,8 @@ def markdown(report: dict) -> str:
                             if r.get("chunked_overflow_check") else ""))
     if report.get("not_run"):
         lines += ["", "Not run (time budget): " + ", ".join(report["not_run"])]
+    if report.get("notes"):  # written by hand into the JSON, kept through --rejudge
+        lines += ["", report["notes"]]
     return "\n".join(lines) + "\n"
 
 
@@ -240,7 +299,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lanes", nargs="*", default=[], metavar="GPU:CONFIG,CONFIG",
                    help="after plain, run these groups of configs in parallel, one GPU and an equal share of the "
                         "CPU cores each (e.g. 0:zero3_nvme_optimizer,zero2_offload_cpu 1:zero3_nvme_all)")
+    p.add_argument("--rejudge", action="store_true",
+                   help="judge the rows of --out again by today's rules (fits, learns) and rewrite it; run nothing")
     args = p.parse_args(argv)
+    if args.rejudge:
+        if not args.out.is_file():
+            raise SystemExit(f"--rejudge reads --out, and {args.out} is not a file. Fix: --out reports/ladder.json")
+        print(markdown(rejudge(args.out)))
+        return 0
 
     bad = [x for x in args.rerun if x.count(":") != 1 or x.split(":")[0] not in CONFIGS
            or x.split(":")[1] not in GPT2_LADDER]
@@ -324,12 +390,12 @@ def main(argv: list[str] | None = None) -> int:
             over.append(f"disk {pred['predicted_disk_gb']:.1f} GB > {DISK_BUDGET_GB} GB")
         free_gb = shutil.disk_usage(nvme).free / GB if nvme else 0.0
         if over and name not in args.verify_refusals:
-            row.update(ran=False, fits=False, peak_vram_gib=0.0, peak_rss_gb=0.0, disk_gb=0.0, tokens_per_s=0.0,
-                       losses=[], reason="refused by pre-flight, not run: predicted " + ", ".join(over))
+            row.update(ran=False, fits=False, learns=False, learn_reason="not run", peak_vram_gib=0.0,
+                       peak_rss_gb=0.0, disk_gb=0.0, tokens_per_s=0.0, losses=[], reason="refused by pre-flight, not run: predicted " + ", ".join(over))
         elif nvme and pred["predicted_disk_gb"] > 0.95 * free_gb:
             # within the 60 GB budget, but this machine's disk is smaller: a limit of the machine, not of the config
-            row.update(ran=False, fits=False, peak_vram_gib=0.0, peak_rss_gb=0.0, disk_gb=0.0, tokens_per_s=0.0,
-                       losses=[], machine_limit=True,
+            row.update(ran=False, fits=False, learns=False, learn_reason="not run", peak_vram_gib=0.0,
+                       peak_rss_gb=0.0, disk_gb=0.0, tokens_per_s=0.0, losses=[], machine_limit=True,
                        reason=f"not run: this machine's disk has {free_gb:.1f} GB free at {args.nvme_path}, the rung "
                               f"is predicted to write {pred['predicted_disk_gb']:.1f} GB")
         else:
@@ -337,13 +403,14 @@ def main(argv: list[str] | None = None) -> int:
             m = measure_in_child(args, name, size, nvme, gpu, cpus, timeout_s=left)
             baseline[0] = max(baseline[0], m.get("baseline_rss_gb", 0))
             fits, reason = verdict(m, ram_budget_gb)
+            taught, why = learns(m, runtime.has_gpu) if fits else (False, NOT_JUDGED)
             if m.get("timed_out"):
                 row["timed_out"] = True
             row["baseline_rss_gb"] = round(m.get("baseline_rss_gb", 0), 2)
             row.update(lr=args.lr, steps=args.steps, untimed_steps=args.untimed_steps,
                        chunked_overflow_check=args.chunked_overflow_check,
                        skipped_timed_steps=m.get("skipped_timed_steps"))
-            row.update(ran=True, fits=fits, reason=reason, **{k: m[k] for k in (
+            row.update(ran=True, fits=fits, reason=reason, learns=taught, learn_reason=why, **{k: m[k] for k in (
                 "peak_vram_gib", "peak_rss_gb", "disk_gb", "tokens_per_s", "losses", "seconds")},
                        skipped_steps=m.get("skipped_steps"),
                        rss_by_phase_gb={k: round(v, 2) for k, v in m.get("rss_by_phase", {}).items()})
@@ -355,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             write()
         print(f"{name:<22}{size:<12}{'ran' if row['ran'] else 'refused':<9}{'fits' if row['fits'] else 'no':<6}"
+              f"{'learns' if row.get('learns') else '':<8}"
               f"{row['peak_vram_gib']:>7.2f} GiB {report_gb(row, 'peak_rss'):>6.2f} GB RSS "
               f"(pred {row['predicted_rss_gb']:.1f}) {report_gb(row, 'disk'):>6.2f} GB disk "
               f"{row['tokens_per_s']:>8,.0f} tok/s  {row['reason'][:100]}", flush=True)

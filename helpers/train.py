@@ -141,6 +141,35 @@ class RunResult:
                 f"{speed:>10.0f}{self.peak_rss_gb:>9.2f}" + losses)
 
 
+# Issue 42: a run "learns" when its loss fell by a clear margin, not when the last loss is below the first (a random
+# wide model's loss wanders by more than that within a few steps: reports/lr_sweep.md). The mean of the last three
+# losses at least LOSS_FALL_NATS below the first on a GPU; a CPU smoke run (a few steps of a tiny model) only has to
+# fall. Fewer than four losses judge nothing.
+LOSS_FALL_NATS = 1.0
+
+
+def loss_drop(losses: Sequence[float]) -> float:
+    """The first loss less the mean of the last three, in nats; NaN with fewer than four losses (benchmarks/ladder.py,
+    notebook 02's ladder)."""
+    if len(losses) < 4:
+        return math.nan
+    return float(losses[0]) - sum(float(x) for x in losses[-3:]) / 3
+
+
+def loss_fell(losses: Sequence[float], *, on_gpu: bool) -> tuple[bool, str]:
+    """(learns, why): the loss fell by LOSS_FALL_NATS (on a GPU) or at all (CPU smoke runs), judged by `loss_drop`
+    (benchmarks/ladder.py)."""
+    drop = loss_drop(losses)
+    if math.isnan(drop):
+        return False, f"{len(losses)} loss(es): at least 4 are needed to judge"
+    need = LOSS_FALL_NATS if on_gpu else 0.0
+    said = (f"loss fell {drop:.2f} nats (first {losses[0]:.2f}, last three {losses[0] - drop:.2f})"
+            if drop > 0 else f"loss did not fall (first {losses[0]:.2f}, last three {losses[0] - drop:.2f})")
+    if (drop >= need) if on_gpu else (drop > 0):
+        return True, said
+    return False, said + (f"; {need:g} needed" if drop > 0 else "")
+
+
 def stage0_fp16_loss(engine: Any, loss: Any) -> Any:
     """The loss to pass to `engine.backward`: scaled by the fp16 loss scale where DeepSpeed 0.19.8 forgets to
     (notebook 01).

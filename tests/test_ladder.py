@@ -73,20 +73,70 @@ def test_a_rung_predicted_over_budget_is_refused_without_running(run_ladder):
     assert report["summary"]["target_4x_met"]  # 1.56B / 124M
 
 
-def test_verdict_needs_a_falling_loss_and_the_budgets():
-    ok = {"error": "", "losses": [11.0, 10.5], "peak_rss_gb": 5.0, "disk_gb": 1.0}
+def test_fits_is_memory_and_learns_is_the_loss():
+    """Issue 42: a rung fits when it ran within the budgets; it learns when its loss fell by LOSS_FALL_NATS (first
+    loss against the mean of the last three) with no timed step skipped; a CPU smoke run only has to fall."""
+    ok = {"error": "", "losses": [11.0, 11.2, 9.8, 9.6], "peak_rss_gb": 5.0, "disk_gb": 1.0}
     assert ladder.verdict(ok, 12.7) == (True, "")
-    assert ladder.verdict(ok | {"losses": [11.0, 11.2]}, 12.7)[1] == "loss did not fall (11.000 -> 11.200)"
+    assert ladder.verdict(ok | {"losses": [11.0, 11.2]}, 12.7) == (True, "")  # memory only
+    assert ladder.verdict(ok | {"losses": []}, 12.7) == (False, "no steps ran")
     assert ladder.verdict(ok | {"error": "CUDA out of memory: x"}, 12.7) == (False, "CUDA out of memory: x")
     assert ladder.verdict(ok | {"peak_rss_gb": 12.7}, 12.7) == (True, "")  # GB, the budget's unit
     assert "RAM budget" in ladder.verdict(ok | {"peak_rss_gb": 12.8}, 12.7)[1]
     assert "disk budget" in ladder.verdict(ok | {"disk_gb": 60.1}, 12.7)[1]
-    # issue 25: a timed step that fp16 skipped did not train; the fix (more untimed steps) is named
-    skipped = ladder.verdict(ok | {"skipped_timed_steps": 2}, 12.7)
-    assert skipped[0] is False and "2 timed step(s) skipped by fp16 overflow" in skipped[1] and "--untimed-steps" in skipped[1]
-    assert ladder.verdict(ok | {"skipped_timed_steps": 0}, 12.7) == (True, "")
     old = {"error": "", "losses": [11.0, 10.5], "peak_rss_gib": 12.0, "disk_gib": 1.0}  # a row of an older report
     assert ladder.verdict(old, 12.7)[1] == "peak RSS 12.9 GB > 12.7 GB RAM budget"  # 12.0 GiB = 12.9 GB
+    # first 11.0, last three 10.2: 0.8 nats is not enough on a GPU, enough on CPU; 1.2 nats is
+    assert ladder.learns(ok, on_gpu=True) == (False, "loss fell 0.80 nats (first 11.00, last three 10.20); 1 needed")
+    assert ladder.learns(ok, on_gpu=False)[0] is True
+    assert ladder.learns(ok | {"losses": [11.0, 10.0, 9.8, 9.6]}, on_gpu=True)[0] is True
+    # last < first is not learning (the committed 2.7B rung: 11.43 ... 11.29, the last three 12.34 on average)
+    rung = {"losses": [11.43, 11.41, 11.49, 12.6, 13.14, 11.29]}
+    assert ladder.learns(rung, on_gpu=True) == (False, "loss did not fall (first 11.43, last three 12.34)")
+    assert ladder.learns({"losses": [11.0, 9.0, 8.0]}, on_gpu=False)[0] is False  # too few to judge
+    # issue 25: a timed step that fp16 skipped did not train; the fix (more untimed steps) is named
+    skipped = ladder.learns(ok | {"losses": [11.0, 10.0, 9.8, 9.6], "skipped_timed_steps": 2}, on_gpu=True)
+    assert skipped[0] is False and "2 timed step(s) skipped by fp16 overflow" in skipped[1] and "--untimed-steps" in skipped[1]
+
+
+def test_rejudge_splits_a_committed_report_without_running_anything(tmp_path):
+    """--rejudge: a row the old rule failed for its loss fits (its memory was within budget) and does not learn; a
+    memory failure stays one; a refused rung stays refused; hand-written notes survive; the .md is rewritten."""
+    report = {"runtime": "H200 in Colab T4 emulation", "date": "2026-12-01", "precision": "fp16",
+              "settings": {"micro_batch": 2, "seq_len": 512, "steps": 4},
+              "budgets": {"vram_gib": 15.0, "ram_gb": 12.1, "disk_gb": 60.0}, "notes": "Row 1: by hand.",
+              "rows": [dict(model="gpt2-xl", params=1_557_611_200, config="zero3_nvme_optimizer", ran=True, fits=False,
+                            reason="loss did not fall (11.4 -> 16.4)", losses=[11.4, 11.4, 11.5, 16.4],
+                            peak_vram_gib=6.0, peak_rss_gb=10.9, disk_gb=42.0, tokens_per_s=17.0),
+                       dict(model="gpt2-large", params=774_030_080, config="zero2_offload_cpu", ran=True, fits=False,
+                            reason="peak RSS 16.2 GB > 12.1 GB RAM budget", losses=[11.1, 11.2, 11.1, 10.4],
+                            peak_vram_gib=2.9, peak_rss_gb=16.2, disk_gb=0.0, tokens_per_s=955.0),
+                       dict(model="gpt2-2.7b", params=2_649_000_000, config="zero3_nvme_optimizer", ran=False,
+                            fits=False, reason="refused by pre-flight, not run: predicted RAM 17.6 GB", losses=[],
+                            peak_vram_gib=0.0, peak_rss_gb=0.0, disk_gb=0.0, tokens_per_s=0.0)]}
+    path = tmp_path / "ladder.json"
+    path.write_text(json.dumps(report))
+    assert ladder.main(["--rejudge", "--out", str(path)]) == 0
+    rows = json.loads(path.read_text())["rows"]
+    assert (rows[0]["fits"], rows[0]["reason"], rows[0]["learns"]) == (True, "", False)
+    assert rows[0]["learn_reason"].startswith("loss did not fall")
+    assert (rows[1]["fits"], rows[1]["learns"]) == (False, False) and rows[1]["reason"].startswith("peak RSS 16.2")
+    assert (rows[2]["fits"], rows[2]["reason"]) == (False, report["rows"][2]["reason"])
+    md = path.with_suffix(".md").read_text()
+    assert "| learns |" in md and md.rstrip().endswith("Row 1: by hand.") and "of the 1 rungs that fit, 0 learned" in md
+    with pytest.raises(SystemExit, match="Fix: --out"):
+        ladder.main(["--rejudge", "--out", str(tmp_path / "missing.json")])
+
+
+def test_the_committed_ladders_are_judged_by_todays_rules():
+    """Every committed ladder report carries the split verdict (fits = memory, learns = the loss), as --rejudge
+    writes it: judging it again changes nothing."""
+    for path in sorted((ROOT / "reports").glob("ladder*.json")):
+        data = json.loads(path.read_text())
+        on_gpu = not data["runtime"].startswith("CPU")
+        for r in data["rows"]:
+            assert "learns" in r, f"{path.name}: {r['model']} {r['config']} has no learns: run ladder.py --rejudge"
+            assert ladder.judge(r, data["budgets"]["ram_gb"], on_gpu) == r, (path.name, r["model"], r["config"])
 
 
 def test_lanes_run_columns_on_their_own_gpu(tmp_path, monkeypatch):
