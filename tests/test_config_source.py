@@ -9,6 +9,7 @@ and is compared, not regenerated: a change that alters any config the notebooks 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -84,7 +85,8 @@ def test_only_entries_without_a_file_give_their_arguments_in_named_configs():
 
 def test_import_reads_no_config_file():
     code = "import helpers, helpers.config as c; assert not c._SOURCES; c.NAMED_CONFIGS['zero2'].kwargs; print(len(c._SOURCES))"
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's helpers, whichever one is installed
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "1"
 
 
