@@ -130,7 +130,7 @@ def pick_plan(model: str, runtime: "Runtime", *, seq_len: int, micro_batch: int,
                           f"longer block fails in its position embedding). Fix: SEQ_LEN = {shape.n_positions}.")
     last = None
     for kind in FALLBACK_LADDER:
-        args = dict(NAMED_CONFIGS[kind].kwargs)
+        args = NAMED_CONFIGS[kind].placement
         p = plan(shape, micro_batch_size=micro_batch, seq_len=seq_len, runtime=runtime, nvme_path=nvme_path,
                  zero_init=args.get("stage") == 3, ram_in_use=ram_in_use, **args)
         if p.report is not None and p.report.fits:
@@ -140,7 +140,7 @@ def pick_plan(model: str, runtime: "Runtime", *, seq_len: int, micro_batch: int,
     for name in reversed([n for n in GPT2_LADDER if model_shape(n).n_params < shape.n_params]):
         if any((q := plan(name, micro_batch_size=micro_batch, seq_len=min(seq_len, 1024), runtime=runtime,
                           nvme_path=nvme_path, zero_init=NAMED_CONFIGS[k].kwargs.get("stage") == 3,
-                          ram_in_use=ram_in_use, **dict(NAMED_CONFIGS[k].kwargs))).report is not None and q.report.fits
+                          ram_in_use=ram_in_use, **NAMED_CONFIGS[k].placement)).report is not None and q.report.fits
                for k in FALLBACK_LADDER):
             smaller = name
             break

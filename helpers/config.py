@@ -5,14 +5,18 @@ Every bad input raises `ConfigError` with a message that says the fix; the resul
 validated by DeepSpeed's own config classes (`validate_ds_config`).
 `NAMED_CONFIGS` is the one list of the course's named configs (plain PyTorch, ZeRO 0-3, the offload
 configs of notebook 02 and the ladder), with the label each is shown under; `course_config(name, runtime)`
-builds one. The files in ``configs/`` are `write_course_configs()` output (Colab T4 target: fp16);
-a test regenerates them and checks they are equal.
+builds one. The JSON files in ``configs/`` (Colab T4 target: fp16) are the source of the entries that have one:
+`_arguments_of` reads a file back into build_ds_config arguments (a test checks build_ds_config writes each file
+exactly from them), and what else a learner sets in the file is carried into course_config's result. Only the
+``*_trainer.json`` files are derived (`write_course_configs`, a test checks they are equal).
 """
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -498,24 +502,238 @@ def build_ds_config(
     return config
 
 
+# ---- configs/*.json are the source of the named configs that have a file; `_arguments_of` reads them back
+
+# the course's JSON configs, beside helpers/: the source of every NAMED_CONFIGS entry marked `in_configs_dir` (tests
+# point it at a copy)
+CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
+# build_ds_config argument -> the one key it writes its value to: `_arguments_of` reads it back from there
+_ARGUMENT_KEYS: dict[str, str] = {
+    "micro_batch_size": "train_micro_batch_size_per_gpu",
+    "grad_accum_steps": "gradient_accumulation_steps",
+    "steps_per_print": "steps_per_print",
+    "optimizer": "optimizer.type",
+    "lr": "optimizer.params.lr",
+    "betas": "optimizer.params.betas",
+    "weight_decay": "optimizer.params.weight_decay",
+    "warmup_steps": "scheduler.params.warmup_num_steps",
+    "initial_scale_power": "fp16.initial_scale_power",
+    "stage": "zero_optimization.stage",
+    "sub_group_size": "zero_optimization.sub_group_size",
+    "prefetch_bucket_size": "zero_optimization.stage3_prefetch_bucket_size",
+    "max_live_parameters": "zero_optimization.stage3_max_live_parameters",
+}
+# every key whose value follows from build_ds_config's arguments (the rest it writes are fixed defaults: a file may
+# change those, `_differences`): a file whose value there is not what its other settings give cannot be expressed
+_FOLLOWING_KEYS = frozenset([
+    *_ARGUMENT_KEYS.values(), "train_batch_size", "gradient_clipping", "scheduler.type", "scheduler.params.warmup_max_lr",
+    "scheduler.params.total_num_steps", "fp16.enabled", "bf16.enabled", "zero_optimization.offload_param.buffer_count",
+    "zero_optimization.offload_param.buffer_size",
+    *(f"zero_optimization.{s}.{k}" for s in ("offload_optimizer", "offload_param")
+      for k in ("device", "nvme_path", "pin_memory"))])
+_BUILD_DEFAULTS = {name: p.default for name, p in inspect.signature(build_ds_config).parameters.items()}
+
+
+def _precision_of(config: dict[str, Any], where: str) -> str:
+    """The precision a config trains in: its "fp16" or "bf16" section (enabled), fp32 with neither."""
+    on = [half for half in ("fp16", "bf16") if isinstance(config.get(half), dict) and config[half].get("enabled") is True]
+    off = [half for half in ("fp16", "bf16") if half in config and half not in on]
+    if off or len(on) > 1:
+        raise ConfigError(f"{where}: {' and '.join(off or on)} {'is' if len(off or on) == 1 else 'are'} there "
+                          f"{'but not enabled' if off else 'both enabled'}; the course writes one precision section, "
+                          "{\"enabled\": true, ...}, or none for fp32 (course_config then follows the runtime). Fix: "
+                          f"keep one section with \"enabled\": true, or remove {' and '.join(off or on[1:])}.")
+    return on[0] if on else "fp32"
+
+
+def _arguments_of(config: Any, where: str) -> dict[str, Any]:
+    """The `build_ds_config` arguments (precision included) that write `config`: the inverse of build_ds_config for
+    the keys it writes, each read where `_ARGUMENT_KEYS` says (offload devices, the NVMe folder and pin_memory from the
+    offload sections, precision from the fp16/bf16 section, world_size from train_batch_size, off where a section is
+    missing). An argument whose key is missing keeps build_ds_config's default. The values are not checked here:
+    build_ds_config does that (`_file_source`). `where`: the file, for the messages."""
+    zero = config.get("zero_optimization") if isinstance(config, dict) else None
+    if not isinstance(zero, dict) or "stage" not in zero:
+        raise ConfigError(f"{where} has no \"zero_optimization\": {{\"stage\": ...}}: a course config is a JSON object "
+                          "that names its ZeRO stage (0-3). Fix: add it.")
+    args: dict[str, Any] = {arg: value for arg, key in _ARGUMENT_KEYS.items()
+                            if (value := _dotted_get(config, key)) is not _MISSING}
+    if isinstance(args.get("betas"), list):
+        args["betas"] = tuple(args["betas"])
+    args["precision"] = _precision_of(config, where)
+    args["scheduler"] = _dotted_get(config, "scheduler.type", None) if "scheduler" in config else None
+    if args["scheduler"] == "WarmupDecayLR":
+        args["total_steps"] = _dotted_get(config, "scheduler.params.total_num_steps", None)
+    args["gradient_clipping"] = config.get("gradient_clipping")
+    sections = [zero[s] if isinstance(zero.get(s), dict) else {} for s in ("offload_optimizer", "offload_param")]
+    args["offload_optimizer"], args["offload_param"] = (s.get("device", "none") for s in sections)
+    if offloaded := [s for s in sections if s]:
+        args["pin_memory"] = offloaded[0].get("pin_memory", False)
+    if on_nvme := [s for s in sections if s.get("device") == "nvme"]:
+        args["nvme_path"] = on_nvme[0].get("nvme_path")
+    if args["offload_param"] == "nvme":
+        args.update({arg: sections[1][key] for arg, key in (("nvme_buffer_count", "buffer_count"),
+                                                            ("nvme_buffer_size", "buffer_size")) if key in sections[1]})
+    args["activation_checkpointing"] = "activation_checkpointing" in config
+    if "train_batch_size" in config:
+        args["world_size"] = _world_size_of(config["train_batch_size"], args, where)
+    return args
+
+
+def _world_size_of(train_batch_size: Any, args: dict[str, Any], where: str) -> Any:
+    """The world size a written train_batch_size stands for (micro-batch x accumulation x GPUs)."""
+    per_gpu = [args.get(a, _BUILD_DEFAULTS[a]) for a in ("micro_batch_size", "grad_accum_steps")]
+    if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (train_batch_size, *per_gpu)):
+        if train_batch_size % (per_gpu[0] * per_gpu[1]) == 0:
+            return train_batch_size // (per_gpu[0] * per_gpu[1])
+    raise ConfigError(f"{where}: \"train_batch_size\": {train_batch_size!r} is not micro-batch x accumulation x GPUs "
+                      f"({per_gpu[0]!r} x {per_gpu[1]!r} x the number of GPUs). Fix: remove it (DeepSpeed derives it; "
+                      "the course's files leave it out), or write that product.")
+
+
+def _differences(config: dict[str, Any], built: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any, bool]]:
+    """(dotted key, `config`'s value, whether `built` has the key) wherever `config` sets what `built` does not:
+    a key `built` lacks (its whole value, however deep), or a value that differs."""
+    for key, value in config.items():
+        dotted = f"{prefix}{key}"
+        if key not in built:
+            yield dotted, value, False
+        elif isinstance(value, dict) and isinstance(built[key], dict):
+            yield from _differences(value, built[key], f"{dotted}.")
+        elif value != built[key]:
+            yield dotted, value, True
+
+
+@dataclass(frozen=True)
+class _FileSource:
+    """A configs/<name>.json read back (`_file_source`): `kwargs` are the build_ds_config arguments that differ from its
+    defaults (the stage always), `precision` the file's, `settings` what the file sets beyond them (`_differences`)."""
+
+    kwargs: Mapping[str, Any]
+    precision: str
+    settings: tuple[tuple[str, Any, bool], ...]
+    path: str
+
+
+_SOURCES: dict[tuple[str, str], _FileSource] = {}  # (path, text) -> the file read back: re-read when it is edited
+
+
+def _file_source(name: str) -> _FileSource:
+    """configs/<name>.json (under CONFIGS_DIR) read back into build_ds_config arguments and the file's own settings.
+
+    The round trip is checked: build_ds_config(**the arguments) must write every key the file sets that follows from
+    them (`_FOLLOWING_KEYS`); the file may change a fixed default (reduce_bucket_size, wall_clock_breakdown, ...) and
+    add keys; a key it leaves out gets build_ds_config's value. Anything else, a file missing or not JSON, or a value build_ds_config refuses (a stage outside 0-3),
+    raises ConfigError naming the file and the fix. Read on use, never at import; cached per file text."""
+    path, restore = CONFIGS_DIR / f"{name}.json", f"git checkout -- configs/{name}.json"
+    if not CONFIGS_DIR.is_dir():
+        raise ConfigError(f"the course's configs folder {str(CONFIGS_DIR)!r} is missing; course_config({name!r}) is "
+                          f"built from {path.name} there. Fix: run from a whole checkout of the course (git checkout "
+                          "-- configs restores the folder), or point helpers.config.CONFIGS_DIR at a copy of it.")
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {str(path)!r}, the source of course_config({name!r}) ({exc}). Fix: restore "
+                          f"it: {restore}.") from exc
+    if (cached := _SOURCES.get((str(path), text))) is not None:
+        return cached
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{str(path)!r} is not valid JSON ({exc}). Fix: correct line {exc.lineno} (a comma or "
+                          f"quote too many or too few; true/false in lower case), or {restore}.") from None
+    where = str(path)
+    try:
+        args = _arguments_of(config, where)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} Or restore the course's file: {restore}.") from None
+    try:
+        built = build_ds_config(**args, check_paths=False)
+    except ConfigError as exc:
+        keys = {**_ARGUMENT_KEYS, "offload_optimizer": "zero_optimization.offload_optimizer.device",
+                "offload_param": "zero_optimization.offload_param.device", "scheduler": "scheduler.type",
+                "total_steps": "scheduler.params.total_num_steps", "gradient_clipping": "gradient_clipping"}
+        in_file = "; ".join(f'{arg} is "{key}"' for arg, key in keys.items() if re.search(rf"\b{arg}(=| must\b)", str(exc)))
+        raise ConfigError(f"{where} (the source of course_config({name!r})) sets what build_ds_config refuses: {exc} "
+                          f"Make that change in the file{f' ({in_file})' if in_file else ''}, or restore it: {restore}.") from None
+    settings = tuple(_differences(config, built))
+    for key, value, _ in settings:
+        if key in _FOLLOWING_KEYS:
+            expected = _dotted_get(built, key, None)
+            raise ConfigError(f"{where}: \"{key}\": {json.dumps(value)} disagrees with the file's other settings, "
+                              f"from which build_ds_config writes {json.dumps(expected)} there (warmup_max_lr is the "
+                              f"optimizer's lr; both offload sections share pin_memory and nvme_path). Fix: set it to "
+                              f"{json.dumps(expected)}, or change the setting it follows, or {restore}.")
+    kwargs = {arg: value for arg, value in args.items()
+              if arg == "stage" or (arg != "precision" and value != _BUILD_DEFAULTS[arg])}
+    source = _FileSource(MappingProxyType(kwargs), args["precision"], settings, where)
+    _SOURCES[(str(path), text)] = source
+    return source
+
+
+def _with_file_settings(config: dict[str, Any], source: _FileSource | None) -> dict[str, Any]:
+    """`config` (build_ds_config's output) with its source file's own settings merged under it, then checked by
+    DeepSpeed's schema (`validate_ds_config`) when that changed anything (build_ds_config's output alone is checked by
+    its own refusals). A fixed default the file changed replaces the builder's where `config` has that key; a key the
+    builder does not write is added where `config` has its section and not the key (the builder's and the overrides'
+    values win); a setting inside a section `config` leaves out (fp16 on a CPU runtime, an offload section turned off)
+    is left out with it."""
+    carried = []
+    for key, value, builder_writes in source.settings if source else ():
+        parent, _, leaf = key.rpartition(".")
+        section = _dotted_get(config, parent, None) if parent else config
+        if isinstance(section, dict) and (leaf in section) == builder_writes:
+            section[leaf] = copy.deepcopy(value)
+            carried.append(key)
+    if source is None or not carried:
+        return config
+    try:
+        return validate_ds_config(config)
+    except ConfigError as exc:
+        name = Path(source.path).name
+        raise ConfigError(f"{exc}\nThis config carries what {source.path} sets beyond build_ds_config's arguments "
+                          f"({', '.join(carried)}). Fix: correct that in the file (DeepSpeed's reference: "
+                          f"{CONFIG_REFERENCE}), or restore it: git checkout -- configs/{name}.") from None
+
+
 @dataclass(frozen=True)
 class NamedConfig:
     """One of the course's named configs: `kwargs` are `build_ds_config` arguments, `label` the text shown for it.
 
-    `plain`: plain PyTorch AMP, no DeepSpeed engine (train_run gets ds_config=None); its kwargs build the stage-0
-    config whose batch and schedule fields a plain run reads. `in_configs_dir`: written to configs/<name>.json.
-    `ladder`: a column of benchmarks/ladder.py and of notebook 02's pre-flight tables. `trainer`: also written as
-    configs/<name>_trainer.json, the same config with "auto" where Trainer's arguments own the value
-    (`trainer_ds_config`), the file a Trainer program is given (notebook 04).
+    `in_configs_dir`: configs/<name>.json is its source: `kwargs` are read from that file when asked
+    (`_file_source`), and course_config/offload_config carry what else the file sets; the other entries' kwargs
+    are `given` here. `plain`: plain PyTorch AMP, no DeepSpeed engine (train_run gets ds_config=None); its kwargs
+    build the stage-0 config whose batch and schedule fields a plain run reads. `ladder`: a column of
+    benchmarks/ladder.py and of notebook 02's pre-flight tables. `trainer`: configs/<name>_trainer.json is derived
+    from it, the same config with "auto" where Trainer's arguments own the value (`trainer_ds_config`), the file a
+    Trainer program is given (notebook 04).
     """
 
     name: str
     label: str
-    kwargs: Mapping[str, Any]
+    given: Mapping[str, Any]
     plain: bool = False
     in_configs_dir: bool = False
     ladder: bool = False
     trainer: bool = False
+
+    @property
+    def source(self) -> _FileSource | None:
+        """configs/<name>.json read back (`_file_source`), None for an entry without a file."""
+        return _file_source(self.name) if self.in_configs_dir else None
+
+    @property
+    def kwargs(self) -> Mapping[str, Any]:
+        """build_ds_config arguments: read from configs/<name>.json for an `in_configs_dir` entry, else `given`."""
+        source = self.source
+        return source.kwargs if source is not None else self.given
+
+    @property
+    def placement(self) -> dict[str, Any]:
+        """{"stage": ..., "offload_optimizer"/"offload_param": the device where one is used}: what makes this config
+        the kind it is, without the other arguments its file may set (micro-batch, lr, ...); `plan` takes these."""
+        kwargs = self.kwargs
+        return {k: kwargs[k] for k in ("stage", "offload_optimizer", "offload_param") if kwargs.get(k, "none") != "none"}
 
     @property
     def offload(self) -> bool:
@@ -539,24 +757,25 @@ class NamedConfig:
 
 def _named(name: str, label: str, plain: bool = False, in_configs_dir: bool = False, ladder: bool = False,
            trainer: bool = False, **kwargs: Any) -> tuple[str, NamedConfig]:
+    assert not (in_configs_dir and kwargs), f"{name}: configs/{name}.json is the source of its arguments"
     return name, NamedConfig(name, label, MappingProxyType(kwargs), plain=plain, in_configs_dir=in_configs_dir,
                              ladder=ladder, trainer=trainer)
 
 
 # THE list of the course's named configs (notebooks 00-05, configs/, benchmarks/ladder.py), cheapest first.
-# configs/*.json are the `in_configs_dir` ones, written for the Colab T4 target (fp16): notebooks rebuild them for
-# their own runtime with `course_config(name, runtime)`, which changes only the precision.
+# An `in_configs_dir` entry's source is configs/<name>.json (CONFIGS_DIR), written for the Colab T4 target (fp16):
+# a learner reads and edits that file, and notebooks rebuild it for their own runtime with
+# `course_config(name, runtime)`, which changes only the precision. The entries without a file (plain PyTorch, the
+# ladder's NVMe configs) give their build_ds_config arguments here.
 NAMED_CONFIGS: dict[str, NamedConfig] = dict([
     _named("plain", "plain PyTorch AMP", plain=True, ladder=True, stage=0),
-    _named("zero0", "ZeRO-0 (data parallel, nothing partitioned)", in_configs_dir=True, stage=0),
-    _named("zero1", "ZeRO-1 (optimizer states partitioned)", in_configs_dir=True, stage=1),
-    _named("zero2", "ZeRO-2 (optimizer states and gradients partitioned)", in_configs_dir=True, trainer=True, stage=2),
+    _named("zero0", "ZeRO-0 (data parallel, nothing partitioned)", in_configs_dir=True),
+    _named("zero1", "ZeRO-1 (optimizer states partitioned)", in_configs_dir=True),
+    _named("zero2", "ZeRO-2 (optimizer states and gradients partitioned)", in_configs_dir=True, trainer=True),
     _named("zero3", "ZeRO-3 (optimizer states, gradients and parameters partitioned)", in_configs_dir=True,
-           trainer=True, stage=3),
-    _named("zero2_offload_cpu", "ZeRO-2 + CPU optimizer", in_configs_dir=True, ladder=True,
-           stage=2, offload_optimizer="cpu"),
-    _named("zero3_offload_cpu", "ZeRO-3 + CPU params+optimizer", in_configs_dir=True, ladder=True,
-           stage=3, offload_optimizer="cpu", offload_param="cpu"),
+           trainer=True),
+    _named("zero2_offload_cpu", "ZeRO-2 + CPU optimizer", in_configs_dir=True, ladder=True),
+    _named("zero3_offload_cpu", "ZeRO-3 + CPU params+optimizer", in_configs_dir=True, ladder=True),
     # the fp16 params stay on the GPU (a T4 has more VRAM than Colab has RAM), only the optimizer goes to NVMe
     _named("zero3_nvme_optimizer_gpu_params", "ZeRO-3, params on GPU, optimizer on NVMe", ladder=True,
            stage=3, offload_optimizer="nvme"),
@@ -565,17 +784,41 @@ NAMED_CONFIGS: dict[str, NamedConfig] = dict([
     _named("zero3_nvme_all", "ZeRO-3, params+optimizer on NVMe", ladder=True,
            stage=3, offload_optimizer="nvme", offload_param="nvme"),
     # zero3_nvme_optimizer with Colab's NVMe folder written in: the JSON file a learner can copy
-    _named("zero3_nvme", "ZeRO-3, optimizer on NVMe (/content/nvme)", in_configs_dir=True,
-           stage=3, offload_optimizer="nvme", offload_param="cpu", nvme_path="/content/nvme"),
+    _named("zero3_nvme", "ZeRO-3, optimizer on NVMe (/content/nvme)", in_configs_dir=True),
 ])
-COURSE_CONFIG_PRECISION = "fp16"
+COURSE_CONFIG_PRECISION = "fp16"  # course_config's without a runtime, for the entries without a file
 # views of NAMED_CONFIGS in its order, not lists of their own: the configs/ files, the ladder's columns, and the
 # offload configs (name -> build_ds_config arguments) that `offload_config` sizes and pre-flight suggests
 COURSE_CONFIGS: tuple[str, ...] = tuple(n for n, c in NAMED_CONFIGS.items() if c.in_configs_dir)
 TRAINER_CONFIGS: tuple[str, ...] = tuple(n for n, c in NAMED_CONFIGS.items() if c.in_configs_dir and c.trainer)
 LADDER_CONFIGS: tuple[str, ...] = tuple(n for n, c in NAMED_CONFIGS.items() if c.ladder)
-OFFLOAD_KINDS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
-    {n: NAMED_CONFIGS[n].kwargs for n in LADDER_CONFIGS if NAMED_CONFIGS[n].offload})
+
+
+class _OffloadKinds(Mapping[str, Mapping[str, Any]]):
+    """name -> build_ds_config arguments (`NamedConfig.kwargs`) of the ladder's DeepSpeed columns, every one an
+    offload config: the names are known at import, the arguments read (from configs/ where that is their source) when
+    asked."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self._names = names
+
+    def __getitem__(self, name: str) -> Mapping[str, Any]:
+        if name not in self._names:
+            raise KeyError(name)
+        return NAMED_CONFIGS[name].kwargs
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __repr__(self) -> str:
+        return f"OFFLOAD_KINDS{self._names!r}"
+
+
+OFFLOAD_KINDS: Mapping[str, Mapping[str, Any]] = _OffloadKinds(
+    tuple(n for n in LADDER_CONFIGS if not NAMED_CONFIGS[n].plain))
 
 
 def named_config(name: str) -> NamedConfig:
@@ -587,21 +830,27 @@ def named_config(name: str) -> NamedConfig:
 
 def course_config(name: str, runtime: Runtime | None = None, **overrides: Any) -> dict[str, Any]:
     """The named config (NAMED_CONFIGS) as a DeepSpeed dict; with `runtime`, precision follows it (fp32 on CPU,
-    fp16 on T4), without it the Colab T4's fp16 of configs/ (notebook 01). NVMe folders are not checked
+    fp16 on T4), without it the precision of its configs/ file (the Colab T4's fp16; notebook 01). `overrides` are
+    build_ds_config arguments. A config with a file in configs/ is built from that file: build_ds_config of the
+    arguments read from it, with what else the file sets merged under the result and checked by DeepSpeed's schema
+    (`_with_file_settings`); a learner's edit of configs/zero2.json shows here. NVMe folders are not checked
     (`offload_config` does, and sizes NVMe parameter buffers for a model). "plain" gives the stage-0 config a plain
     PyTorch run reads."""
-    kwargs: dict[str, Any] = {"precision": COURSE_CONFIG_PRECISION, "check_paths": False,
-                              **named_config(name).kwargs}
+    named = named_config(name)
+    source = named.source
+    kwargs: dict[str, Any] = {"precision": source.precision if source else COURSE_CONFIG_PRECISION,
+                              "check_paths": False, **named.kwargs}
     if runtime is not None:
         kwargs.update(precision="auto", runtime=runtime)
     kwargs.update(overrides)
-    return build_ds_config(**kwargs)
+    return _with_file_settings(build_ds_config(**kwargs), source)
 
 
 def offload_config(kind: str, runtime: Runtime, *, largest_param: int = 0, nvme_path: str | None = None,
                    n_params: int = 0, **overrides: Any) -> dict[str, Any]:
     """The offload config `kind` (OFFLOAD_KINDS) sized for a model whose largest tensor has `largest_param` elements
-    (notebook 02).
+    (notebook 02). Built as `course_config` builds it: from its configs/ file where it has one (the file's other
+    settings carried), precision following `runtime`.
 
     With parameters on NVMe every parameter in memory holds one swap buffer: buffers hold the largest tensor
     (the embedding); 8 buffers (`check_nvme_buffers` says what sets the number needed). On CPU, NVMe
@@ -613,6 +862,7 @@ def offload_config(kind: str, runtime: Runtime, *, largest_param: int = 0, nvme_
     for name, value in (("largest_param", largest_param), ("n_params", n_params)):
         _check_count(name, value)
     named = NAMED_CONFIGS[kind]
+    source = named.source
     kwargs: dict[str, Any] = {**named.kwargs, "runtime": runtime, "largest_param": largest_param,
                               "n_params": n_params}
     if named.uses_nvme:
@@ -626,7 +876,7 @@ def offload_config(kind: str, runtime: Runtime, *, largest_param: int = 0, nvme_
         if not runtime.has_gpu:
             kwargs["precision"] = "bf16"
     kwargs.update(overrides)
-    return build_ds_config(**kwargs)
+    return _with_file_settings(build_ds_config(**kwargs), source)
 
 
 def _check_count(name: str, value: Any) -> None:
@@ -847,13 +1097,14 @@ def validate_ds_config(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def write_course_configs(directory: str | os.PathLike[str] = "configs") -> list[Path]:
-    """Write every `in_configs_dir` entry of NAMED_CONFIGS as configs/<name>.json, and the `trainer` ones also as
-    configs/<name>_trainer.json, their "auto" form for Trainer (run: python -m helpers.config)."""
-    out = Path(directory)
+def write_course_configs(directory: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Write what configs/ derives from its source files: configs/<name>_trainer.json for every `trainer` entry, the
+    "auto" form for Trainer (`trainer_ds_config`) of course_config(name), the config its source file configs/<name>.json
+    gives (run: python -m helpers.config after editing configs/zero2.json or zero3.json). `directory`: where to write
+    them (CONFIGS_DIR, the folder the sources are read from, by default). The source files are never written."""
+    out = CONFIGS_DIR if directory is None else Path(directory)
+    files = {f"{name}_trainer.json": trainer_ds_config(course_config(name)) for name in TRAINER_CONFIGS}
     out.mkdir(parents=True, exist_ok=True)
-    files = {f"{name}.json": course_config(name) for name in COURSE_CONFIGS}
-    files.update({f"{name}_trainer.json": trainer_ds_config(course_config(name)) for name in TRAINER_CONFIGS})
     written = []
     for file_name, config in files.items():
         text = json.dumps(config, indent=2) + "\n"
@@ -862,5 +1113,5 @@ def write_course_configs(directory: str | os.PathLike[str] = "configs") -> list[
 
 
 if __name__ == "__main__":
-    for p in write_course_configs(Path(__file__).resolve().parent.parent / "configs"):
+    for p in write_course_configs():
         print("wrote", p)

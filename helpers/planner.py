@@ -458,7 +458,8 @@ def config_kind(config: dict[str, Any] | None) -> str | None:
         device = (zero.get(section) or {}).get("device", "none")
         if device != "none":
             got[section] = device
-    return next((kind for kind, kwargs in OFFLOAD_KINDS.items() if dict(kwargs) == got), None)
+    # by stage and devices only (a learner's configs/ file may set other arguments too)
+    return next((kind for kind in OFFLOAD_KINDS if NAMED_CONFIGS[kind].placement == got), None)
 
 
 def fresh_runtime_command(kind: str, model: str, *, nvme_path: str = "/content/nvme",

@@ -164,12 +164,14 @@ def test_course_config_adapts_precision_to_the_runtime(cpu):
     assert course_config("zero2")["fp16"]["enabled"] is True
 
 
-def test_configs_folder_matches_the_builder(tmp_path):
+def test_configs_folder_is_the_sources_and_the_trainer_files_derived_from_them(tmp_path):
+    """configs/<name>.json are sources (tests/test_config_source.py); the *_trainer.json are derived and committed."""
     committed = sorted(p.name for p in (ROOT / "configs").glob("*.json"))
     written = write_course_configs(tmp_path)
-    assert committed == sorted(p.name for p in written), "run: python -m helpers.config"
+    assert sorted(p.name for p in written) == ["zero2_trainer.json", "zero3_trainer.json"]
+    assert committed == sorted([f"{name}.json" for name in COURSE_CONFIGS] + [p.name for p in written])
     for path in written:
-        assert json.loads((ROOT / "configs" / path.name).read_text()) == json.loads(path.read_text()), path.name
+        assert (ROOT / "configs" / path.name).read_text() == path.read_text(), "run: python -m helpers.config"
 
 
 # ---- the one registry of named configs

@@ -4,11 +4,11 @@
     accelerate launch --config_file accelerate.yaml notebooks/programs/trainer_train.py --deepspeed configs/zero2_trainer.json
 
 The config file goes to TrainingArguments as it is. configs/<name>_trainer.json is configs/<name>.json with "auto"
-wherever TrainingArguments owns the value (`python -m helpers.config` writes both): Trainer fills those from the
-arguments below, train_batch_size with GPUs x micro-batch x accumulation, so the file runs on any number of GPUs and
-in fp16, bf16 or fp32 as the arguments say. A file with concrete values works too where every value agrees with the
-arguments (Trainer refuses a mismatch when training starts). Each rank writes rank<r>.json to --out (what it ran:
-world size, loss, engine, global batch).
+wherever TrainingArguments owns the value (`python -m helpers.config` derives it from configs/<name>.json): Trainer
+fills those from the arguments below, train_batch_size with GPUs x micro-batch x accumulation, so the file runs on any
+number of GPUs and in fp16, bf16 or fp32 as the arguments say. A file with concrete values works too where every
+value agrees with the arguments (Trainer refuses a mismatch when training starts). Each rank writes rank<r>.json to
+--out (what it ran: world size, loss, engine, global batch).
 """
 from __future__ import annotations
 
