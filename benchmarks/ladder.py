@@ -38,7 +38,7 @@ from helpers.config import LADDER_CONFIGS
 from helpers.hardware import COLAB_NVME_BUDGET_BYTES, COLAB_RAM_GB
 from helpers.memory import estimate_run
 from helpers.models import GPT2_LADDER
-from helpers.planner import LADDER_LR, LADDER_UNTIMED_STEPS, ladder_flags
+from helpers.planner import LADDER_LR, LADDER_UNTIMED_STEPS, ladder_flags, ladder_warmup_steps
 from helpers.records import report_gb
 from helpers.train import LOSS_FALL_NATS, loss_fell
 
@@ -55,11 +55,12 @@ LR = LADDER_LR  # helpers.planner: the fresh-runtime command names a rung's lr o
 
 
 def ladder_config(name: str, runtime, nvme_path: str | None, largest_param: int, *, micro_batch: int, steps: int,
-                  check_paths: bool = True, lr: float = LR, **overrides) -> dict:
-    """The config of a ladder column: micro-batch, lr and warm-up (a tenth of the steps) for every column, plain
+                  check_paths: bool = True, lr: float = LR, warmup_steps: int | None = None, **overrides) -> dict:
+    """The config of a ladder column: micro-batch, lr and warm-up (`warmup_steps`, default
+    helpers.planner.ladder_warmup_steps: half the steps) for every column, plain
     PyTorch included (it trains without DeepSpeed, reading these from its config); fp16 starts at loss scale 2^12
     (few steps). `overrides` go to helpers.config.offload_config (benchmarks/host_memory.py: precision="bf16" on CPU)."""
-    run = dict(micro_batch_size=micro_batch, lr=lr, warmup_steps=max(1, steps // 10))
+    run = dict(micro_batch_size=micro_batch, lr=lr, warmup_steps=warmup_steps or ladder_warmup_steps(steps))
     if name == "plain":
         return helpers.course_config("plain", runtime, **run)
     if name not in CONFIGS:
@@ -156,7 +157,7 @@ def measure_in_child(args: argparse.Namespace, name: str, size: str, nvme: Path 
     runtime = helpers.detect_runtime()
     shape = helpers.model_shape(helpers.gpt2_config(size))
     cfg = ladder_config(name, runtime, str(nvme) if nvme else None, shape.largest_layer_params,
-                        micro_batch=args.micro_batch, steps=args.steps, lr=args.lr)
+                        micro_batch=args.micro_batch, steps=args.steps, lr=args.lr, warmup_steps=args.warmup_steps)
     fp = helpers.fresh_process
     spec = fp.FreshRunSpec(f"{name} {size}", cfg, size, tokenizer_dir=args.work_dir / "tokenizer",
                            plain_pytorch=name == "plain", steps=args.steps, untimed_steps=args.untimed_steps,
@@ -254,8 +255,10 @@ def markdown(report: dict) -> str:
         lines += ["", "Rungs run with their own settings (the rest: lr "
                   f"{LR:g}, {s['steps']} steps, DeepSpeed's overflow check):", ""]
         for r in own:
-            lines.append(f"- {r['model']} {r['config']}: lr {r.get('lr', LR):g}, {r.get('steps', s['steps'])} steps "
-                         f"({r.get('untimed_steps', LADDER_UNTIMED_STEPS)} untimed), losses "
+            steps = r.get("steps", s["steps"])
+            lines.append(f"- {r['model']} {r['config']}: lr {r.get('lr', LR):g}, {steps} steps "
+                         f"({r.get('untimed_steps', LADDER_UNTIMED_STEPS)} untimed, warm-up "
+                         f"{helpers.planner._warmup_ran(r, steps)}), losses "
                          f"{', '.join(f'{x:.2f}' for x in r['losses'])}, skipped steps {r.get('skipped_steps')}"
                          + (", chunked overflow check (`helpers.chunk_zero3_overflow_check`)"
                             if r.get("chunked_overflow_check") else ""))
@@ -288,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="in each rung, helpers.mmap_large_allocations(this) first (0: glibc's default)")
     p.add_argument("--lr", type=float, default=LR, help=f"peak learning rate of every rung (default {LR:g}); "
                    "recorded in each row")
+    p.add_argument("--warmup-steps", type=int, default=0,
+                   help="linear warm-up over this many optimizer steps (default: half the steps, "
+                        "helpers.planner.ladder_warmup_steps)")
     p.add_argument("--untimed-steps", type=int, default=LADDER_UNTIMED_STEPS,
                    help="steps before the timed ones (fp16's loss scale settles in them); recorded in each row")
     p.add_argument("--chunked-overflow-check", action="store_true",
@@ -302,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rejudge", action="store_true",
                    help="judge the rows of --out again by today's rules (fits, learns) and rewrite it; run nothing")
     args = p.parse_args(argv)
+    args.warmup_steps = args.warmup_steps or ladder_warmup_steps(args.steps)
     if args.rejudge:
         if not args.out.is_file():
             raise SystemExit(f"--rejudge reads --out, and {args.out} is not a file. Fix: --out reports/ladder.json")
@@ -329,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     if set(args.configs) - {"plain"}:  # the offload configs' C++ ops, compiled here before any measured rung
         helpers.runtime.build_ops("cpu_adam", *(["async_io"] if any("nvme" in c for c in args.configs) else []))
     old = json.loads(args.out.read_text()) if (args.out.exists() and not args.fresh) else {}
-    settings = {"micro_batch": args.micro_batch, "seq_len": args.seq_len, "steps": args.steps}
+    settings = {"micro_batch": args.micro_batch, "seq_len": args.seq_len, "steps": args.steps,
+                "warmup_steps": args.warmup_steps}
     if args.mmap_threshold_mib:
         settings["mmap_threshold_mib"] = args.mmap_threshold_mib
     if args.chunked_overflow_check:
@@ -407,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
             if m.get("timed_out"):
                 row["timed_out"] = True
             row["baseline_rss_gb"] = round(m.get("baseline_rss_gb", 0), 2)
-            row.update(lr=args.lr, steps=args.steps, untimed_steps=args.untimed_steps,
+            row.update(lr=args.lr, steps=args.steps, untimed_steps=args.untimed_steps, warmup_steps=args.warmup_steps,
                        chunked_overflow_check=args.chunked_overflow_check,
                        skipped_timed_steps=m.get("skipped_timed_steps"))
             row.update(ran=True, fits=fits, reason=reason, learns=taught, learn_reason=why, **{k: m[k] for k in (

@@ -30,6 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _bench  # noqa: E402
 from ladder import ladder_config  # noqa: E402  (the ladder's lr, warm-up, clipping: one definition)
 
+from helpers.train import loss_fell  # noqa: E402
+
 
 def falls(losses: list[float]) -> bool:
     """The ladder's test (benchmarks/ladder.py verdict): the last loss below the first."""
@@ -48,10 +50,12 @@ def markdown(report: dict[str, Any]) -> str:
              f"Plain PyTorch, {report['precision']} autocast, {s['steps']} steps of {s['micro_batch']} x {s['seq_len']} "
              f"tokens, warm-up {s['warmup_steps']} step(s), one initialisation (seed {s['seed']}) for every lr. "
              "`python benchmarks/lr_sweep.py` regenerates it.", "",
-             "| peak lr | losses | falls | error |", "|---|---|---|---|"]
+             "| peak lr | warm-up steps | losses | falls | learns (issue 42) | error |", "|---|---|---|---|---|---|"]
     for r in report["rows"]:
         losses = ", ".join(f"{x:.3f}" for x in r["losses"])
-        lines.append(f"| {r['lr']:g} | {losses} | {'yes' if falls(r['losses']) else 'no'} | {r['error'][:80]} |")
+        learned = loss_fell(r["losses"], on_gpu=True)[1] if r["losses"] else "-"
+        lines.append(f"| {r['lr']:g} | {r.get('warmup_steps', s['warmup_steps'])} | {losses} | "
+                     f"{'yes' if falls(r['losses']) else 'no'} | {learned} | {r['error'][:80]} |")
     picked = report["picked_lr"]
     lines += ["", f"Picked: {picked:g} (the lowest last loss among the rates whose loss fell)." if picked else
               "Picked: none (no rate made the loss fall)."]
@@ -66,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--micro-batch", type=int, default=2)
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warmup-steps", type=int, nargs="+", default=[0],
+                   help="optimizer steps of linear warm-up, each a run per lr (0: the ladder's, half the steps)")
     p.add_argument("--n-layer", type=int, default=0, help="override the size's depth (a quick probe of its width)")
     p.add_argument("--work-dir", type=Path, default=ROOT / "build" / "bench-emulated")
     p.add_argument("--out", type=Path, default=None)
@@ -88,19 +94,23 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     template = AutoModelForCausalLM.from_config(config)  # one initialisation, copied per lr
     shape = helpers.model_shape(config)
-    configs = {lr: ladder_config("plain", runtime, None, shape.largest_layer_params, micro_batch=args.micro_batch,
-                                 steps=args.steps, lr=lr) for lr in args.lrs}
-    warmup = configs[args.lrs[0]]["scheduler"]["params"]["warmup_num_steps"]  # the same for every lr
+    configs = {(lr, w): ladder_config("plain", runtime, None, shape.largest_layer_params,
+                                      micro_batch=args.micro_batch, steps=args.steps, lr=lr, warmup_steps=w or None)
+               for w in args.warmup_steps for lr in args.lrs}
+    warmup = sorted({c["scheduler"]["params"]["warmup_num_steps"] for c in configs.values()})
     report: dict[str, Any] = {
         "runtime": runtime.label, "precision": runtime.precision, "date": dt.date.today().isoformat(),
         "settings": {"size": args.size, "n_layer": config.n_layer, "params": shape.n_params, "steps": args.steps, "micro_batch": args.micro_batch,
-                     "seq_len": args.seq_len, "seed": args.seed, "warmup_steps": warmup},
+                     "seq_len": args.seq_len, "seed": args.seed, "warmup_steps": warmup[0] if len(warmup) == 1 else warmup},
         "rows": [], "picked_lr": None}
-    for lr, cfg in configs.items():
-        r = helpers.train_run(f"{args.size} lr {lr:g}", lambda: copy.deepcopy(template), blocks, runtime=runtime,
-                              ds_config=cfg, plain_pytorch=True, steps=args.steps, checkpointing=True,
-                              untimed_steps=1, seed=args.seed, model_name=args.size, progress=not args.quiet)
-        report["rows"].append({"lr": lr, "losses": r.losses, "error": r.error, "seconds": r.seconds})
+    for (lr, _), cfg in configs.items():
+        w = cfg["scheduler"]["params"]["warmup_num_steps"]
+        r = helpers.train_run(f"{args.size} lr {lr:g} warm-up {w}", lambda: copy.deepcopy(template), blocks,
+                              runtime=runtime, ds_config=cfg, plain_pytorch=True, steps=args.steps,
+                              checkpointing=True, untimed_steps=1, seed=args.seed, model_name=args.size,
+                              progress=not args.quiet)
+        report["rows"].append({"lr": lr, "warmup_steps": w, "losses": r.losses, "error": r.error,
+                               "seconds": r.seconds, "lrs": r.lrs})
         report["picked_lr"] = pick(report["rows"])
         _bench.write_report(report, out, markdown)
     print(out.with_suffix(".md").read_text())

@@ -443,6 +443,18 @@ def _smaller_model_that_fits(n_params: int, runtime: "Runtime", precision: str, 
 EMULATED_LADDER = "reports/ladder_colab_emulation.json"
 LADDER_LR = 3e-4  # benchmarks/ladder.py's default peak learning rate
 LADDER_UNTIMED_STEPS = 1  # and its default --untimed-steps
+
+
+def ladder_warmup_steps(steps: int) -> int:
+    """benchmarks/ladder.py's default warm-up: the learning rate ramps linearly over half the steps (issue 42: at 2560
+    wide a one-step warm-up sent the loss up after the first full-lr step; reports/lr_warmup_cpu.md). Rungs run
+    before issue 42 warmed up over max(1, steps // 10) (`ladder_flags` names that for them)."""
+    return max(1, int(steps) // 2)
+
+
+def _warmup_ran(row: dict[str, Any], steps: int) -> int:
+    """The warm-up a ladder row ran with: its own record, else the rule before issue 42."""
+    return int(row.get("warmup_steps") or max(1, steps // 10))
 CHUNKED_NOTE = (", with helpers.chunk_zero3_overflow_check: DeepSpeed's fp16 overflow check otherwise needs 3 bytes "
                 "per parameter more RAM at each step; the command turns it on")
 
@@ -478,7 +490,8 @@ def fresh_runtime_command(kind: str, model: str, *, nvme_path: str = "/content/n
 
 def ladder_flags(row: dict[str, Any], settings: dict[str, Any]) -> str:
     """The ladder.py options with which a rung of the emulated ladder ran where they differ from the ladder's defaults
-    (the 2.7B rung: its own lr and steps, the chunked overflow check), so the printed command repeats that run."""
+    (the 2.7B rung: its own lr, steps and warm-up, the chunked overflow check), so the printed command repeats that
+    run."""
     flags = ""
     if row.get("lr") not in (None, LADDER_LR):
         flags += f" --lr {row['lr']:g}"
@@ -486,6 +499,10 @@ def ladder_flags(row: dict[str, Any], settings: dict[str, Any]) -> str:
         flags += f" --steps {row['steps']}"
     if row.get("untimed_steps") not in (None, LADDER_UNTIMED_STEPS):
         flags += f" --untimed-steps {row['untimed_steps']}"
+    steps = row.get("steps") or settings.get("steps")
+    # DeepSpeed's WarmupLR warms up over 2 steps at least: a warm-up below that is the same run
+    if steps and max(2, _warmup_ran(row, steps)) != max(2, ladder_warmup_steps(steps)):
+        flags += f" --warmup-steps {_warmup_ran(row, steps)}"
     if row.get("chunked_overflow_check"):
         flags += " --chunked-overflow-check"
     return flags

@@ -214,7 +214,8 @@ def test_a_child_that_trained_another_model_size_is_an_error(tmp_path, monkeypat
     monkeypatch.setattr(ladder.helpers.runtime, "build_ops", lambda *ops: {})  # no rung runs here: nothing to compile
     monkeypatch.setattr(ladder.helpers.fresh_process, "train_in_fresh_process", wrong_size)
     args = argparse.Namespace(work_dir=tmp_path, steps=2, micro_batch=2, seq_len=32, mmap_threshold_mib=0.0,
-                              emulate=False, lr=ladder.LR, untimed_steps=1, chunked_overflow_check=False)
+                              emulate=False, lr=ladder.LR, untimed_steps=1, chunked_overflow_check=False,
+                              warmup_steps=1)
     row = ladder.measure_in_child(args, "plain", "gpt2", None, None)
     assert row["error"] == "the child trained 123 parameters, not gpt2's 124,439,808"
 
@@ -341,10 +342,28 @@ def test_the_fresh_runtime_command_repeats_a_rung_with_its_own_settings():
     cmd = shlex.split(helpers.fresh_runtime_command(row["config"], "gpt2-2.7b"))
     assert cmd[cmd.index("--lr") + 1] == f"{row['lr']:g}" and cmd[cmd.index("--steps") + 1] == str(row["steps"])
     assert cmd[cmd.index("--untimed-steps") + 1] == str(row["untimed_steps"]) and "--chunked-overflow-check" in cmd
+    # issue 42: the ladder now warms up over half the steps; this rung ran (6 steps) before, with max(1, 6 // 10)
+    assert cmd[cmd.index("--warmup-steps") + 1] == "1"
     xl = helpers.fresh_runtime_command("zero3_nvme_optimizer_gpu_params", "gpt2-xl")
-    assert not any(f in xl for f in ("--lr", "--steps", "--chunked-overflow-check"))
+    assert not any(f in xl for f in ("--lr", "--steps", "--chunked-overflow-check", "--warmup-steps"))
     options = {a for a in cmd if a.startswith("--")}
     assert options <= set(_ladder_help_options()), options - set(_ladder_help_options())
+
+
+def test_the_ladders_warmup_is_half_its_steps_and_a_rung_repeats_its_own():
+    """Issue 42: lr ramps over half the steps (at least the 2 DeepSpeed's WarmupLR takes); a rung that ran with
+    another warm-up names it in its command, and one below DeepSpeed's 2 steps counts as 2 (the same run)."""
+    from helpers.planner import ladder_flags, ladder_warmup_steps
+
+    assert [ladder_warmup_steps(n) for n in (1, 4, 6, 20)] == [1, 2, 3, 10]
+    cfg = ladder.ladder_config("plain", fake_runtime(), None, 0, micro_batch=2, steps=20)
+    assert cfg["scheduler"]["params"]["warmup_num_steps"] == 10
+    assert ladder.ladder_config("plain", fake_runtime(), None, 0, micro_batch=2, steps=20,
+                                warmup_steps=3)["scheduler"]["params"]["warmup_num_steps"] == 3
+    assert ladder_flags({"steps": 20, "warmup_steps": 10}, {"steps": 4}) == " --steps 20"
+    assert ladder_flags({"steps": 20, "warmup_steps": 4}, {"steps": 4}) == " --steps 20 --warmup-steps 4"
+    assert ladder_flags({"steps": 20}, {"steps": 4}) == " --steps 20 --warmup-steps 2"  # before issue 42: 20 // 10
+    assert ladder_flags({}, {"steps": 4}) == ""  # 4 steps: 1 then, 2 now, both DeepSpeed's 2
 
 
 def _ladder_help_options() -> list[str]:
