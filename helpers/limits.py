@@ -441,20 +441,32 @@ def _cache_file(label: str, disk_path: str | None) -> Path:
     return CACHE_DIR / f"limits-{safe}{device}.json"
 
 
+@dataclass(frozen=True)
+class ExtraProbes:
+    """What benchmarks/offload_speed.py measures beyond a notebook's limits (`measure_limits(extra=...)`): on a GPU,
+    `grad_round_trip` ZeRO-3's gradient round trip through the host, its fp16 overflow check and the fp32 -> fp16
+    weight copy; `blocks` [(hidden, heads, seq_len, micro_batch)] the compute rate of GPT-2 blocks of those shapes;
+    `zero3_layers` ZeRO-3's cost per micro-batch at those depths (with `zero3_config`, a zero_optimization section);
+    `adam_params` sizes the CPU Adam measurement (the config's sub_group_size: the tensor DeepSpeed steps at a
+    time)."""
+
+    grad_round_trip: bool = False
+    blocks: tuple[tuple[int, int, int, int], ...] = ()
+    zero3_layers: tuple[int, ...] = ()
+    zero3_config: dict[str, Any] | None = None
+    adam_params: int = 16_000_000
+
+
 def measure_limits(nvme_path: str | os.PathLike[str] | None = None, *, runtime: Any = None,
                    aio: dict[str, Any] | None = None, refresh: bool = False, cache: bool = True,
-                   cpu_adam: bool = True, blocks: list[tuple[int, int, int, int]] | None = None,
-                   grad_round_trip: bool = False, zero3_layers: list[int] | None = None,
-                   zero3_config: dict[str, Any] | None = None, adam_params: int = 16_000_000) -> RuntimeLimits:
+                   cpu_adam: bool = True, extra: ExtraProbes | None = None) -> RuntimeLimits:
     """Measure (or read from the cache) this runtime's limits; the disk only when `nvme_path` is given (notebook 02).
 
     Each measurement takes a few seconds (the first CPU Adam measurement also builds DeepSpeed's cpu_adam op).
-    A measurement that cannot run here is left None with a note saying why. On a GPU, `grad_round_trip=True` also
-    measures ZeRO-3's gradient round trip through the host, its fp16 overflow check and the fp32 -> fp16 weight
-    copy, `blocks` [(hidden, heads, seq_len, micro_batch)] the compute rate of GPT-2 blocks of those shapes,
-    `zero3_layers` ZeRO-3's cost per micro-batch at those depths, and `adam_params` sizes the CPU Adam
-    measurement (the config's sub_group_size: the tensor DeepSpeed steps at a time) (benchmarks/offload_speed.py).
+    A measurement that cannot run here is left None with a note saying why. `aio`: the config's aio section the disk
+    is measured with; `extra`: the benchmark's further measurements (`ExtraProbes`).
     """
+    extra = extra or ExtraProbes()
     from helpers.hardware import detect_runtime, usable_cpus
 
     runtime = runtime or detect_runtime()
@@ -492,8 +504,8 @@ def measure_limits(nvme_path: str | os.PathLike[str] | None = None, *, runtime: 
         limits.notes.append("no GPU: no PCIe copies to measure")
     if cpu_adam:
         def adam_fn() -> None:
-            limits.cpu_adam_params_per_s = round(measure_cpu_adam(adam_params), -3)
-            limits.cpu_adam_group_params = adam_params
+            limits.cpu_adam_params_per_s = round(measure_cpu_adam(extra.adam_params), -3)
+            limits.cpu_adam_group_params = extra.adam_params
         run("cpu_adam", adam_fn)
 
     def matmul_fn() -> None:
@@ -501,7 +513,20 @@ def measure_limits(nvme_path: str | os.PathLike[str] | None = None, *, runtime: 
         limits.matmul_dtype = dtype if runtime.has_gpu else "fp32 (CPU)"
         limits.matmul_tflops = round(measure_matmul(dtype), 3)
     run("matmul", matmul_fn)
-    if runtime.has_gpu and grad_round_trip:
+    _measure_extras(limits, extra, runtime, run)
+    if cache:
+        from helpers.atomic import write_atomically
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(limits.as_dict(), indent=1)
+        write_atomically(path, lambda tmp: tmp.write_text(text))
+    return limits
+
+
+def _measure_extras(limits: RuntimeLimits, extra: ExtraProbes, runtime: Any,
+                    run: Callable[[str, Callable[[], None]], None]) -> None:
+    """`measure_limits`' benchmark-only measurements (`ExtraProbes`), each through `run` (timed; a failure a note)."""
+    if runtime.has_gpu and extra.grad_round_trip:
         def round_trip_fn() -> None:
             limits.grad_round_trip_pinned_gbps = round(measure_grad_round_trip(pinned=True), 2)
             limits.grad_round_trip_pageable_gbps = round(measure_grad_round_trip(pinned=False), 2)
@@ -516,22 +541,16 @@ def measure_limits(nvme_path: str | os.PathLike[str] | None = None, *, runtime: 
             limits.weights_to_gpu_pinned_gbps = round(measure_weights_to_gpu(pinned=True), 2)
             limits.weights_to_gpu_pageable_gbps = round(measure_weights_to_gpu(pinned=False), 2)
         run("weights_to_gpu", weights_fn)
-    for layers in zero3_layers or []:
+    for layers in extra.zero3_layers:
         def zero3_fn(n: int = layers) -> None:
-            limits.zero3_micro_batch_s[f"{n} layers"] = round(measure_zero3_micro_batch(n, zero=zero3_config), 4)
+            limits.zero3_micro_batch_s[f"{n} layers"] = round(measure_zero3_micro_batch(n, zero=extra.zero3_config),
+                                                              4)
         run(f"zero3 {layers} layers", zero3_fn)
-    for hidden, heads, seq_len, micro_batch in (blocks or []) if runtime.has_gpu else []:
+    for hidden, heads, seq_len, micro_batch in extra.blocks if runtime.has_gpu else ():
         def block_fn(h: int = hidden, n: int = heads, s: int = seq_len, b: int = micro_batch) -> None:
             limits.block_tflops[block_key(h, s, b)] = round(measure_block_compute(h, n, s, b,
                                                                                   dtype=runtime.precision), 2)
         run(f"block {block_key(hidden, seq_len, micro_batch)}", block_fn)
-    if cache:
-        from helpers.atomic import write_atomically
-
-        path.parent.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(limits.as_dict(), indent=1)
-        write_atomically(path, lambda tmp: tmp.write_text(text))
-    return limits
 
 
 def _main(argv: list[str] | None = None) -> int:
@@ -550,10 +569,10 @@ def _main(argv: list[str] | None = None) -> int:
     p.add_argument("--adam-params", type=int, default=16_000_000, help="CPU Adam timed on this many parameters")
     p.add_argument("--zero3-config", default="{}", help="the zero_optimization section for --zero3-layers, as JSON")
     args = p.parse_args(argv)
-    limits = measure_limits(args.nvme, aio=json.loads(args.aio), refresh=args.refresh,
-                            grad_round_trip=args.grad_round_trip,
-                            blocks=[tuple(b) for b in json.loads(args.blocks)], zero3_layers=args.zero3_layers,
-                            zero3_config=json.loads(args.zero3_config), adam_params=args.adam_params)
+    extra = ExtraProbes(grad_round_trip=args.grad_round_trip, blocks=tuple(tuple(b) for b in json.loads(args.blocks)),
+                        zero3_layers=tuple(args.zero3_layers), zero3_config=json.loads(args.zero3_config),
+                        adam_params=args.adam_params)
+    limits = measure_limits(args.nvme, aio=json.loads(args.aio), refresh=args.refresh, extra=extra)
     print(limits.table())
     if args.out:
         Path(args.out).write_text(json.dumps(limits.as_dict(), indent=1))
