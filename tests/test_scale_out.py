@@ -16,6 +16,8 @@ from helpers.launch import PROGRAMS, run_ranks
 pytestmark = pytest.mark.usefixtures("clean_dist_env")
 SHAPE = scale_out.SCALE_OUT_SHAPES["cpu"]
 SPLIT = ("attn.qkv.weight", "attn.qkv.bias", "attn.out.weight", "mlp.up.weight", "mlp.down.weight")
+# notebook 05 as a learner runs it: the draft while there is one (notebooks/drafts/, issue 40), the notebook once promoted
+NB05 = next(p for p in (ROOT / "notebooks" / d / "05_scaling_out.ipynb" for d in ("drafts", ".")) if p.exists())
 
 
 @pytest.fixture(scope="module")
@@ -95,10 +97,16 @@ def test_pipeline_loss_matches_the_unsplit_model(tmp_path, blocks):
 
 @pytest.mark.slow
 def test_autotp_ranks_hold_half_of_each_split_layer(tmp_path, blocks):
+    """Given --tp-config (as notebook 05 runs it), the ranks train with the file's section: here one pattern written
+    differently from autotp_config's, matching the same layers."""
+    section = scale_out.autotp_config(2)
+    section["partition_config"]["layer_specs"][1]["patterns"] = [r".*mlp\.up\.weight$"]
+    assert section != scale_out.autotp_config(2)
+    (tmp_path / "tp.json").write_text(json.dumps({"tensor_parallel": section}))
     ranks = run_ranks(PROGRAMS / "tp_train.py", 2, tmp_path / "tp", launcher="torchrun",
-                      args=["--blocks", str(blocks), "--steps", "3"])
+                      args=["--blocks", str(blocks), "--steps", "3", "--tp-config", str(tmp_path / "tp.json")])
     for r in ranks:
-        assert r["mode"] == "training" and "training_error" not in r
+        assert r["mode"] == "training" and "training_error" not in r and r["tensor_parallel"] == section
         assert sorted(r["split"]) == sorted(f"blocks.{i}.{name}" for i in range(SHAPE["layers"]) for name in SPLIT)
         for s in r["split"].values():
             assert [2 * a == b for a, b in zip(s["local"], s["full"]) if a != b] == [True]
@@ -197,6 +205,40 @@ def test_autotp_patterns_name_the_course_gpts_layers():
     specs = scale_out.autotp_config(2)["partition_config"]["layer_specs"]
     matched = {n for spec in specs for pat in spec["patterns"] for n in names if re.match(pat, n)}
     assert matched == {n for n in names if n.endswith(("qkv.weight", "up.weight", "out.weight", "down.weight"))}
+
+
+def _notebook_05_tp_config() -> dict:
+    """The literal `tp_config = {...}` of notebook 05's cell that runs tp_train.py."""
+    import ast
+
+    import nbformat
+
+    for cell in nbformat.read(NB05, as_version=4).cells:
+        if cell.cell_type == "code" and "tp_train.py" in cell.source:
+            for node in ast.walk(ast.parse(cell.source)):
+                if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["tp_config"]:
+                    return ast.literal_eval(node.value)
+    raise AssertionError(f"{NB05.relative_to(ROOT)}: no literal tp_config = {{...}} in the cell that runs tp_train.py")
+
+
+def test_notebook_05s_tensor_parallel_section_is_autotp_config_and_tp_train_reads_it_from_the_file(tmp_path):
+    """The section the page prints is the one that runs: notebook 05 writes it to a file for tp_train.py --tp-config,
+    and it is autotp_config(2), what tp_train.py uses without the option (the benchmark, the promoted notebook)."""
+    import importlib.util
+
+    literal = _notebook_05_tp_config()
+    assert set(literal) == {"tensor_parallel"} and literal["tensor_parallel"] == scale_out.autotp_config(2)
+    spec = importlib.util.spec_from_file_location("tp_train", PROGRAMS / "tp_train.py")
+    tp_train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tp_train)
+    path = tmp_path / "tp_config.json"
+    other = json.loads(json.dumps(literal))
+    other["tensor_parallel"]["partition_config"]["layer_specs"].pop()
+    path.write_text(json.dumps(other, indent=1))
+    assert tp_train.tensor_parallel_section(path, 2) == other["tensor_parallel"] != scale_out.autotp_config(2)
+    assert tp_train.tensor_parallel_section(None, 2) == scale_out.autotp_config(2)
+    with pytest.raises(ValueError, match="autotp_size 2 but 4 ranks"):
+        tp_train.tensor_parallel_section(path, 4)
 
 
 def test_estimates_and_ratios_from_rows():

@@ -2,12 +2,15 @@
 
     deepspeed --num_gpus 2 notebooks/programs/tp_train.py --out build/tp                      # 2 GPUs, NCCL
     torchrun --nproc_per_node 2 notebooks/programs/tp_train.py --out build/tp --device cpu    # CPU, gloo
+    ... --tp-config tp.json    # the tensor_parallel section from a file, as notebook 05 writes it
 
 AutoTP training is switched on by the config alone: ``"tensor_parallel": {"autotp_size": N, ...}`` (no
 ``train_batch_size``: DeepSpeed derives it, the ranks of one tensor-parallel group form one data-parallel replica).
 The attention's q/k/v and the MLP's up projection are split by output features (column-parallel), the attention
 output and the MLP's down projection by input features (row-parallel, outputs summed over the ranks). All ranks
-of a group see the same micro-batches. Every rank also trains the unsplit model, plain PyTorch, on them.
+of a group see the same micro-batches. The section is ``scale_out.autotp_config(N)`` unless ``--tp-config FILE``
+gives a JSON file holding ``{"tensor_parallel": {...}}`` (notebook 05 writes its literal section there). Every rank
+also trains the unsplit model, plain PyTorch, on them.
 If this DeepSpeed cannot train with AutoTP here, the script falls back to AutoTP inference
 (`deepspeed.init_inference(tensor_parallel=...)`) and records why. Each rank writes rank<r>.json.
 """
@@ -15,9 +18,23 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import traceback
+from pathlib import Path
 
 from helpers import rank, scale_out
+
+
+def tensor_parallel_section(tp_config: Path | None, world: int) -> dict:
+    """The config's `tensor_parallel` section: read from the JSON file `tp_config` ({"tensor_parallel": {...}}), or
+    scale_out.autotp_config(world) without one; refused when its autotp_size is not the number of ranks."""
+    if tp_config is None:
+        return scale_out.autotp_config(world)
+    section = json.loads(Path(tp_config).read_text())["tensor_parallel"]
+    if section.get("autotp_size") != world:
+        raise ValueError(f"{tp_config}: autotp_size {section.get('autotp_size')} but {world} ranks were started: "
+                         f"start {section.get('autotp_size')} ranks, or write autotp_size {world}")
+    return section
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
     parser.add_argument("--mode", choices=("auto", "inference"), default="auto",
                         help="auto: AutoTP training, inference where training fails; inference: skip training")
+    parser.add_argument("--tp-config", type=Path, default=None, metavar="FILE",
+                        help='JSON file with the config\'s {"tensor_parallel": {...}} (default: the course GPT\'s '
+                             "section from helpers.scale_out.autotp_config)")
     parser.set_defaults(precision="fp32")
     args = parser.parse_args(argv)
     import warnings
@@ -61,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     # no train_batch_size (build_ds_config writes none without world_size): DeepSpeed derives it for the ranks of one
     # tensor-parallel group, which form one data-parallel replica; written for the world, its batch check would fail
     assert "train_batch_size" not in config
-    config["tensor_parallel"] = scale_out.autotp_config(run.world)
+    config["tensor_parallel"] = tensor_parallel_section(args.tp_config, run.world)
     model = copy.deepcopy(reference)
     report = {"rank": run.rank, "world": run.world, "device": run.device, "backend": run.backend,
               "tensor_parallel": config["tensor_parallel"], "plain_losses": plain_losses,
