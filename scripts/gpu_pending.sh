@@ -25,6 +25,7 @@
 #                 torch_adam true and false (FusedAdam: its fused_adam op is JIT-built first) and ZeRO-2, with
 #                 torch.profiler's host-device syncs per step (docs/decisions.md: ZeRO-0 in fp16 is slow; ~120 s).
 #                 Brings back zero0_fp16_step.json/.md and zero0.log (commit them as reports/zero0_fp16_step.*)
+#   capstone      (a short call) draft 07 promoted and run once alone under the emulation; evidence.tgz as above
 #   bf16_ram      benchmarks/ladder.py in bf16 on the whole GPU (no emulation), ZeRO-3 offload rungs of GPT-2 large
 #                 and XL (issue 41 item 6: the RAM estimate for bf16 on a GPU). Brings back ladder_bf16.json/.md/.log
 #                 (commit as reports/ladder_bf16.*; tests/test_ladder checks pre-flight against it). ~300 s
@@ -116,6 +117,14 @@ step_drafts_alone() {
   alone_twice "${nbs[@]}"
 }
 
+step_capstone() {  # (a short call) draft 07 promoted and run once, alone, under the emulation (~300 s)
+  python3 scripts/promote_drafts.py 07 | tee -a "$OUT/progress.log"
+  BUILD_OPS="" LADDER_ARGS=none LOCAL_HUB=1 FIRST_CPU=0 CONCURRENT=1 timeout "${CAPSTONE_TIMEOUT:-330}" \
+    bash scripts/gpu_evidence.sh /tmp/speed/a notebooks/07_*.ipynb
+  say "capstone: exit $?"
+  bash scripts/gpu_evidence.sh --collect /tmp/speed/a "$OUT"
+}
+
 step_zero0() {
   timeout 200 python3 benchmarks/zero0_fp16_step.py --profile --out "$OUT/zero0_fp16_step.json" > "$OUT/zero0.log" 2>&1
   say "zero0_fp16_step: exit $?"
@@ -132,7 +141,7 @@ step_bf16_ram() {
   say "ladder bf16: exit $?"
 }
 
-[ $# -gt 0 ] || { echo "usage: gpu_pending.sh notebooks|context_long|context_cpu|context_and_notebooks|speed_twice|drafts_alone|zero0|bf16_ram ..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: gpu_pending.sh notebooks|context_long|context_cpu|context_and_notebooks|speed_twice|drafts_alone|capstone|zero0|bf16_ram ..." >&2; exit 2; }
 for s in "$@"; do
   say "step $s"
   "step_$s"
