@@ -1,4 +1,4 @@
-"""Benchmark: the largest GPT-2-family model that trains on a T4 budget, per config (notebook 02).
+"""Benchmark: the largest GPT-2-family model that fits a T4 budget per config, and whether it learns (notebook 02).
 
     DS_COURSE_T4_BUDGET=1 python benchmarks/ladder.py --nvme-path /tmp/nvme --deadline-s 500
     python benchmarks/ladder.py --sizes gpt2-tiny gpt2 --configs plain zero2_offload_cpu --steps 3 --seq-len 32  # CPU
