@@ -96,6 +96,13 @@ def learns(r: dict, on_gpu: bool) -> tuple[bool, str]:
     return loss_fell(r["losses"], on_gpu=on_gpu)
 
 
+def judged(measured: dict, ram_budget_gb: float, on_gpu: bool) -> dict:
+    """{fits, reason, learns, learn_reason} of a rung that ran: `verdict` (memory), then `learns` for one that fits."""
+    fits, reason = verdict(measured, ram_budget_gb)
+    taught, why = learns(measured, on_gpu) if fits else (False, NOT_JUDGED)
+    return {"fits": fits, "reason": reason, "learns": taught, "learn_reason": why}
+
+
 def _loss_reason(reason: str) -> bool:
     """A reason the ladder gave before issue 42 split memory from learning: the loss's, not the memory's."""
     return reason.startswith("loss did not fall") or "timed step(s) skipped" in reason
@@ -107,9 +114,7 @@ def judge(row: dict, ram_budget_gb: float, on_gpu: bool) -> dict:
     if not row.get("ran", True):
         return {**row, "fits": False, "learns": False, "learn_reason": "not run"}
     error = row.get("error") or ("" if row["fits"] or _loss_reason(row["reason"]) else row["reason"])
-    fits, reason = verdict({**row, "error": error}, ram_budget_gb)
-    taught, why = learns(row, on_gpu) if fits else (False, NOT_JUDGED)
-    return {**row, "fits": fits, "reason": reason, "learns": taught, "learn_reason": why}
+    return {**row, **judged({**row, "error": error}, ram_budget_gb, on_gpu)}
 
 
 def rejudge(path: Path) -> dict:
@@ -194,17 +199,21 @@ def measure_in_child(args: argparse.Namespace, name: str, size: str, nvme: Path 
 
 # ---------------------------------------------------------------------------------------------- the search
 
-def summary(rows: list[dict]) -> dict:
+def _largest_per_config(rows: list[dict]) -> dict[str, dict]:
+    """{config: {model, params}} of the largest rung of each config among `rows`."""
     best: dict[str, dict] = {}
     for r in rows:
-        if r["fits"] and r["params"] > best.get(r["config"], {}).get("params", 0):
+        if r["params"] > best.get(r["config"], {}).get("params", 0):
             best[r["config"]] = {"model": r["model"], "params": r["params"]}
+    return best
+
+
+def summary(rows: list[dict]) -> dict:
+    best = _largest_per_config([r for r in rows if r["fits"]])
     plain = best.get("plain", {}).get("params", 0)
     ds_best = max((v["params"] for k, v in best.items() if k != "plain"), default=0)
-    learned: dict[str, dict] = {}  # the largest rung per config whose loss fell by the margin (issue 42)
-    for r in rows:
-        if r["fits"] and r.get("learns") and r["params"] > learned.get(r["config"], {}).get("params", 0):
-            learned[r["config"]] = {"model": r["model"], "params": r["params"]}
+    # the largest rung per config whose loss fell by the margin (issue 42)
+    learned = _largest_per_config([r for r in rows if r["fits"] and r.get("learns")])
     return {"largest_per_config": best, "deepspeed_over_plain": round(ds_best / plain, 2) if plain else None,
             "target_4x_met": bool(plain and ds_best >= 4 * plain), "largest_learning_per_config": learned}
 
@@ -410,15 +419,13 @@ def main(argv: list[str] | None = None) -> int:
             left = args.hard_stop_s - (time.perf_counter() - started) if args.hard_stop_s else None
             m = measure_in_child(args, name, size, nvme, gpu, cpus, timeout_s=left)
             baseline[0] = max(baseline[0], m.get("baseline_rss_gb", 0))
-            fits, reason = verdict(m, ram_budget_gb)
-            taught, why = learns(m, runtime.has_gpu) if fits else (False, NOT_JUDGED)
             if m.get("timed_out"):
                 row["timed_out"] = True
             row["baseline_rss_gb"] = round(m.get("baseline_rss_gb", 0), 2)
             row.update(lr=args.lr, steps=args.steps, untimed_steps=args.untimed_steps, warmup_steps=args.warmup_steps,
                        chunked_overflow_check=args.chunked_overflow_check,
                        skipped_timed_steps=m.get("skipped_timed_steps"))
-            row.update(ran=True, fits=fits, reason=reason, learns=taught, learn_reason=why, **{k: m[k] for k in (
+            row.update(ran=True, **judged(m, ram_budget_gb, runtime.has_gpu), **{k: m[k] for k in (
                 "peak_vram_gib", "peak_rss_gb", "disk_gb", "tokens_per_s", "losses", "seconds")},
                        skipped_steps=m.get("skipped_steps"),
                        rss_by_phase_gb={k: round(v, 2) for k, v in m.get("rss_by_phase", {}).items()})

@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     template = AutoModelForCausalLM.from_config(config)  # one initialisation, copied per lr
     shape = helpers.model_shape(config)
     configs = {(lr, w): ladder_config("plain", runtime, None, shape.largest_layer_params,
-                                      micro_batch=args.micro_batch, steps=args.steps, lr=lr, warmup_steps=w or None)
+                                      micro_batch=args.micro_batch, steps=args.steps, lr=lr, warmup_steps=w)
                for w in args.warmup_steps for lr in args.lrs}
     warmup = sorted({c["scheduler"]["params"]["warmup_num_steps"] for c in configs.values()})
     report: dict[str, Any] = {

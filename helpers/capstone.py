@@ -128,19 +128,21 @@ def pick_plan(model: str, runtime: "Runtime", *, seq_len: int, micro_batch: int,
     if shape.n_positions and seq_len > shape.n_positions:
         raise ConfigError(f"SEQ_LEN={seq_len} is longer than {shape.name} takes ({shape.n_positions} positions: a "
                           f"longer block fails in its position embedding). Fix: SEQ_LEN = {shape.n_positions}.")
+    def plan_with(kind: str, what: Any, seq: int) -> Any:
+        """plan() of `what` (a model or its shape) with the course config `kind` (its stage and offload devices)."""
+        args = NAMED_CONFIGS[kind].placement
+        return plan(what, micro_batch_size=micro_batch, seq_len=seq, runtime=runtime, nvme_path=nvme_path,
+                    zero_init=args.get("stage") == 3, ram_in_use=ram_in_use, **args)
+
     last = None
     for kind in FALLBACK_LADDER:
-        args = NAMED_CONFIGS[kind].placement
-        p = plan(shape, micro_batch_size=micro_batch, seq_len=seq_len, runtime=runtime, nvme_path=nvme_path,
-                 zero_init=args.get("stage") == 3, ram_in_use=ram_in_use, **args)
+        p = plan_with(kind, shape, seq_len)
         if p.report is not None and p.report.fits:
             return kind, p
         last = p if p.report is not None else last
     smaller = None
     for name in reversed([n for n in GPT2_LADDER if model_shape(n).n_params < shape.n_params]):
-        if any((q := plan(name, micro_batch_size=micro_batch, seq_len=min(seq_len, 1024), runtime=runtime,
-                          nvme_path=nvme_path, zero_init=NAMED_CONFIGS[k].kwargs.get("stage") == 3,
-                          ram_in_use=ram_in_use, **NAMED_CONFIGS[k].placement)).report is not None and q.report.fits
+        if any((q := plan_with(k, name, min(seq_len, 1024))).report is not None and q.report.fits
                for k in FALLBACK_LADDER):
             smaller = name
             break

@@ -444,6 +444,9 @@ EMULATED_LADDER = "reports/ladder_colab_emulation.json"
 LADDER_LR = 3e-4  # benchmarks/ladder.py's default peak learning rate
 LADDER_UNTIMED_STEPS = 1  # and its default --untimed-steps
 
+CHUNKED_NOTE = (", with helpers.chunk_zero3_overflow_check: DeepSpeed's fp16 overflow check otherwise needs 3 bytes "
+                "per parameter more RAM at each step; the command turns it on")
+
 
 def ladder_warmup_steps(steps: int) -> int:
     """benchmarks/ladder.py's default warm-up: the learning rate ramps linearly over half the steps (issue 42: at 2560
@@ -455,8 +458,6 @@ def ladder_warmup_steps(steps: int) -> int:
 def _warmup_ran(row: dict[str, Any], steps: int) -> int:
     """The warm-up a ladder row ran with: its own record, else the rule before issue 42."""
     return int(row.get("warmup_steps") or max(1, steps // 10))
-CHUNKED_NOTE = (", with helpers.chunk_zero3_overflow_check: DeepSpeed's fp16 overflow check otherwise needs 3 bytes "
-                "per parameter more RAM at each step; the command turns it on")
 
 
 def config_kind(config: dict[str, Any] | None) -> str | None:
