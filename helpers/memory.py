@@ -184,6 +184,19 @@ def _gpu_runtime(precision: str) -> bool:
     return torch.cuda.is_available()
 
 
+def _offloaded_params(gpu: dict[str, int], cpu: dict[str, int], nvme: dict[str, int], offload_param: str, *, e: int,
+                      param_share: int, n: int, largest_layer_params: int, nvme_buffer_bytes: int) -> None:
+    """estimate_model_states' rows for ZeRO-3 parameters offloaded to `offload_param` ("cpu" or "nvme")."""
+    gpu["params"] = 2 * e * max(largest_layer_params, 1)  # the layer being computed and the one being fetched
+    if offload_param == "cpu":
+        # one flat 16-bit buffer per parameter group, always pinned (stage3.py
+        # _create_param_groups_fp16_flat_cpu_memory); torch's CUDA host allocator rounds it up to a power of two
+        cpu["params"] = pinned_bytes(param_share * n)
+    else:
+        nvme["params"] = param_share * n
+        cpu["buffers"] = nvme_buffer_bytes
+
+
 def estimate_model_states(
     n_params: int,
     stage: int | None,
@@ -257,20 +270,13 @@ def estimate_model_states(
         parts.append(f"optimizer->{offload_optimizer}")
         _offloaded_optimizer(cpu, nvme, offload_optimizer, stage=stage, psi=psi, n=n, e=e, opt_share=opt_share,
                              sub_group=min(int(sub_group_size), psi), on_gpu=on_gpu)
-    # parameters
     if offload_param == "none":
         gpu["params"] = param_share
     else:
         parts.append(f"params->{offload_param}")
-        live = max(largest_layer_params, 1)
-        gpu["params"] = 2 * e * live  # the layer being computed and the one being fetched
-        if offload_param == "cpu":
-            # one flat 16-bit buffer per parameter group, always pinned (stage3.py
-            # _create_param_groups_fp16_flat_cpu_memory); torch's CUDA host allocator rounds it up to a power of two
-            cpu["params"] = pinned_bytes(param_share * n)
-        else:
-            nvme["params"] = param_share * n
-            cpu["buffers"] = nvme_buffer_count * nvme_buffer_size * e
+        _offloaded_params(gpu, cpu, nvme, offload_param, e=e, param_share=param_share, n=n,
+                          largest_layer_params=largest_layer_params,
+                          nvme_buffer_bytes=nvme_buffer_count * nvme_buffer_size * e)
     # DeepSpeed closes an optimizer sub-group once it reaches sub_group_size, so the largest is never smaller than the
     # largest tensor (GPT-2 2.7B: the 128.7M embedding)
     largest_sub_group = max(min(int(sub_group_size), psi), largest_layer_params)
