@@ -530,7 +530,7 @@ class LongContextEstimate:
         """The peak by part, for a stacked bar (helpers.plot_long_context_memory): model states, the layers' and the
         head's bytes kept for backward, the largest transient (or the optimizer step's temporaries, when larger)."""
         kept = self.activations.saved.gpu
-        layers = sum(b for k, b in kept.items() if k.startswith(("layer", "RoPE", "last layer")))
+        layers = sum(b for k, b in kept.items() if k.startswith(("layer", "RoPE", "last ")))  # "last 3 layer inputs"
         parts = {"model states": self.states_gpu, "kept for backward: layers": layers,
                  "kept for backward: head, loss, labels": sum(kept.values()) - layers}
         rest = self.gpu_peak - self.states_gpu - sum(kept.values())

@@ -597,7 +597,10 @@ def plot_longest_sequence(rows: Sequence[dict[str, Any]], title: str = "Longest 
     ax.set_xticks(list(x), names, rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("tokens")
     ax.set_title("longest sequence per technique")
-    ax.legend(fontsize=7)
+    top = max((max(r["longest"], r["predicted"]) for r in rows), default=0)
+    if top > 0:
+        ax.set_ylim(top=top * 8)  # room above the tallest bar: the legend sits there, over no bar (issue 52)
+    ax.legend(fontsize=7, loc="upper left", ncol=2)
     for i, r in enumerate(rows):
         speed = r.get("speed") or {}
         if speed:
