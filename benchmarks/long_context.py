@@ -5,14 +5,14 @@ notebook 06).
     python benchmarks/long_context.py --hidden 64 --intermediate 176 --layers 2 --heads 4 --kv-heads 2 \\
         --lengths 256 512 --out build/long_context_cpu.json    # CPU smoke: fixed lengths, no search
 
-Model: `helpers.long_context_config` (~222M parameters by default: h 1024, MLP 2816, 16 layers, 16 heads each with its
-own key/value head (grouped-query attention has no fused kernel on a T4: `helpers.attention_kernel`), RoPE) with the
+Model: `helpers.long_context.long_context_config` (~222M parameters by default: h 1024, MLP 2816, 16 layers, 16 heads each with its
+own key/value head (grouped-query attention has no fused kernel on a T4: `helpers.long_context.attention_kernel`), RoPE) with the
 course's tokenizer (8192 tokens), trained by a DeepSpeed ZeRO-2 engine (fp16 on a GPU, torch's AdamW, constant
-learning rate) on one sequence of the shipped corpus (batch 1). The rungs (`helpers.TECHNIQUES`) each add one
+learning rate) on one sequence of the shipped corpus (batch 1). The rungs (`helpers.long_context.TECHNIQUES`) each add one
 technique: plain; activation checkpointing (transformers' non-reentrant); DeepSpeed's TiledFusedLogitsLoss; its
 TiledMLP; DeepSpeed's cpu_checkpointing (layer inputs in page-locked RAM); then the optimizer on the CPU
 (ZeRO-Offload) when `--optimizer-offload`. Each rung runs in a fresh process (inside its own enclosure with
---emulate): the estimate (`helpers.estimate_activation_peak` + the model states) predicts its longest length; the
+--emulate): the estimate (`helpers.long_context.estimate_activation_peak` + the model states) predicts its longest length; the
 child trains at the longest step of the length grid predicted to fit (a step is 1/8 of the power of two below,
 at least 1024 tokens), then one step up or down until it has one length that trains and the next that does not.
 "Trains" = forward + backward + optimizer step with no out-of-memory error, at least two steps not skipped by the
@@ -49,8 +49,8 @@ LR = 1e-3
 
 
 def rungs(optimizer_offload: bool) -> dict[str, str]:
-    """Rung name -> the technique of helpers.TECHNIQUES it trains with (the last rung adds the optimizer on CPU)."""
-    out = {name: name for name in helpers.TECHNIQUES}
+    """Rung name -> the technique of helpers.long_context.TECHNIQUES it trains with (the last rung adds the optimizer on CPU)."""
+    out = {name: name for name in helpers.long_context.TECHNIQUES}
     if optimizer_offload:
         out[OPTIMIZER_ON_CPU] = "+ checkpoints on CPU"
     return out
@@ -92,8 +92,8 @@ def warmed_base_rss(config: Any, warm_up_ds_config: dict[str, Any], technique: s
     CPU the base holds none of its states (the estimate counts them)."""
     import torch
 
-    warm = helpers.build_long_context_engine(config, warm_up_ds_config, technique)
-    helpers.train_at_length(warm, tokens, min(WARM_UP_SEQ_LEN, len(tokens)), technique, logits_tile_tokens=tile,
+    warm = helpers.long_context.build_long_context_engine(config, warm_up_ds_config, technique)
+    helpers.long_context.train_at_length(warm, tokens, min(WARM_UP_SEQ_LEN, len(tokens)), technique, logits_tile_tokens=tile,
                             max_steps=1)
     helpers.runtime.destroy_engine(warm)
     del warm
@@ -118,15 +118,15 @@ def child(spec_path: Path) -> int:
     out = Path(spec["result"])
     tokens = torch.load(spec["stream"])
     rung, technique, tile = spec["rung"], spec["technique"], spec["logits_tile"]
-    config = helpers.long_context_config(spec["vocab"], hidden=spec["hidden"], intermediate=spec["intermediate"],
+    config = helpers.long_context.long_context_config(spec["vocab"], hidden=spec["hidden"], intermediate=spec["intermediate"],
                                          layers=spec["layers"], heads=spec["heads"], kv_heads=spec["kv_heads"])
     shape = helpers.long_context_shape(config)
     helpers.runtime.warm_up_cuda()
     base_rss = warmed_base_rss(config, spec["warm_up_ds_config"], technique, tokens, tile)
-    engine = helpers.build_long_context_engine(config, spec["ds_config"], technique)
+    engine = helpers.long_context.build_long_context_engine(config, spec["ds_config"], technique)
     n_params = sum(p.numel() for p in engine.module.parameters())
-    kernel = helpers.attention_kernel(config, next(engine.module.parameters()).dtype)  # the engine refused "math"
-    engine_rss = helpers.rss_bytes()  # with the engine: for the optimizer on CPU, its states are here already
+    kernel = helpers.long_context.attention_kernel(config, next(engine.module.parameters()).dtype)  # the engine refused "math"
+    engine_rss = helpers.memory.rss_bytes()  # with the engine: for the optimizer on CPU, its states are here already
 
     def est(seq_len: int) -> dict[str, Any]:
         return estimate_row(shape, n_params, spec["ds_config"], seq_len, technique, tile, base_rss)
@@ -157,13 +157,13 @@ def child(spec_path: Path) -> int:
             return {"seq_len": seq_len, "ok": earlier[seq_len]}
         write({"kind": "trying", "seq_len": seq_len})  # a rung killed or stopped mid-length: which length it was
         t0 = time.perf_counter()
-        r = helpers.train_at_length(engine, tokens, seq_len, technique, logits_tile_tokens=tile,
+        r = helpers.long_context.train_at_length(engine, tokens, seq_len, technique, logits_tile_tokens=tile,
                                     max_steps=spec["max_steps"])
         if not r.engine_usable:  # an out-of-memory error left a half-done backward in it
             helpers.runtime.destroy_engine(engine)
             engine = None
             gc.collect()
-            engine = helpers.build_long_context_engine(config, spec["ds_config"], technique)
+            engine = helpers.long_context.build_long_context_engine(config, spec["ds_config"], technique)
         row = {**r.as_dict(), "kind": "attempt", "seconds": round(time.perf_counter() - t0, 1),
                "estimate": est(seq_len)}
         write(row)
@@ -198,7 +198,7 @@ def child(spec_path: Path) -> int:
 
 
 def token_stream(work_dir: Path, n_tokens: int) -> tuple[Path, int]:
-    """The shipped corpus through the course's tokenizer as one stream of `n_tokens` ids (helpers.token_stream),
+    """The shipped corpus through the course's tokenizer as one stream of `n_tokens` ids (helpers.data.token_stream),
     saved for the rungs' processes; returns (its path, the vocabulary size)."""
     import torch
 
@@ -206,7 +206,7 @@ def token_stream(work_dir: Path, n_tokens: int) -> tuple[Path, int]:
     tok = helpers.train_tokenizer(ds["train"]["text"], work_dir / "tokenizer")
     path = work_dir / f"stream_{n_tokens}.pt"
     if not path.exists():
-        torch.save(helpers.token_stream(ds["train"], tok, n_tokens), path)
+        torch.save(helpers.data.token_stream(ds["train"], tok, n_tokens), path)
     return path, len(tok)
 
 
@@ -365,7 +365,7 @@ def reestimated(lines: list[dict[str, Any]], config: dict[str, Any], technique: 
 
 
 def check_model_arguments(args: argparse.Namespace, shape: bool = True) -> None:
-    """The model's shape and the lengths, refused up front with the fix (helpers.long_context_config's own check)."""
+    """The model's shape and the lengths, refused up front with the fix (helpers.long_context.long_context_config's own check)."""
     for name in ("logits_tile", "max_seq_len", "max_steps"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} {getattr(args, name)}: must be 1 or more")
@@ -376,7 +376,7 @@ def check_model_arguments(args: argparse.Namespace, shape: bool = True) -> None:
     if not shape:
         return
     try:
-        helpers.long_context_config(hidden=args.hidden, intermediate=args.intermediate, layers=args.layers,
+        helpers.long_context.long_context_config(hidden=args.hidden, intermediate=args.intermediate, layers=args.layers,
                                     heads=args.heads, kv_heads=args.kv_heads, vocab=256)
     except ValueError as err:
         raise SystemExit(f"the model's shape: {err}") from None

@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(report, indent=2) + "\n")
 
     def sweep(model):
-        return helpers.capacity_sweep(model, val_blocks, args.capacity_sweep, batches=8,
+        return helpers.moe.capacity_sweep(model, val_blocks, args.capacity_sweep, batches=8,
                                       batch_size=args.micro_batch, seed=args.seed)
 
     def train(name, cfg, eval_every, probe=None):
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"aux {coef:<6g} busiest/mean {routing['imbalance']:.2f} dropped "
               f"{100 * routing['dropped_fraction']:.1f} % val {r.val_loss:.3f}", flush=True)
         write()
-    report["zero3_refusal"] = helpers.zero3_refusal(configs["MoE top-2"], runtime)
+    report["zero3_refusal"] = helpers.moe.zero3_refusal(configs["MoE top-2"], runtime)
     if args.ep:
         report["expert_parallel"] = expert_parallel(args, runtime, train_blocks, len(tok))
     write()

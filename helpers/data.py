@@ -13,8 +13,7 @@ from typing import Any
 
 from helpers.atomic import needs_writing, write_atomically
 
-__all__ = ["as_tensors", "block_loader", "load_text_dataset", "token_stream", "load_tokenizer", "pack_blocks",
-           "train_tokenizer"]
+__all__ = ["as_tensors", "block_loader", "load_text_dataset", "load_tokenizer", "pack_blocks", "train_tokenizer"]
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCAL_CORPUS = ROOT / "data" / "shakespeare"

@@ -19,8 +19,7 @@ from typing import Any, Sequence
 
 from helpers.runtime import child_env, free_port
 
-__all__ = ["PROGRAMS", "launch_commands", "run_ranks", "function_source", "accelerate_config_yaml", "hostfile_text",
-           "parse_hostfile", "multi_node_commands"]
+__all__ = ["PROGRAMS", "launch_commands", "run_ranks", "function_source", "accelerate_config_yaml"]
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = ROOT / "notebooks" / "programs"  # the lesson programs the notebooks launch

@@ -2,7 +2,7 @@
 single-GPU long-sequence tools remove (notebook 06, issue 26).
 
     shape = helpers.long_context_shape(config)                      # a Llama-shaped Hugging Face config
-    est = helpers.estimate_saved_activations(shape, seq_len=4096, checkpointing=True)
+    est = helpers.long_context.estimate_saved_activations(shape, seq_len=4096, checkpointing=True)
     print(est.table())                                              # bytes kept for backward, GPU and CPU
     measured = helpers.saved_activation_bytes(lambda: model(input_ids=ids, labels=ids).loss)
 
@@ -32,11 +32,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-__all__ = ["TECHNIQUES", "attention_kernel", "build_long_context_engine", "checkpoints_on_cpu",
-           "estimate_activation_peak", "estimate_long_context_run", "estimate_saved_activations", "long_context_config",
-           "long_context_shape", "ladder_verdict", "longest_fitting_seq_len", "measured_peak_bytes", "params_label",
+__all__ = ["estimate_long_context_run", "long_context_shape", "ladder_verdict", "measured_peak_bytes",
            "predict_longest_seq_len", "release_cpu_checkpoints", "require_fused_attention", "saved_activation_bytes",
-           "technique_flags", "tiled_causal_lm_loss", "tiled_mlp", "train_at_length", "use_expandable_segments"]
+           "use_expandable_segments"]
 
 # The rungs of notebook 06, each adding one technique to the one before: name -> estimate_activation_peak's flags.
 TECHNIQUES: dict[str, dict[str, bool]] = {
@@ -527,7 +525,7 @@ class LongContextEstimate:
         return self.run_estimate().table()
 
     def gpu_parts(self) -> dict[str, int]:
-        """The peak by part, for a stacked bar (helpers.plot_long_context_memory): model states, the layers' and the
+        """The peak by part, for a stacked bar (helpers.plots.plot_long_context_memory): model states, the layers' and the
         head's bytes kept for backward, the largest transient (or the optimizer step's temporaries, when larger)."""
         kept = self.activations.saved.gpu
         layers = sum(b for k, b in kept.items() if k.startswith(("layer", "RoPE", "last ")))  # "last 3 layer inputs"

@@ -23,7 +23,7 @@ from helpers.checks import ConfigError, check_model_size, check_number, check_of
 from helpers.overflow_check import chunked_overflow_check_active
 
 __all__ = ["count_params", "deepspeed_estimate", "estimate_for_config", "estimate_model_states", "estimate_run",
-           "measure_peak", "model_states_per_gpu", "rss_bytes"]
+           "measure_peak", "model_states_per_gpu"]
 
 GiB = 1024**3
 GB = 1000**3

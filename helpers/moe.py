@@ -24,10 +24,7 @@ if TYPE_CHECKING:
     from helpers.gpt import GPTConfig
     from helpers.hardware import Runtime
 
-__all__ = ["count_moe_params", "describe_param_groups", "measure_flops_per_token",
-           "expert_capacity", "analytic_flops_per_token", "RoutingRecorder", "MoEHooks", "moe_table", "evaluate_moe",
-           "capacity_sweep", "drop_shares", "zero3_refusal", "evenness", "most_even",
-           "committed_report_note"]
+__all__ = []
 
 ZERO3_REFUSAL = "Native DeepSpeed MoE is not supported with ZeRO Stage 3"
 

@@ -663,7 +663,7 @@ def plan(model: "str | ModelShape" = "gpt2", stage: int = 2, *, offload_optimize
 
 def _activation_bytes(shape: "ModelShape", batch: int, seq_len: int, *, precision: str, checkpointing: bool) -> int:
     """The activations the planner counts: for a Llama-shaped model notebook 06's part-by-part estimate
-    (`helpers.estimate_activation_peak`: kept for backward + backward's largest transient, measured within a few %),
+    (`helpers.long_context.estimate_activation_peak`: kept for backward + backward's largest transient, measured within a few %),
     for the others the GPT formula (`helpers.memory.estimate_activations`)."""
     if shape.llama is not None:
         from helpers.long_context import estimate_activation_peak

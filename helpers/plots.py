@@ -20,9 +20,8 @@ if TYPE_CHECKING:
     from helpers.train import RunResult
 
 __all__ = ["show_folded", "plot_peak_vram", "plot_step_time", "plot_memory_breakdown", "plot_memory_timeline",
-           "plot_losses", "plot_plans", "plot_speed_vs_memory", "plot_expert_load", "plot_capacity_sweep",
-           "plot_balance", "plot_params", "plot_zero_scaling", "plot_activation_growth", "plot_longest_sequence",
-           "plot_long_context_memory"]
+           "plot_losses", "plot_plans", "plot_speed_vs_memory", "plot_expert_load", "plot_zero_scaling",
+           "plot_activation_growth", "plot_longest_sequence"]
 
 GiB = 1024**3
 GB = 1000**3

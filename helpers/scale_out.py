@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from helpers.gpt import GPTConfig
 
 __all__ = ["SCALE_OUT_SHAPES", "corpus_blocks", "zero_rows", "with_estimates", "scaling_table", "wire_bytes",
-           "comm_table", "zero_findings", "pipeline_schedule", "autotp_config", "topology_table"]
+           "comm_table", "zero_findings", "pipeline_schedule"]
 
 STATE_PARTS = ("params", "grads", "optimizer")  # the parts `helpers.rank.rank_state_bytes` measures
 

@@ -66,7 +66,8 @@ MAX_MAIN_PATH_WORDS = 1300
 MAX_OUTPUT_LINES = 25
 EDITED: tuple[str, ...] = ("00_setup_and_ds_report.ipynb", "01_zero2_finetune_and_stages.ipynb",
                            "02_zero3_offload_nvme.ipynb", "03_mixture_of_experts.ipynb",
-                           "04_hf_trainer_and_accelerate.ipynb", "05_scaling_out.ipynb", "06_long_context.ipynb")
+                           "04_hf_trainer_and_accelerate.ipynb", "05_scaling_out.ipynb", "06_long_context.ipynb",
+                           "07_your_model_on_a_t4.ipynb")
 
 
 def t4_minutes(estimate: dict) -> tuple[int, int]:

@@ -92,6 +92,18 @@ def merge(report: dict, parts: list[dict]) -> dict:
     return report
 
 
+def printed_runtime(executed: Path, gpu: str) -> str:
+    """The runtime label an executed notebook printed for `gpu` (``H100 80GB HBM3 in Colab T4 emulation (14.34 GiB
+    VRAM, ...)``) under this budget, for a notebook that recorded none with record_figure("runtime", ...); else
+    "not recorded". A notebook may also quote other runs' labels (06 quotes its report's): the budget picks its own."""
+    from helpers.hardware import T4_VRAM_GIB
+
+    card = re.escape(gpu.replace("NVIDIA ", ""))
+    text = executed.read_text() if executed.exists() else ""
+    found = re.search(card + rf" in Colab T4 emulation \({T4_VRAM_GIB:.2f} GiB VRAM[^)]*\)", text)
+    return found.group(0) if found else "not recorded"
+
+
 def readme_rows(readme: str, report: dict) -> str:
     """The README's notebook table with its last two columns (T4 minutes; GPU time, peak RAM and card) taken from
     `report`, the other columns kept (tests/test_readme.py holds the table to the report)."""
@@ -162,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
                 result = execute(path, out_dir=args.out_dir, figures_file=figures_file)
             figures = json.loads(figures_file.read_text()) if figures_file.exists() else {}
         entry = {"passed": result["passed"], "runner": result.get("runner", "nbclient"), "wall_seconds": result["seconds"],
-                 "runtime": figures.get("runtime", "not recorded"), "gpu": facts["gpu"], "date": dt.date.today().isoformat(),
+                 "runtime": figures.get("runtime") or printed_runtime(args.out_dir / path.name, facts["gpu"]),
+                 "gpu": facts["gpu"], "date": dt.date.today().isoformat(),
                  "figures": figures}
         if emulate:
             enc = result["enclosure"]

@@ -34,11 +34,11 @@ def test_the_estimate_is_what_autograd_keeps(dtype, e, technique):
         ids = torch.randint(0, CONFIG["vocab_size"], (1, seq_len))
         if technique == "tiled_logits":
             def forward():
-                return helpers.tiled_causal_lm_loss(model, ids, tile_tokens=128)
+                return helpers.long_context.tiled_causal_lm_loss(model, ids, tile_tokens=128)
         else:
             def forward():
                 return model(input_ids=ids, labels=ids).loss
-        with helpers.tiled_mlp() if technique == "tiled_mlp" else torch.enable_grad():
+        with helpers.long_context.tiled_mlp() if technique == "tiled_mlp" else torch.enable_grad():
             kept, loss = saved_activation_bytes(forward, exclude=model.parameters())
             loss.backward()
         est = estimate_saved_activations(shape, seq_len, precision_bytes=e,
@@ -53,8 +53,8 @@ def test_the_tiled_paths_give_the_models_own_loss_and_gradients():
     loss.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
-    with helpers.tiled_mlp(tile_tokens=100):  # 6 slices, the last one short
-        tiled = helpers.tiled_causal_lm_loss(model, ids, tile_tokens=73)  # 511 positions = 7 equal slices
+    with helpers.long_context.tiled_mlp(tile_tokens=100):  # 6 slices, the last one short
+        tiled = helpers.long_context.tiled_causal_lm_loss(model, ids, tile_tokens=73)  # 511 positions = 7 equal slices
     tiled.backward()
     assert tiled.item() == pytest.approx(loss.item(), rel=1e-5)
     for n, p in model.named_parameters():
@@ -82,32 +82,32 @@ def test_checkpointing_and_its_offload_move_the_same_bytes_and_the_vocabulary_do
 
 
 def test_the_peak_adds_the_larger_backward_transient_and_each_rung_needs_less():
-    shape = long_context_shape(helpers.long_context_config(8192))
-    peaks = {name: helpers.estimate_activation_peak(shape, 32768, **flags) for name, flags in helpers.TECHNIQUES.items()}
+    shape = long_context_shape(helpers.long_context.long_context_config(8192))
+    peaks = {name: helpers.long_context.estimate_activation_peak(shape, 32768, **flags) for name, flags in helpers.long_context.TECHNIQUES.items()}
     for name, pk in peaks.items():
         assert pk.gpu_peak == pk.saved.gpu_total + max(pk.transients.values()), name
     gpu = [pk.gpu_peak for pk in peaks.values()]
     assert gpu == sorted(gpu, reverse=True) and gpu[0] > 8 * gpu[-1]  # every rung lowers the peak
     assert peaks["plain"].peak_transient.startswith("loss backward")  # the vocabulary's fp32 gradients
-    tiled = helpers.estimate_activation_peak(shape, 32768, checkpointing=True, tiled_logits=True, logits_tile_tokens=512)
+    tiled = helpers.long_context.estimate_activation_peak(shape, 32768, checkpointing=True, tiled_logits=True, logits_tile_tokens=512)
     assert tiled.transients["one logits tile"] == 12 * 8192 * 512  # one tile, whatever the length
     off = peaks["+ checkpoints on CPU"]
     layer_input = 2 * 1024 * 32768
     assert off.saved.cpu["layer inputs (checkpoints)"] == 15 * layer_input  # the newest is never offloaded
     assert off.saved.gpu["last 3 layer inputs (kept on GPU)"] == 3 * layer_input  # DeepSpeed keeps 1 + 2 in flight
     assert off.cpu_pinned_bytes == 15 * 2**26  # 64 MiB each, already a power of two
-    odd = helpers.estimate_activation_peak(shape, 30000, **helpers.TECHNIQUES["+ checkpoints on CPU"])
+    odd = helpers.long_context.estimate_activation_peak(shape, 30000, **helpers.long_context.TECHNIQUES["+ checkpoints on CPU"])
     assert odd.cpu_pinned_bytes == 15 * 2**26 > odd.saved.cpu_total  # rounded up by torch's host allocator
 
 
 def test_the_longest_fitting_length_is_the_last_multiple_that_fits():
-    assert helpers.longest_fitting_seq_len(lambda s: 1000 + 3 * s <= 100_000, multiple=256) == 32_768
-    assert helpers.longest_fitting_seq_len(lambda s: s <= 10**9, upper=1 << 20) == 1 << 20
-    assert helpers.longest_fitting_seq_len(lambda s: False) == 0
+    assert helpers.long_context.longest_fitting_seq_len(lambda s: 1000 + 3 * s <= 100_000, multiple=256) == 32_768
+    assert helpers.long_context.longest_fitting_seq_len(lambda s: s <= 10**9, upper=1 << 20) == 1 << 20
+    assert helpers.long_context.longest_fitting_seq_len(lambda s: False) == 0
 
 
 def test_the_model_config_is_built_offline_and_bad_shapes_say_the_fix():
-    cfg = helpers.long_context_config(8192)
+    cfg = helpers.long_context.long_context_config(8192)
     assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.vocab_size) == (1024, 16, 16, 8192)
     n = 2 * 8192 * 1024 + 16 * (4 * 1024 * 1024 + 3 * 1024 * 2816 + 2 * 1024) + 1024
     from transformers import AutoModelForCausalLM
@@ -117,12 +117,12 @@ def test_the_model_config_is_built_offline_and_bad_shapes_say_the_fix():
     assert sum(p.numel() for p in model.parameters()) == n  # ~222M
     for hidden, heads, kv_heads in ((1000, 16, 3), (1020, 12, 4), (1024, 16, 5)):  # head size 62.5 / 85 / 64
         with pytest.raises(ValueError, match="multiple of 8 x heads") as err:
-            helpers.long_context_config(8192, hidden=hidden, heads=heads, kv_heads=kv_heads)
+            helpers.long_context.long_context_config(8192, hidden=hidden, heads=heads, kv_heads=kv_heads)
         fix = str(err.value).split("e.g. ")[1]
         hidden, kv = (int(x.split("=")[1]) for x in fix.split(", "))
-        helpers.long_context_config(8192, hidden=hidden, heads=heads, kv_heads=kv)  # the suggested fix passes
+        helpers.long_context.long_context_config(8192, hidden=hidden, heads=heads, kv_heads=kv)  # the suggested fix passes
     with pytest.raises(ValueError, match="vocab must be a positive whole number"):
-        helpers.long_context_config(0)
+        helpers.long_context.long_context_config(0)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU runtime's behaviour (the GPU's: the test below)")
@@ -136,7 +136,7 @@ def test_checkpoints_on_cpu_asks_for_checkpointing_and_changes_nothing_on_a_cpu_
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
     own = model.model.layers[0]._gradient_checkpointing_func
-    with helpers.checkpoints_on_cpu(model):
+    with helpers.long_context.checkpoints_on_cpu(model):
         assert model.model.layers[0]._gradient_checkpointing_func is own
         again = model(input_ids=ids, labels=ids).loss
         again.backward()
@@ -144,7 +144,7 @@ def test_checkpoints_on_cpu_asks_for_checkpointing_and_changes_nothing_on_a_cpu_
     for n, p in model.named_parameters():
         assert torch.equal(p.grad, grads[n]), n
     with pytest.raises(ValueError, match="Fix: model.gradient_checkpointing_enable"):
-        with helpers.checkpoints_on_cpu(_model(torch.float32)):
+        with helpers.long_context.checkpoints_on_cpu(_model(torch.float32)):
             pass
 
 
@@ -163,7 +163,7 @@ def test_checkpoints_on_cpu_leave_no_page_locked_buffer_behind_between_lengths()
 
     def step(n):
         ids = torch.randint(0, CONFIG["vocab_size"], (1, n), device="cuda")
-        with helpers.checkpoints_on_cpu(model):
+        with helpers.long_context.checkpoints_on_cpu(model):
             model(input_ids=ids, labels=ids).loss.backward()
         torch.cuda.synchronize()
         assert ds_checkpointing._cpu_offload_engine is None, "DeepSpeed's offload engine (and its pool) outlived the block"
@@ -190,15 +190,15 @@ def test_grouped_query_attention_without_a_fused_kernel_is_refused_with_a_fix_th
         return "efficient" if config.num_key_value_heads == config.num_attention_heads else "math"
 
     monkeypatch.setattr(long_context, "attention_kernel", t4)
-    gqa = helpers.long_context_config(8192, heads=16, kv_heads=4)
+    gqa = helpers.long_context.long_context_config(8192, heads=16, kv_heads=4)
     with pytest.raises(ValueError, match="math kernel") as err:
         helpers.require_fused_attention(gqa, torch.float16)
     message = str(err.value)
     assert "Fix: kv_heads=16" in message and "KV_HEADS = 16" in message and "GiB at 16,384 tokens" in message
-    fixed = helpers.long_context_config(8192, heads=16, kv_heads=16)
+    fixed = helpers.long_context.long_context_config(8192, heads=16, kv_heads=16)
     assert helpers.require_fused_attention(fixed, torch.float16) == "efficient"
     with pytest.raises(ValueError, match="math kernel"):  # the engine builder asks before building anything
-        helpers.build_long_context_engine(gqa, {"train_batch_size": 1, "fp16": {"enabled": True}}, "plain")
+        helpers.long_context.build_long_context_engine(gqa, {"train_batch_size": 1, "fp16": {"enabled": True}}, "plain")
 
 
 def test_an_out_of_memory_message_gives_the_request_and_the_allocator_switch_needs_a_gpu():
@@ -211,7 +211,7 @@ def test_an_out_of_memory_message_gives_the_request_and_the_allocator_switch_nee
 
 
 def test_attention_kernel_on_cpu_is_cpu():
-    assert helpers.attention_kernel(helpers.long_context_config(512, hidden=64, heads=4), torch.float32) == "cpu"
+    assert helpers.long_context.attention_kernel(helpers.long_context.long_context_config(512, hidden=64, heads=4), torch.float32) == "cpu"
 
 
 @pytest.mark.slow
@@ -338,10 +338,10 @@ def test_the_peak_estimate_holds_on_cpu_for_every_technique(vocab, hidden):
 
     from transformers import AutoModelForCausalLM
 
-    cfg = helpers.long_context_config(vocab, hidden=hidden, intermediate=int(hidden * 2.6875), layers=2, heads=4,
+    cfg = helpers.long_context.long_context_config(vocab, hidden=hidden, intermediate=int(hidden * 2.6875), layers=2, heads=4,
                                       kv_heads=2)
     shape = long_context_shape(cfg)
-    for technique, flags in helpers.TECHNIQUES.items():
+    for technique, flags in helpers.long_context.TECHNIQUES.items():
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)
         if flags.get("checkpointing"):
@@ -350,16 +350,16 @@ def test_the_peak_estimate_holds_on_cpu_for_every_technique(vocab, hidden):
         ids = torch.randint(0, vocab, (1, 1024))
 
         def step():
-            with (helpers.tiled_mlp() if flags.get("tiled_mlp") else contextlib.nullcontext()), \
-                 (helpers.checkpoints_on_cpu(model) if flags.get("offload_checkpoints") else contextlib.nullcontext()):
-                loss = (helpers.tiled_causal_lm_loss(model, ids, 512) if flags.get("tiled_logits")
+            with (helpers.long_context.tiled_mlp() if flags.get("tiled_mlp") else contextlib.nullcontext()), \
+                 (helpers.long_context.checkpoints_on_cpu(model) if flags.get("offload_checkpoints") else contextlib.nullcontext()):
+                loss = (helpers.long_context.tiled_causal_lm_loss(model, ids, 512) if flags.get("tiled_logits")
                         else model(input_ids=ids, labels=ids).loss)
                 loss.backward()
 
         step()  # the parameters' gradients exist from here on (model states, not activations)
         measured = helpers.measured_peak_bytes(step)
         on_gpu = {k: v for k, v in flags.items() if k != "offload_checkpoints"}  # on CPU nothing moves
-        est = helpers.estimate_activation_peak(shape, 1024, logits_tile_tokens=512, **on_gpu)
+        est = helpers.long_context.estimate_activation_peak(shape, 1024, logits_tile_tokens=512, **on_gpu)
         assert measured == pytest.approx(est.gpu_peak, rel=0.15), (technique, measured, est.gpu_peak, est.transients)
 
 
@@ -367,28 +367,28 @@ def test_train_at_length_trains_and_says_what_it_measured():
     from helpers.runtime import setup_single_process
 
     setup_single_process()
-    cfg = helpers.long_context_config(512, hidden=64, intermediate=176, layers=2, heads=4, kv_heads=2)
+    cfg = helpers.long_context.long_context_config(512, hidden=64, intermediate=176, layers=2, heads=4, kv_heads=2)
     ds = helpers.build_ds_config(2, runtime=helpers.detect_runtime(), micro_batch_size=1, lr=1e-3, scheduler=None)
-    engine = helpers.build_long_context_engine(cfg, ds, "+ tiled MLP")
+    engine = helpers.long_context.build_long_context_engine(cfg, ds, "+ tiled MLP")
     tokens = torch.randint(0, 512, (600,))
-    r = helpers.train_at_length(engine, tokens, 512, "+ tiled MLP", logits_tile_tokens=128)
+    r = helpers.long_context.train_at_length(engine, tokens, 512, "+ tiled MLP", logits_tile_tokens=128)
     assert r.ok and r.losses[1] < r.losses[0] and r.engine_usable and r.tokens_per_s > 0 and r.peak_rss > 0
     with pytest.raises(ValueError, match="seq_len <= 600"):
-        helpers.train_at_length(engine, tokens, 1024, "+ tiled MLP")
+        helpers.long_context.train_at_length(engine, tokens, 1024, "+ tiled MLP")
     with pytest.raises(ValueError, match="technique must be one of"):
-        helpers.train_at_length(engine, tokens, 512, "flash")
+        helpers.long_context.train_at_length(engine, tokens, 512, "flash")
     helpers.runtime.destroy_engine(engine)
 
 
 def test_the_planner_counts_a_llama_models_activations_as_notebook_06_does():
     """One estimate: helpers.plan on a Llama config uses estimate_activation_peak; GPT-2 keeps the GPT formula."""
-    cfg = helpers.long_context_config(8192)
+    cfg = helpers.long_context.long_context_config(8192)
     shape = helpers.model_shape(cfg)
     assert shape.llama == long_context_shape(cfg) and shape.n_positions == cfg.max_position_embeddings
     runtime = helpers.colab_t4_profile()
     for checkpointing in (False, True):
         p = helpers.plan(cfg, 2, micro_batch_size=1, seq_len=16384, checkpointing=checkpointing, runtime=runtime)
-        est = helpers.estimate_activation_peak(shape.llama, 16384, precision_bytes=2, checkpointing=checkpointing)
+        est = helpers.long_context.estimate_activation_peak(shape.llama, 16384, precision_bytes=2, checkpointing=checkpointing)
         assert p.activation_bytes == est.gpu_peak
     assert not helpers.plan(cfg, 2, micro_batch_size=1, seq_len=16384, checkpointing=False, runtime=runtime).report.fits
     assert helpers.plan(cfg, 2, micro_batch_size=1, seq_len=16384, checkpointing=True, runtime=runtime).report.fits
@@ -414,10 +414,10 @@ def test_token_stream_is_the_corpus_in_one_sequence_repeated_when_short():
         def __getitem__(self, s):
             return {"text": rows["text"][s]}
 
-    assert helpers.token_stream(Data(), Tok(), 5).tolist() == [2, 2, 0, 3, 3]
-    assert helpers.token_stream(Data(), Tok(), 8).tolist() == [2, 2, 0, 3, 3, 0, 2, 2]
+    assert helpers.data.token_stream(Data(), Tok(), 5).tolist() == [2, 2, 0, 3, 3]
+    assert helpers.data.token_stream(Data(), Tok(), 8).tolist() == [2, 2, 0, 3, 3, 0, 2, 2]
     with pytest.raises(ValueError, match="n_tokens must be a positive whole number"):
-        helpers.token_stream(Data(), Tok(), 0)
+        helpers.data.token_stream(Data(), Tok(), 0)
 
 
 def test_the_tiled_loss_scales_the_heads_gradient_as_fp16_loss_scaling_does():
@@ -430,7 +430,7 @@ def test_the_tiled_loss_scales_the_heads_gradient_as_fp16_loss_scaling_does():
     ref = {n: p.grad.clone() for n, p in model.named_parameters()}
     for loss_scale, head_ratio in ((1.0, 1 / scale), (scale, 1.0)):
         model.zero_grad()
-        loss = helpers.tiled_causal_lm_loss(model, ids, 64, loss_scale=loss_scale)
+        loss = helpers.long_context.tiled_causal_lm_loss(model, ids, 64, loss_scale=loss_scale)
         (loss * scale).backward()
         assert (model.lm_head.weight.grad.norm() / ref["lm_head.weight"].norm()).item() == pytest.approx(head_ratio,
                                                                                                       rel=1e-4)
@@ -438,7 +438,7 @@ def test_the_tiled_loss_scales_the_heads_gradient_as_fp16_loss_scaling_does():
                               atol=1e-6)
     assert loss.item() == pytest.approx(model(input_ids=ids, labels=ids).loss.item(), rel=1e-5)
     with pytest.raises(ValueError, match="loss_scale must be positive"):
-        helpers.tiled_causal_lm_loss(model, ids, 64, loss_scale=0)
+        helpers.long_context.tiled_causal_lm_loss(model, ids, 64, loss_scale=0)
 
 
 def test_zero2_reduces_the_same_gradients_with_the_tiled_paths():
@@ -451,15 +451,15 @@ def test_zero2_reduces_the_same_gradients_with_the_tiled_paths():
     from helpers.runtime import setup_single_process
 
     setup_single_process()
-    cfg = helpers.long_context_config(512, hidden=64, intermediate=176, layers=2, heads=4, kv_heads=2)
+    cfg = helpers.long_context.long_context_config(512, hidden=64, intermediate=176, layers=2, heads=4, kv_heads=2)
     ds = helpers.build_ds_config(2, runtime=helpers.detect_runtime(), micro_batch_size=1, lr=1e-3, scheduler=None)
     ids = torch.randint(0, 512, (1, 513))
     grads = {}
     for technique in ("checkpointing", "+ tiled logits", "+ tiled MLP"):
-        engine = helpers.build_long_context_engine(cfg, ds, technique, seed=0)
-        flags = helpers.technique_flags(technique)
-        with helpers.tiled_mlp() if flags.get("tiled_mlp") else contextlib.nullcontext():
-            loss = (helpers.tiled_causal_lm_loss(engine.module, ids, 128) if flags.get("tiled_logits")
+        engine = helpers.long_context.build_long_context_engine(cfg, ds, technique, seed=0)
+        flags = helpers.long_context.technique_flags(technique)
+        with helpers.long_context.tiled_mlp() if flags.get("tiled_mlp") else contextlib.nullcontext():
+            loss = (helpers.long_context.tiled_causal_lm_loss(engine.module, ids, 128) if flags.get("tiled_logits")
                     else engine(input_ids=ids, labels=ids).loss)
             engine.backward(loss)
         grads[technique] = {n: safe_get_full_grad(p).clone() for n, p in engine.module.named_parameters()}
@@ -492,8 +492,8 @@ def _notebook_functions(*names: str) -> dict:
 
 
 def test_the_notebooks_written_out_tiled_mlp_and_loss_give_the_helpers_loss_and_gradients():
-    """Section 3 of notebook 06 writes TiledMLP / TiledFusedLogitsLoss out on the page; helpers.tiled_mlp and
-    helpers.tiled_causal_lm_loss (the ladder's) must compute the same, fp16 loss scale included."""
+    """Section 3 of notebook 06 writes TiledMLP / TiledFusedLogitsLoss out on the page; helpers.long_context.tiled_mlp and
+    helpers.long_context.tiled_causal_lm_loss (the ladder's) must compute the same, fp16 loss scale included."""
     from transformers.models.llama import modeling_llama
 
     ns = _notebook_functions("tiled_mlp_forward", "tiled_loss")
@@ -512,8 +512,8 @@ def test_the_notebooks_written_out_tiled_mlp_and_loss_give_the_helpers_loss_and_
             finally:
                 modeling_llama.LlamaMLP.forward = original
         else:
-            with helpers.tiled_mlp():
-                loss = helpers.tiled_causal_lm_loss(model, ids, 64, loss_scale=256.0)
+            with helpers.long_context.tiled_mlp():
+                loss = helpers.long_context.tiled_causal_lm_loss(model, ids, 64, loss_scale=256.0)
                 (loss * 256.0).backward()
         results.append((loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}))
     (helper_loss, helper_grads), (page_loss, page_grads) = results
@@ -560,7 +560,7 @@ def test_the_ladders_verdict_names_no_winner_when_several_reach_the_cap():
 
 
 def test_a_parameter_count_reads_sensibly_at_every_size():
-    assert [helpers.params_label(n) for n in (363_000, 2_500_000, 222_300_000, 1_300_000_000, 999)] == \
+    assert [helpers.long_context.params_label(n) for n in (363_000, 2_500_000, 222_300_000, 1_300_000_000, 999)] == \
         ["363K", "2.5M", "222M", "1.3B", "999"]
 
 

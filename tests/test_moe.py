@@ -379,7 +379,7 @@ def test_committed_report_if_present():
 
 
 def test_drop_shares_split_the_run_into_its_first_and_last_steps():
-    """helpers.drop_shares: the share of routes dropped over all steps, the first tenth and the last tenth."""
+    """helpers.moe.drop_shares: the share of routes dropped over all steps, the first tenth and the last tenth."""
     from helpers.moe import drop_shares
 
     steps = 20

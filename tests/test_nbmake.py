@@ -92,3 +92,20 @@ def test_the_readme_table_is_rewritten_from_a_merged_report():
     entry.update(wall_seconds=301.4, peak_ram_gb=9.96, gpu="NVIDIA H100 80GB HBM3", t4_estimate={"low_s": 400, "high_s": 700})
     row = next(line for line in gpu_check.readme_rows(readme, changed).splitlines() if "(notebooks/02_" in line)
     assert row.endswith("| 7-12 min + disk | [301 s, peak RAM 10.0 GB](reports/executed/02_zero3_offload_nvme.ipynb) on an H100 |")
+
+
+def test_a_notebook_that_recorded_no_runtime_gets_the_label_it_printed_under_this_budget(tmp_path):
+    """gpu_check's entry names the runtime from record_figure("runtime", ...), else from the label the executed copy
+    printed for this card and budget (06 also quotes its report's older labels: those are not its runtime)."""
+    import gpu_check
+
+    from helpers.hardware import T4_VRAM_GIB
+
+    own = f"H100 80GB HBM3 in Colab T4 emulation ({T4_VRAM_GIB:.2f} GiB VRAM, 12.1 GB RAM enforced, 2 CPUs)"
+    quoted = "H100 80GB HBM3 in Colab T4 emulation (15 GiB VRAM, 12.1 GB RAM enforced, 2 CPUs)"
+    nb = tmp_path / "06_x.ipynb"
+    nb.write_text(json.dumps({"cells": [{"outputs": [{"text": f"report measured on {quoted}\\n"}]},
+                                        {"outputs": [{"text": f"runtime: {own}\\n"}]}]}))
+    assert gpu_check.printed_runtime(nb, "NVIDIA H100 80GB HBM3") == own
+    assert gpu_check.printed_runtime(nb, "NVIDIA H200") == "not recorded"
+    assert gpu_check.printed_runtime(tmp_path / "missing.ipynb", "NVIDIA H100 80GB HBM3") == "not recorded"

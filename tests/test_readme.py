@@ -57,7 +57,7 @@ def test_setup_installs_numpy_before_anything_imports_torch():
 def test_notebook_table_durations_are_the_reports():
     """Every duration and RAM peak in the table's GPU column is reports/gpu_check.json's, and nothing else is there."""
     rows = [line for line in README.splitlines() if re.match(r"\| \d\d \| \[", line)]
-    assert len(rows) == len(REPORT["notebooks"]) == 7
+    assert len(rows) == len(REPORT["notebooks"]) == 8
     for row in rows:
         cells = row.split(" | ")
         name = re.search(r"\(notebooks/(\d\d_[^)]+\.ipynb)\)", cells[1]).group(1)

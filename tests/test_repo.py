@@ -148,7 +148,7 @@ def test_every_notebook_opens_with_the_one_bootstrap_cell():
     before the parameters cell and before any code cell that uses the course."""
     from helpers.bootstrap import BOOTSTRAP_CELL
 
-    assert len(NOTEBOOKS) == 7
+    assert len(NOTEBOOKS) == 8
     for path in NOTEBOOKS + DRAFTS:
         cells = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
         boot = [i for i, c in enumerate(cells) if c.source == BOOTSTRAP_CELL]

@@ -173,17 +173,18 @@ def test_stages_benchmark_smoke(tmp_path):
 
 
 def test_committed_gpu_reports_are_labelled_and_consistent():
+    from helpers.hardware import T4_VRAM_GIB
+
     stages = json.loads((ROOT / "reports" / "stages.json").read_text())
     assert stages["runtime"] == "H200 capped to T4 budget" and stages["precision"] == "fp16"
     assert {r["model"] for r in stages["rows"]} >= {"gpt2", "gpt2-medium"}
     check = json.loads((ROOT / "reports" / "gpu_check.json").read_text())
-    # run in the enforced Colab emulation, labelled with what was enforced and the card it ran on, never "T4" alone
-    # (the runs of 2026-12-06, under the 14.44 GiB cap of then, to be run again under T4_VRAM_GIB);
-    # notebooks re-run later may have run on another card (an H100 or an H200): each entry names its own
+    # run in the enforced Colab emulation, labelled with what was enforced (the T4 budget, helpers.T4_VRAM_GIB) and the
+    # card it ran on, never "T4" alone; notebooks re-run later may have run on another card: each entry names its own
     for name, entry in check["notebooks"].items():
         card = entry.get("gpu", check["gpu"]).replace("NVIDIA ", "")
         assert card.split()[0] in ("H100", "H200"), (name, card)
-        assert entry["runtime"] == f"{card} in Colab T4 emulation (14.44 GiB VRAM, 12.1 GB RAM enforced, 2 CPUs)", name
+        assert entry["runtime"] == f"{card} in Colab T4 emulation ({T4_VRAM_GIB:.2f} GiB VRAM, 12.1 GB RAM enforced, 2 CPUs)", name
         assert entry["passed"] is True and entry["oom_kills"] == 0, name
         assert entry["peak_ram_gb"] <= check["emulation"]["ram_limit_gb"], name
 
