@@ -826,7 +826,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("backend_info", type=Path)
     rep = sub.add_parser("report", help="the emulated first Colab session; writes reports/colab_software.json")
     rep.add_argument("--torch", default="colab", choices=["local", "colab"])
-    rep.add_argument("--notebooks", nargs="*", default=["00", "01", "02", "03", "04", "05", "06"])
+    rep.add_argument("--notebooks", nargs="*", default=sorted(p.name[:2] for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")))
     rep.add_argument("--install-only", action="store_true")
     rep.add_argument("--python", default=None, help="the venv's interpreter (default: pyenv's 3.13.0 with --torch "
                                                     "colab, else this Python)")
