@@ -316,10 +316,12 @@ class SpeedRatios:
         return self.table()
 
 
-def _spread(rates: list[float], fallback: float) -> tuple[float, float, float]:
-    """(lower quartile, median, upper quartile) of sorted per-step rates; all `fallback` with fewer than 2."""
+def _spread(rates: Sequence[float], fallback: float) -> tuple[float, float, float]:
+    """(lower quartile, median, upper quartile) of per-step rates in any order (a TimedRun written in a notebook need
+    not sort them: notebook 03's printed x0.59 (x0.53-x0.58) before this sorted); all `fallback` with fewer than 2."""
     if len(rates) < 2:
         return fallback, fallback, fallback
+    rates = sorted(rates)
     return _quantile(rates, 0.25), _quantile(rates, 0.5), _quantile(rates, 0.75)
 
 

@@ -535,3 +535,20 @@ def test_pool_runs_gives_one_row_per_config_with_both_runs_steps():
     assert a.extras["run_tokens_per_s"] == pytest.approx([160.0, 16 / 0.3], rel=1e-3)
     assert b.error == "out of memory" and b.peak_vram_gib == 3.1
     assert results_table([a, b]).count("\n") == 3  # head, rule, two rows
+
+
+def test_speed_ratios_read_steps_in_the_order_a_notebook_gives_them():
+    """A TimedRun written in a notebook (03's) may give its per-step rates in the order the steps ran: the ratio
+    still lies inside its own range (03 printed x0.59 (x0.53-x0.58) when the quartiles read an unsorted list)."""
+    from helpers.train import speed_ratios
+
+    class Unsorted(_Run):
+        def step_tokens_per_s(self):
+            return list(reversed(self.rates))[::2] + list(reversed(self.rates))[1::2]
+
+    steps = [100.0, 900.0, 500.0, 300.0, 700.0, 200.0, 800.0, 400.0, 600.0]
+    runs = [Unsorted("ref", [1000.0 + 10 * i for i in range(9)]), Unsorted("other", steps),
+            Unsorted("ref again", [1010.0 + 10 * i for i in range(9)])]
+    row = speed_ratios(runs, reference="ref", repeat="ref again").rows[0]
+    assert row.low <= row.ratio <= row.high
+    assert row.ratio == pytest.approx(500.0 / 1045.0, rel=1e-6)
