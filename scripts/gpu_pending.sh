@@ -2,7 +2,7 @@
 # Every GPU step the course is waiting for, in one script (docs/decisions.md names it). On the device machine:
 #   source .gpu-bundle/setup.sh && bash scripts/gpu_pending.sh STEP [STEP ...]      (writes under $OUT)
 # Steps, each sized for one 600 s call (in this order; a step needs nothing from an earlier one):
-#   notebooks     the drafts promoted in this copy of the checkout (scripts/promote_drafts.py), then all seven
+#   notebooks     the drafts promoted in this copy of the checkout (scripts/promote_drafts.py), then all eight
 #                 notebooks side by side under the Colab T4 emulation (scripts/gpu_evidence.sh: each kernel in its own
 #                 cgroup on 2 cores, the T4 budget cap; ~540 s with 02 the longest). Brings back evidence.tgz
 #                 (parts/*.json, nb/*.ipynb, logs/)
@@ -11,21 +11,15 @@
 #                 committed longest length ran within 1 GiB of the old 15 GiB cap (issue 51), 5 rungs side by side, each
 #                 in its own enclosure; the optimizer-on-CPU rung's row is kept (its GPU peak, 6.6 GiB, is far from any
 #                 cap: RAM ends it). Brings back cuda_context.*, long_context.json/.md/.log, long_context_logs.tgz
-#   context_cpu   the long-context search resumed from reports/long_context_logs/2026-12-06_cap14.44 (session 26's
-#                 context_long under 14.44 GiB: four rungs done, "+ checkpoints on CPU" unfinished at 320 s), its one
-#                 long rung given 520 s; brings back long_context.json/.md/.log and the logs (the report to commit as
-#                 reports/long_context.json BEFORE the next `notebooks` call: notebook 06 prints from it)
-#   context_and_notebooks  context_cpu (in a copy at the 14.44 GiB cap it started under) beside `notebooks`, one call
-#   speed_twice   the two-run check of issue 52: notebooks 01 and 04 (the ones that compare speeds) each ALONE on
+#   speed_twice   the two-run check of issue 52: notebooks 01 and 04 (SPEED_NBS="03 06": those) each ALONE on
 #                 the GPU, twice, under the emulation, then scripts/verdicts.py on the two runs (verdicts.md)
 #   drafts_alone  (a short call, when too little device time is left for `notebooks`) benchmarks/cuda_context.py,
 #                 then the drafts 00, 01, 04 promoted and run each ALONE under the emulation, 01 and 04 twice, then
 #                 verdicts.py (verdicts.md): run a's executed copies and parts come back as evidence.tgz (~400 s)
 #   zero0         benchmarks/zero0_fp16_step.py --profile: one fp16 step of GPT-2 small as plain AMP, ZeRO-0 with
 #                 torch_adam true and false (FusedAdam: its fused_adam op is JIT-built first) and ZeRO-2, with
-#                 torch.profiler's host-device syncs per step (docs/decisions.md: ZeRO-0 in fp16 is slow; ~120 s).
-#                 Brings back zero0_fp16_step.json/.md and zero0.log (commit them as reports/zero0_fp16_step.*)
-#   capstone      (a short call) draft 07 promoted and run once alone under the emulation; evidence.tgz as above
+#                 torch.profiler's host-device syncs per step (docs/decisions.md: ZeRO-0 in fp16 is slow; ~70 s), on 2
+#                 cores. Brings back zero0_fp16_step_2cpus.json/.md and zero0.log (commit as reports/zero0_fp16_step_2cpus.*)
 #   bf16_ram      benchmarks/ladder.py in bf16 on the whole GPU (no emulation), ZeRO-3 offload rungs of GPT-2 large
 #                 and XL (issue 41 item 6: the RAM estimate for bf16 on a GPU). Brings back ladder_bf16.json/.md/.log
 #                 (commit as reports/ladder_bf16.*; tests/test_ladder checks pre-flight against it). ~300 s
@@ -62,30 +56,6 @@ step_context_long() {
   tar czf "$OUT/long_context_logs.tgz" -C /tmp long-context 2>/dev/null
 }
 
-step_context_cpu() {
-  timeout 560 python3 benchmarks/long_context.py --emulate --optimizer-offload --parallel 5 --rung-timeout-s 520 \
-    --rungs "plain" "checkpointing" "+ tiled logits" "+ tiled MLP" "+ checkpoints on CPU" \
-    --resume-from reports/long_context_logs/2026-12-06_cap14.44 --keep-rows-from reports/long_context.json \
-    --out "$OUT/long_context.json" --work-dir /tmp/long-context >"$OUT/long_context.log" 2>&1
-  say "long_context (resumed): exit $?"
-  tar czf "$OUT/long_context_logs.tgz" -C /tmp long-context 2>/dev/null
-}
-
-step_context_and_notebooks() {  # context_cpu beside notebooks, in one call (one machine start fewer)
-  # the resumed search stays under the cap its first part ran under (14.44 GiB: DeepSpeed's allowance 0.15 then),
-  # from a copy of the checkout; the notebooks run under the checkout's budget
-  rm -rf /tmp/ctx-tree && mkdir -p /tmp/ctx-tree
-  tar cf - --exclude=./.gpu-bundle --exclude=./.venv --exclude=./build . | tar xf - -C /tmp/ctx-tree
-  sed -i 's/^T4_DEEPSPEED_ALLOWANCE_GIB = .*/T4_DEEPSPEED_ALLOWANCE_GIB = 0.15/' /tmp/ctx-tree/helpers/hardware.py
-  local cap; cap=$(cd /tmp/ctx-tree && PYTHONPATH=/tmp/ctx-tree python3 -c "import helpers.hardware as h; print(h.T4_VRAM_GIB)")
-  say "context copy's cap: $cap GiB"
-  if [ "$cap" = 14.44 ]; then
-    (cd /tmp/ctx-tree && export PYTHONPATH=/tmp/ctx-tree${PYTHONPATH:+:$PYTHONPATH} && step_context_cpu) &
-  fi
-  step_notebooks
-  wait
-}
-
 alone_twice() {  # alone_twice NOTEBOOK...: each notebook alone on the GPU, run a then run b; verdicts.py on the two
   local hub=1  # the local Hub cache is built once (the first run); later runs read it (hub.env)
   for run in ${RUNS:-a b}; do  # RUNS=a: once (a call too short for two)
@@ -103,9 +73,11 @@ alone_twice() {  # alone_twice NOTEBOOK...: each notebook alone on the GPU, run 
   tar czf "$OUT/run_b.tgz" -C /tmp/speed b 2>/dev/null
 }
 
-step_speed_twice() {
-  python3 scripts/promote_drafts.py 01 04 | tee -a "$OUT/progress.log"
-  alone_twice notebooks/01_*.ipynb notebooks/04_*.ipynb
+step_speed_twice() {  # SPEED_NBS="03 06": other notebooks (default 01 04), each promoted first if it is a draft
+  local n nbs=()
+  for n in ${SPEED_NBS:-01 04}; do nbs+=(notebooks/${n}_*.ipynb); done
+  ls notebooks/drafts/*.ipynb >/dev/null 2>&1 && python3 scripts/promote_drafts.py ${SPEED_NBS:-01 04} | tee -a "$OUT/progress.log"
+  alone_twice "${nbs[@]}"
 }
 
 step_drafts_alone() {
@@ -117,17 +89,12 @@ step_drafts_alone() {
   alone_twice "${nbs[@]}"
 }
 
-step_capstone() {  # (a short call) draft 07 promoted and run once, alone, under the emulation (~300 s)
-  python3 scripts/promote_drafts.py 07 | tee -a "$OUT/progress.log"
-  BUILD_OPS="" LADDER_ARGS=none LOCAL_HUB=1 FIRST_CPU=0 CONCURRENT=1 timeout "${CAPSTONE_TIMEOUT:-330}" \
-    bash scripts/gpu_evidence.sh /tmp/speed/a notebooks/07_*.ipynb
-  say "capstone: exit $?"
-  bash scripts/gpu_evidence.sh --collect /tmp/speed/a "$OUT"
-}
-
 step_zero0() {
-  timeout 200 python3 benchmarks/zero0_fp16_step.py --profile --out "$OUT/zero0_fp16_step.json" > "$OUT/zero0.log" 2>&1
-  say "zero0_fp16_step: exit $?"
+  # on 2 cores (the emulation's share; reports/zero0_fp16_step.md is the whole machine's 16, 2026-12-07): does the
+  # host's share make ZeRO-0 fp16 x0.17 of plain AMP in notebook 01, where 16 cores gave x0.62?
+  timeout 200 python3 benchmarks/zero0_fp16_step.py --profile --cpus 2 --out "$OUT/zero0_fp16_step_2cpus.json" \
+    > "$OUT/zero0.log" 2>&1
+  say "zero0_fp16_step --cpus 2: exit $?"
 }
 
 step_bf16_ram() {
@@ -141,7 +108,7 @@ step_bf16_ram() {
   say "ladder bf16: exit $?"
 }
 
-[ $# -gt 0 ] || { echo "usage: gpu_pending.sh notebooks|context_long|context_cpu|context_and_notebooks|speed_twice|drafts_alone|capstone|zero0|bf16_ram ..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: gpu_pending.sh notebooks|context_long|speed_twice|drafts_alone|zero0|bf16_ram ..." >&2; exit 2; }
 for s in "$@"; do
   say "step $s"
   "step_$s"
