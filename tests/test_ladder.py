@@ -329,6 +329,29 @@ def test_preflight_ram_for_bf16_on_a_gpu_holds_the_measured_2p7b_rung():
     assert on_cpu["predicted_rss_gb"] > 1.5 * BF16_2P7B_PEAK_RSS_GB, on_cpu
 
 
+def test_preflight_ram_for_bf16_on_a_gpu_holds_every_rung_of_the_bf16_ladder():
+    """Issue 41 item 6: reports/ladder_bf16.json (gpu_pending.sh bf16_ram: bf16 on a whole H100, 2026-12-07), every
+    rung that ran, predicted again now by ladder.predict for a bf16 GPU runtime with the rung's own baseline, within
+    10 % of its peak RSS (measured: GPT-2 large and XL with ZeRO-3 CPU offload, large with the NVMe optimizer)."""
+    import dataclasses
+
+    import helpers
+
+    data = json.loads((ROOT / "reports" / "ladder_bf16.json").read_text())
+    assert data["precision"] == "bf16"
+    gpu_bf16 = dataclasses.replace(helpers.detect_runtime(t4_budget=False), device="cuda", precision="bf16")
+    checked = []
+    for r in data["rows"]:
+        if not r.get("ran") or r.get("error") or not r.get("peak_rss_gb"):
+            continue
+        p = ladder.predict(r["config"], r["model"], gpu_bf16, "/content/nvme", data["settings"]["micro_batch"],
+                           data["settings"]["seq_len"], r.get("baseline_rss_gb") or 1.3)
+        checked.append((r["model"], r["config"], r["peak_rss_gb"], p["predicted_rss_gb"]))
+    assert len(checked) >= 3 and {m for m, *_ in checked} >= {"gpt2-large", "gpt2-xl"}
+    off = [c for c in checked if abs(c[3] - c[2]) > 0.10 * c[2]]
+    assert not off, off
+
+
 def test_the_fresh_runtime_command_repeats_a_rung_with_its_own_settings():
     """Issue 25: the 2.7B rung of the emulated ladder ran with its own lr and steps and the chunked overflow check; the
     command the planner and notebook 02 print for it passes those (ladder.py accepts each), and a rung run with the
