@@ -19,10 +19,11 @@ REPORTS = ROOT / "reports"
 EARLIER_CAP_GIB = 15.0  # the emulation's cap before issue 51: it handed the CUDA context out for free
 
 # Rows measured under the earlier 15 GiB cap whose GPU peak (allocated, or reserved where recorded) is above
-# T4_VRAM_GIB: each rung's longest length in notebook 06's long-context ladder. To be measured again on the GPU under
-# the new cap (issue 51 item 2). The test checks that each still carries the earlier cap (a report measured again
-# under the new one cannot hide here) and still exceeds the budget (a row that no longer does must leave the list).
-PENDING_REMEASURE: frozenset[tuple[str, str]] = frozenset()  # long_context.json re-measured under 14.44 GiB, 2026-12-07
+# T4_VRAM_GIB, to be measured again on the GPU under the new cap (issue 51 item 2). The test checks that each still
+# carries the earlier cap (a report measured again under the new one cannot hide here) and still exceeds the budget
+# (a row that no longer does must leave the list). None is left: notebook 06's long-context ladder, the last, was
+# measured again on 2026-12-07 (under 14.44 GiB; its largest reserved peak, 14.21 GiB, is under today's budget).
+PENDING_REMEASURE: frozenset[tuple[str, str]] = frozenset()
 
 
 # ------------------------------------------------------------------ the constant and its sources
