@@ -23,6 +23,10 @@
 #   bf16_ram      benchmarks/ladder.py in bf16 on the whole GPU (no emulation), ZeRO-3 offload rungs of GPT-2 large
 #                 and XL (issue 41 item 6: the RAM estimate for bf16 on a GPU). Brings back ladder_bf16.json/.md/.log
 #                 (commit as reports/ladder_bf16.*; tests/test_ladder checks pre-flight against it). ~300 s
+#   big_speed     issue 42 item 2: GPT-2 2.7B with the NVMe optimizer at XL's best unpinned lever (micro-batch 16 x 8,
+#                 the course's overflow check; pre-flight's RAM for it: 10.67 GB, the 2.7B ladder rung peaked at 10.95)
+#                 in the emulation, 2 optimizer steps (1 untimed) of 65,536 tokens, beside the step-time model's
+#                 prediction (~400 s). Brings back offload_speed_2p7b.json/.md/.log (commit as reports/offload_speed_2p7b.*)
 # DRAFTS="01": drafts_alone promotes and runs that draft only (with RUNS=a and the context: ~220 s).
 # RUNS=a: drafts_alone and speed_twice run each notebook once (no verdicts.md; ~300 s for drafts_alone).
 # PROMOTE="00 01 04": the notebooks step promotes these drafts only (default: every draft in the checkout).
@@ -97,6 +101,14 @@ step_zero0() {
   say "zero0_fp16_step --cpus 2: exit $?"
 }
 
+step_big_speed() {
+  # the pinned lever is left out: pre-flight does not count pinning's extra RAM yet (XL measured +2.75 GB with it)
+  timeout 540 python3 benchmarks/offload_speed.py --emulate --model gpt2-2.7b --levers mb16_g8_chunked --steps 2 \
+    --untimed-steps 1 --hard-stop-s 520 --nvme-path /tmp/nvme-2p7b --work-dir /tmp/os-2p7b \
+    --out "$OUT/offload_speed_2p7b.json" >"$OUT/offload_speed_2p7b.log" 2>&1
+  say "offload_speed 2.7B: exit $?"
+}
+
 step_bf16_ram() {
   # issue 41 item 6: pre-flight's RAM for bf16 on a GPU (no fp16 overflow check, no CPU 'staging'), on the whole GPU
   # (no emulation: bf16 is what a bigger GPU runs); every rung runs, the ones pre-flight would refuse included
@@ -108,7 +120,7 @@ step_bf16_ram() {
   say "ladder bf16: exit $?"
 }
 
-[ $# -gt 0 ] || { echo "usage: gpu_pending.sh notebooks|context_long|speed_twice|drafts_alone|zero0|bf16_ram ..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: gpu_pending.sh notebooks|context_long|speed_twice|drafts_alone|zero0|big_speed|bf16_ram ..." >&2; exit 2; }
 for s in "$@"; do
   say "step $s"
   "step_$s"
