@@ -184,6 +184,21 @@ def _gpu_runtime(precision: str) -> bool:
     return torch.cuda.is_available()
 
 
+@dataclass(frozen=True)
+class EstimateSettings:
+    """What `estimate_model_states` reads beyond the model and the ZeRO setup (notebook 00): DeepSpeed's buffer settings
+    as a config sets them (`overlap_comm`, `sub_group_size`, offload_param's NVMe `buffer_count` x `buffer_size`),
+    whether the course's chunked fp16 overflow check is on (helpers.chunk_zero3_overflow_check), and whether the run is
+    on a GPU (None: fp16 is, bf16/fp32 when this process sees a CUDA GPU). `estimate_for_config` fills it from a config."""
+
+    overlap_comm: bool = False
+    nvme_buffer_count: int = 8
+    nvme_buffer_size: int = 100_000_000
+    sub_group_size: int = 1_000_000_000
+    chunked_overflow_check: bool = False
+    on_gpu: bool | None = None
+
+
 def _offloaded_params(gpu: dict[str, int], cpu: dict[str, int], nvme: dict[str, int], offload_param: str, *, e: int,
                       param_share: int, n: int, largest_layer_params: int, nvme_buffer_bytes: int) -> None:
     """estimate_model_states' rows for ZeRO-3 parameters offloaded to `offload_param` ("cpu" or "nvme")."""
@@ -207,13 +222,8 @@ def estimate_model_states(
     n_gpus: int = 1,
     largest_layer_params: int = 0,
     reduce_bucket_elements: int = 500_000_000,
-    overlap_comm: bool = False,
-    nvme_buffer_count: int = 8,
-    nvme_buffer_size: int = 100_000_000,
-    sub_group_size: int = 1_000_000_000,
     zero_init: bool = False,
-    chunked_overflow_check: bool = False,
-    on_gpu: bool | None = None,
+    settings: EstimateSettings | None = None,
 ) -> ModelStateEstimate:
     """Model-state bytes per GPU and per node CPU for a ZeRO `stage` (None: plain PyTorch AMP + AdamW) (notebook 00).
 
@@ -233,8 +243,14 @@ def estimate_model_states(
     of one NVMe sub-group, 8 B each, whichever is larger) and what the runtime grows by ('runtime'); bf16 and fp32
     on a GPU the same without the overflow check. Without a GPU (bf16/fp32; DeepSpeed refuses fp16 on CPU) it adds
     `STAGE3_OFFLOAD_STAGING_BYTES_PER_PARAM` ('staging', measured, see there) instead. `on_gpu` None: fp16 is a GPU
-    runtime, bf16/fp32 one when this process sees a CUDA GPU.
+    runtime, bf16/fp32 one when this process sees a CUDA GPU. `overlap_comm`, `sub_group_size`, the NVMe buffers,
+    `chunked_overflow_check` and `on_gpu` are `settings` (EstimateSettings; `estimate_for_config` reads them off a
+    config).
     """
+    opts = settings or EstimateSettings()
+    overlap_comm, sub_group_size, on_gpu = opts.overlap_comm, opts.sub_group_size, opts.on_gpu
+    nvme_buffer_count, nvme_buffer_size = opts.nvme_buffer_count, opts.nvme_buffer_size
+    chunked_overflow_check = opts.chunked_overflow_check
     _check_estimate_arguments(n_params, stage, offload_optimizer, offload_param, n_gpus, largest_layer_params)
     on_gpu = _gpu_runtime(precision) if on_gpu is None else bool(on_gpu)
     psi, n = int(n_params), int(n_gpus)
@@ -321,13 +337,13 @@ def estimate_for_config(config: dict[str, Any], n_params: int, *, n_gpus: int = 
     if off_par == "nvme":
         kwargs.update(nvme_buffer_count=zero["offload_param"].get("buffer_count", 5),
                       nvme_buffer_size=int(zero["offload_param"].get("buffer_size", 100_000_000)))
+    settings = EstimateSettings(overlap_comm=bool(zero.get("overlap_comm", False)),
+                                chunked_overflow_check=chunked_overflow_check, on_gpu=on_gpu, **kwargs)
     return estimate_model_states(
         n_params, int(zero.get("stage", 0)), precision=precision, offload_optimizer=off_opt,
         offload_param=off_par, n_gpus=n_gpus, largest_layer_params=largest_layer_params,
         reduce_bucket_elements=int(zero.get("reduce_bucket_size", 500_000_000))
-        if zero.get("contiguous_gradients", True) else 0,
-        overlap_comm=bool(zero.get("overlap_comm", False)), zero_init=zero_init,
-        chunked_overflow_check=chunked_overflow_check, on_gpu=on_gpu, **kwargs)
+        if zero.get("contiguous_gradients", True) else 0, zero_init=zero_init, settings=settings)
 
 
 def deepspeed_estimate(n_params: int, stage: int, *, offload_optimizer: str = "none",

@@ -1,11 +1,12 @@
+import dataclasses
 import json
 
 import pytest
 import torch
 
 from helpers.config import build_ds_config
-from helpers.memory import (RUNTIME_GROWTH_BYTES, count_params, deepspeed_estimate, estimate_activations, estimate_for_config,
-                            estimate_model_states)
+from helpers.memory import (RUNTIME_GROWTH_BYTES, EstimateSettings, count_params, deepspeed_estimate,
+                            estimate_activations, estimate_for_config, estimate_model_states)
 
 PSI = 1_000_000
 
@@ -58,10 +59,11 @@ def test_param_offload_keeps_only_live_layers_on_gpu():
     # helpers.chunk_zero3_overflow_check: min/max per slice, no temporary; bf16/fp32 without a GPU (CPU runtimes):
     # the zero.Init heap allowance
     chunked = estimate_model_states(PSI, 3, precision="fp16", offload_optimizer="cpu", offload_param="cpu",
-                                    largest_layer_params=50_000, zero_init=True, chunked_overflow_check=True)
+                                    largest_layer_params=50_000, zero_init=True,
+                                    settings=EstimateSettings(chunked_overflow_check=True))
     assert chunked.cpu["step on host"] == 0
     bf16 = estimate_model_states(PSI, 3, precision="bf16", offload_optimizer="cpu", offload_param="cpu",
-                                 largest_layer_params=50_000, zero_init=True, on_gpu=False)
+                                 largest_layer_params=50_000, zero_init=True, settings=EstimateSettings(on_gpu=False))
     assert bf16.cpu["staging"] == 3.5 * PSI and "step on host" not in bf16.cpu and "runtime" not in bf16.cpu
 
 
@@ -71,21 +73,23 @@ def test_bf16_and_fp32_on_a_gpu_count_fp16s_host_bytes_less_the_overflow_check(p
     """Issue 41 item 6: on a GPU, bf16/fp32 ZeRO-3 offload has no CPU staging (zero.Init builds the partitions in GPU
     memory) and no overflow check (DeepSpeed checks in fp16 only): fp16's account with the chunked check, less the
     16-bit buffers fp32 does not have."""
-    kw = dict(offload_optimizer=device, offload_param=device, largest_layer_params=50_000, zero_init=True,
-              nvme_buffer_count=4, nvme_buffer_size=600_000, sub_group_size=100_000)
-    gpu = estimate_model_states(PSI, 3, precision=precision, on_gpu=True, **kw)
+    kw = dict(offload_optimizer=device, offload_param=device, largest_layer_params=50_000, zero_init=True)
+    buffers = dict(nvme_buffer_count=4, nvme_buffer_size=600_000, sub_group_size=100_000)
+    gpu = estimate_model_states(PSI, 3, precision=precision, settings=EstimateSettings(on_gpu=True, **buffers), **kw)
     assert "staging" not in gpu.cpu and gpu.cpu["runtime"] == RUNTIME_GROWTH_BYTES
     assert gpu.cpu["step on host"] == (8 * 100_000 if device == "nvme" else 0)
     if precision == "bf16":
-        fp16 = estimate_model_states(PSI, 3, precision="fp16", chunked_overflow_check=True, **kw)
+        fp16 = estimate_model_states(PSI, 3, precision="fp16",
+                                     settings=EstimateSettings(chunked_overflow_check=True, **buffers), **kw)
         assert gpu.cpu == fp16.cpu and gpu.nvme == fp16.nvme
-        assert estimate_model_states(PSI, 3, precision="fp16", **kw).cpu_total > gpu.cpu_total  # the check
-    cpu = estimate_model_states(PSI, 3, precision=precision, on_gpu=False, **kw)
+        assert estimate_model_states(PSI, 3, precision="fp16", settings=EstimateSettings(**buffers),
+                                     **kw).cpu_total > gpu.cpu_total  # the check
+    cpu = estimate_model_states(PSI, 3, precision=precision, settings=EstimateSettings(on_gpu=False, **buffers), **kw)
     assert "runtime" not in cpu.cpu and cpu.cpu["staging"] == 3.5 * PSI
     # None: fp16 is a GPU runtime; bf16/fp32 one when this process sees a CUDA GPU (CI has none)
     import torch
 
-    assert estimate_model_states(PSI, 3, precision=precision, **kw).cpu == (
+    assert estimate_model_states(PSI, 3, precision=precision, settings=EstimateSettings(**buffers), **kw).cpu == (
         gpu if torch.cuda.is_available() else cpu).cpu
 
 
@@ -96,8 +100,9 @@ def test_pinned_buffers_round_up_to_a_power_of_two():
 
 
 def test_nvme_offload_puts_states_on_disk_and_buffers_in_ram():
+    buffers = EstimateSettings(nvme_buffer_count=4, nvme_buffer_size=600_000, sub_group_size=100_000)
     e = estimate_model_states(PSI, 3, precision="fp16", offload_optimizer="nvme", offload_param="nvme",
-                              nvme_buffer_count=4, nvme_buffer_size=600_000, sub_group_size=100_000)
+                              settings=buffers)
     assert e.nvme == {"optimizer": 12 * PSI, "grads": 4 * PSI, "params": 2 * PSI}
     # param swap buffers (fp16) + 4 optimizer swap buffers of one fp32 sub-group
     assert e.cpu["buffers"] == 4 * 600_000 * 2 + 4 * 100_000 * 4
@@ -105,7 +110,7 @@ def test_nvme_offload_puts_states_on_disk_and_buffers_in_ram():
     # states are initialised in fp16 (counted in 'step on host'), and always on a CPU runtime (bf16/fp32)
     assert e.cpu["grads"] == 2 * PSI
     bf16 = estimate_model_states(PSI, 3, precision="bf16", offload_optimizer="nvme", offload_param="nvme",
-                                 nvme_buffer_count=4, nvme_buffer_size=600_000, sub_group_size=100_000, on_gpu=False)
+                                 settings=dataclasses.replace(buffers, on_gpu=False))
     assert bf16.cpu["grads"] == 2 * PSI + 4 * 100_000
     cfg = build_ds_config(3, precision="fp16", offload_optimizer="nvme", offload_param="nvme", nvme_path="/x",
                           check_paths=False, nvme_buffer_count=4, nvme_buffer_size=600_000, sub_group_size=100_000)
@@ -121,7 +126,7 @@ def test_stage_1_and_2_count_deepspeeds_gradient_bucket():
     e = estimate_model_states(PSI, 2, precision="fp16")  # DeepSpeed's default bucket: 5e8 elements
     assert e.gpu["buffers"] == 500_000_000 * 2 and e.gpu_total == 16 * PSI + 10**9
     assert estimate_model_states(PSI, 1, precision="fp32", reduce_bucket_elements=10,
-                                 overlap_comm=True).gpu["buffers"] == 80
+                                 settings=EstimateSettings(overlap_comm=True)).gpu["buffers"] == 80
     assert "buffers" not in estimate_model_states(PSI, 0).gpu and "buffers" not in estimate_model_states(PSI, 3).gpu
     literal = {"zero_optimization": {"stage": 2}, "fp16": {"enabled": True}}
     assert estimate_for_config(literal, PSI).gpu["buffers"] == 10**9
@@ -203,8 +208,8 @@ print(json.dumps({{"rss": m.peak_rss - m.baseline_rss, "nvme": m.peak_nvme_bytes
 
 def test_nvme_optimizer_with_params_on_the_gpu():
     sub = 100_000
-    e = estimate_model_states(PSI, 3, precision="fp16", offload_optimizer="nvme", sub_group_size=sub,
-                              zero_init=True)
+    e = estimate_model_states(PSI, 3, precision="fp16", offload_optimizer="nvme", zero_init=True,
+                              settings=EstimateSettings(sub_group_size=sub))
     assert e.gpu == {"params": 2 * PSI}
     # the step's largest moment in RAM: the overflow check (3 B/param), larger here than the first step's Adam moments
     # of one sub-group (8 B x sub)
