@@ -100,8 +100,8 @@ def printed_runtime(executed: Path, gpu: str) -> str:
 
     card = re.escape(gpu.replace("NVIDIA ", ""))
     text = executed.read_text() if executed.exists() else ""
-    found = re.search(card + rf" in Colab T4 emulation \({T4_VRAM_GIB:.2f} GiB VRAM[^)]*\)", text)
-    return found.group(0) if found else "not recorded"
+    labels = re.finditer(card + r" in Colab T4 emulation \(([\d.]+) GiB VRAM[^)]*\)", text)  # Runtime.label's form
+    return next((m.group(0) for m in labels if abs(float(m.group(1)) - T4_VRAM_GIB) < 0.005), "not recorded")
 
 
 def readme_rows(readme: str, report: dict) -> str:

@@ -79,8 +79,8 @@ alone_twice() {  # alone_twice NOTEBOOK...: each notebook alone on the GPU, run 
 
 step_speed_twice() {  # SPEED_NBS="03 06": other notebooks (default 01 04), each promoted first if it is a draft
   local n nbs=()
-  for n in ${SPEED_NBS:-01 04}; do nbs+=(notebooks/${n}_*.ipynb); done
   ls notebooks/drafts/*.ipynb >/dev/null 2>&1 && python3 scripts/promote_drafts.py ${SPEED_NBS:-01 04} | tee -a "$OUT/progress.log"
+  for n in ${SPEED_NBS:-01 04}; do nbs+=(notebooks/${n}_*.ipynb); done  # after the promotion: a draft is here now
   alone_twice "${nbs[@]}"
 }
 

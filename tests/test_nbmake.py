@@ -101,7 +101,7 @@ def test_a_notebook_that_recorded_no_runtime_gets_the_label_it_printed_under_thi
 
     from helpers.hardware import T4_VRAM_GIB
 
-    own = f"H100 80GB HBM3 in Colab T4 emulation ({T4_VRAM_GIB:.2f} GiB VRAM, 12.1 GB RAM enforced, 2 CPUs)"
+    own = f"H100 80GB HBM3 in Colab T4 emulation ({T4_VRAM_GIB:g} GiB VRAM, 12.1 GB RAM enforced, 2 CPUs)"
     quoted = "H100 80GB HBM3 in Colab T4 emulation (15 GiB VRAM, 12.1 GB RAM enforced, 2 CPUs)"
     nb = tmp_path / "06_x.ipynb"
     nb.write_text(json.dumps({"cells": [{"outputs": [{"text": f"report measured on {quoted}\\n"}]},

@@ -184,7 +184,7 @@ def test_committed_gpu_reports_are_labelled_and_consistent():
     for name, entry in check["notebooks"].items():
         card = entry.get("gpu", check["gpu"]).replace("NVIDIA ", "")
         assert card.split()[0] in ("H100", "H200"), (name, card)
-        assert entry["runtime"] == f"{card} in Colab T4 emulation ({T4_VRAM_GIB:.2f} GiB VRAM, 12.1 GB RAM enforced, 2 CPUs)", name
+        assert entry["runtime"] == f"{card} in Colab T4 emulation ({T4_VRAM_GIB:g} GiB VRAM, 12.1 GB RAM enforced, 2 CPUs)", name
         assert entry["passed"] is True and entry["oom_kills"] == 0, name
         assert entry["peak_ram_gb"] <= check["emulation"]["ram_limit_gb"], name
 
