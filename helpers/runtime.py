@@ -110,7 +110,8 @@ def warm_up_cuda() -> None:
 
 
 def reset_peak_stats() -> None:
-    """Forget earlier peaks so the next measured run starts from the current allocation (notebook 00)."""
+    """Forget earlier peaks so the next measured run starts from the current allocation (notebook 00), and the
+    allocator's retry count with them (`_forget_allocator_retries`)."""
     import torch
 
     gc.collect()
@@ -119,6 +120,20 @@ def reset_peak_stats() -> None:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+        _forget_allocator_retries()
+
+
+def _forget_allocator_retries() -> None:
+    """Zero PyTorch's accumulated allocator counters (`num_alloc_retries` among them) before the next engine.
+
+    DeepSpeed 0.19.8's ZeRO-3 step warns of "allocator cache flushes" when `memory_stats()["num_alloc_retries"]`
+    exceeds a count each new engine starts at 0 (stage3.py: `n_caching_allocator_flushes = 0`), while PyTorch counts
+    retries over the whole process. One earlier out-of-memory error in the kernel (notebook 02's wall: the allocator
+    frees its cache and retries before it raises) made every later ZeRO-3 engine warn once at its first step, under
+    no memory pressure (notebook 02's checkpoint section printed it three times for a 124M model)."""
+    import torch
+
+    torch.cuda.reset_accumulated_memory_stats()
 
 
 def teardown(namespace: dict[str, Any], *names: str) -> int:
@@ -146,6 +161,7 @@ def teardown(namespace: dict[str, Any], *names: str) -> int:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
+        _forget_allocator_retries()  # the next engine counts its own
     return gpu_allocated_bytes()
 
 

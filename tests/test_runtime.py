@@ -346,3 +346,31 @@ def test_a_world_of_one_gets_one_nccl_channel_and_launched_ranks_do_not_inherit_
     monkeypatch.setenv("NCCL_MAX_NCHANNELS", "8")  # the learner's own: kept, in the kernel and in launched ranks
     setup_single_process()
     assert os.environ["NCCL_MAX_NCHANNELS"] == "8" and child_env()["NCCL_MAX_NCHANNELS"] == "8"
+
+
+def test_a_kernel_that_ran_out_of_memory_once_starts_the_next_engine_with_no_allocator_retries(monkeypatch):
+    """Notebook 02 (GPU run 2026-12-07): after its deliberate out-of-memory wall, each later ZeRO-3 engine warned "GPU
+    memory is nearly full ... 1 time(s)" at its first step (a 124M model): DeepSpeed 0.19.8's stage-3 step compares
+    the process's `num_alloc_retries` with a count every new engine starts at 0. reset_peak_stats (clean_slate runs
+    it) and teardown zero PyTorch's accumulated counters, so DeepSpeed's check sees only the new engine's retries."""
+    import helpers.runtime as rt
+
+    stats = {"num_alloc_retries": 1}  # the wall's retry, before the allocator raised
+    for name in ("synchronize", "empty_cache", "reset_peak_memory_stats"):
+        monkeypatch.setattr(torch.cuda, name, lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "reset_accumulated_memory_stats", lambda *a, **k: stats.update(num_alloc_retries=0))
+    monkeypatch.setattr(rt, "warm_up_cuda", lambda: None)
+    monkeypatch.setattr(rt, "gpu_allocated_bytes", lambda: 0)
+    monkeypatch.setattr(rt, "release_host_memory", lambda: None)
+
+    def deepspeed_warns_at_first_step() -> bool:  # stage3.py's check with a fresh engine's n_caching_allocator_flushes
+        n_caching_allocator_flushes = 0
+        return stats["num_alloc_retries"] > n_caching_allocator_flushes
+
+    assert deepspeed_warns_at_first_step()
+    reset_peak_stats()
+    assert not deepspeed_warns_at_first_step()
+    stats["num_alloc_retries"] = 2  # a real flush under the next engine
+    teardown({}, "engine")
+    assert not deepspeed_warns_at_first_step()
