@@ -202,12 +202,21 @@ def with_summary(report: dict[str, Any]) -> dict[str, Any]:
             "disk_gb", "grad_accum", "micro_batch")
     summary = {**report, "baseline": base and {k: base[k] for k in keys}, "best": best and {k: best[k] for k in keys}}
     gpu = report["runtime"].split()[0]
-    if best and report.get("emulation") and gpu in DATASHEET_FP16_TFLOPS and (best.get("measured") or {}).get("step_s"):
-        proj = project_to_gpu(best["components_s"], best["measured"]["step_s"],
-                              best["micro_batch"] * best["grad_accum"] * report["settings"]["seq_len"], measured_on=gpu)
-        summary["t4_estimate"] = {"tokens_per_s": round(proj.tokens_per_s, 1), "step_s": round(proj.step_s, 2),
-                                  "gpu_busy_s": round(proj.gpu_busy_s, 2), "t4_gpu_s": round(proj.target_gpu_s, 2),
-                                  "measured_step_s": proj.measured_step_s, "text": proj.text()}
+    # the T4 estimate is of the best row; with none (every row's loss judged on too few steps, issue 42's 2.7B run of
+    # 2 steps), of the fastest row that finished within RAM and disk, and the text says its loss did not count
+    ran = [r for r in rows if (r.get("measured") or {}).get("step_s") and r["peak_rss_gb"] <= report["ram_budget_gb"]
+           and r["disk_gb"] <= COLAB_NVME_BUDGET_BYTES / GB]
+    row = best and next(r for r in rows if r["lever"] == best["lever"]) or max(ran, key=lambda r: r["tokens_per_s"],
+                                                                               default=None)
+    if row and report.get("emulation") and gpu in DATASHEET_FP16_TFLOPS and (row.get("measured") or {}).get("step_s"):
+        proj = project_to_gpu(row["components_s"], row["measured"]["step_s"],
+                              row["micro_batch"] * row["grad_accum"] * report["settings"]["seq_len"], measured_on=gpu)
+        text = proj.text() if row["fits"] else (f"{proj.text()}; of {row['lever']}, which ran within RAM and disk but "
+                                                f"does not count as training: {row['reason']}")
+        summary["t4_estimate"] = {"lever": row["lever"], "tokens_per_s": round(proj.tokens_per_s, 1),
+                                  "step_s": round(proj.step_s, 2), "gpu_busy_s": round(proj.gpu_busy_s, 2),
+                                  "t4_gpu_s": round(proj.target_gpu_s, 2), "measured_step_s": proj.measured_step_s,
+                                  "text": text}
     return summary
 
 

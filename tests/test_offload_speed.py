@@ -82,3 +82,23 @@ def test_committed_gpu_report_is_what_its_own_measurements_give(tmp_path):
     proj = project_to_gpu(best["components_s"], best["measured"]["step_s"],
                           best["micro_batch"] * best["grad_accum"] * report["settings"]["seq_len"])
     assert report["t4_estimate"]["tokens_per_s"] == round(proj.tokens_per_s, 1)
+
+
+def test_the_2p7b_report_estimates_the_t4_from_its_fastest_row_and_says_its_loss_did_not_count():
+    """Issue 42 item 2 (GPU run 2026-12-07): GPT-2 2.7B at micro-batch 16 x 8 with the course's overflow check ran
+    1,152 tokens/s in the emulation, within RAM (10.97 GB) and disk, but its 2 steps at constant lr did not lower the
+    loss, so no row is 'best'. The T4 estimate is still that row's measured step projected to a T4, and says why the
+    row does not count as training."""
+    from helpers.step_time import project_to_gpu
+
+    report = json.loads((ROOT / "reports" / "offload_speed_2p7b.json").read_text())
+    assert report["best"] is None and report["model"] == "gpt2-2.7b"
+    row = max(report["rows"], key=lambda r: r["tokens_per_s"])
+    assert row["peak_rss_gb"] <= report["ram_budget_gb"] and not row["fits"]
+    proj = project_to_gpu(row["components_s"], row["measured"]["step_s"],
+                          row["micro_batch"] * row["grad_accum"] * report["settings"]["seq_len"])
+    estimate = report["t4_estimate"]
+    assert estimate["lever"] == row["lever"] and estimate["tokens_per_s"] == round(proj.tokens_per_s, 1)
+    assert estimate["text"].endswith(f"does not count as training: {row['reason']}")
+    assert bench.with_summary(report)["t4_estimate"] == estimate
+    assert estimate["text"] in (ROOT / "reports" / "offload_speed_2p7b.md").read_text()
