@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import helpers
+from helpers.config import ConfigSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -59,8 +60,10 @@ def rungs(optimizer_offload: bool) -> dict[str, str]:
 def ds_config(rung: str, runtime: Any) -> dict[str, Any]:
     """ZeRO-2, batch 1, constant lr; the runtime's precision (fp16 from loss scale 2^8 on a T4 budget, fp32 on CPU);
     optimizer on CPU for the last rung."""
-    return helpers.build_ds_config(2, runtime=runtime, micro_batch_size=1, lr=LR, scheduler=None, warmup_steps=0,
-                                   initial_scale_power=8, offload_optimizer="cpu" if rung == OPTIMIZER_ON_CPU else "none")
+    return helpers.build_ds_config(2, runtime=runtime, micro_batch_size=1,
+                                   offload_optimizer="cpu" if rung == OPTIMIZER_ON_CPU else "none",
+                                   settings=ConfigSettings(lr=LR, scheduler=None, warmup_steps=0,
+                                                           initial_scale_power=8))
 
 
 def grid_step(seq_len: int) -> int:

@@ -23,7 +23,7 @@ import torch
 from helpers.runtime import setup_single_process
 setup_single_process()
 import deepspeed
-from helpers.config import build_ds_config
+from helpers.config import ConfigSettings, build_ds_config
 
 count, size, prefetch, live, reuse = {setting}
 
@@ -42,9 +42,9 @@ class Net(torch.nn.Module):  # swapped: embedding 4.2M, 8 x linear 1M, head 4.2M
         return torch.nn.functional.cross_entropy(self.head(h).float().view(-1, 4096), x.view(-1))
 
 
-cfg = build_ds_config(3, precision="bf16", offload_param="nvme", nvme_path={nvme!r}, check_paths=False,
-                      nvme_buffer_count=max(count, 1), nvme_buffer_size=max(size, 600_000),
-                      prefetch_bucket_size=prefetch, max_live_parameters=live, scheduler=None)
+cfg = build_ds_config(3, precision="bf16", offload_param="nvme", nvme_path={nvme!r}, settings=ConfigSettings(
+    check_paths=False, nvme_buffer_count=max(count, 1), nvme_buffer_size=max(size, 600_000),
+    prefetch_bucket_size=prefetch, max_live_parameters=live, scheduler=None))
 # the settings the builder refuses go in by hand: this measures DeepSpeed itself
 cfg["zero_optimization"]["offload_param"].update(buffer_count=count, buffer_size=size)
 cfg["zero_optimization"].update(stage3_max_reuse_distance=reuse, stage3_param_persistence_threshold=0)

@@ -20,7 +20,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
@@ -31,17 +31,27 @@ from helpers.memory import estimate_for_config
 if TYPE_CHECKING:
     from helpers.hardware import Runtime
 
-__all__ = [ "trainer_ds_config", "build_ds_config", "course_config", "validate_ds_config", "explain_config"]
+# ConfigSettings is public (helpers.ConfigSettings): notebooks/programs pass it to build_ds_config
+__all__ = ["trainer_ds_config", "build_ds_config", "ConfigSettings", "course_config", "validate_ds_config",
+           "explain_config"]
 
 PRECISIONS = ("auto", "fp16", "bf16", "fp32")
 OPTIMIZERS = ("AdamW", "Adam")
 SCHEDULERS = (None, "WarmupLR", "WarmupDecayLR")
+# how a fix names a build_ds_config setting that is passed in its `settings` (ConfigSettings), not as a keyword
+IN_SETTINGS = "settings=ConfigSettings"
 
 
-def _check_int(name: str, value: Any) -> None:
+def _spelled(assignment: str, within: str = "") -> str:
+    """`name=value` as a fix writes it: inside `within`'s call (IN_SETTINGS: settings=ConfigSettings(name=value))."""
+    return f"{within}({assignment})" if within else assignment
+
+
+def _check_int(name: str, value: Any, within: str = "") -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{name} must be a positive integer (got {value!r}). Fix: pass {name}=1 or more; "
-                          "to fit less memory per step, lower micro_batch_size and raise grad_accum_steps.")
+        raise ConfigError(f"{name} must be a positive integer (got {value!r}). Fix: pass "
+                          f"{_spelled(f'{name}=1', within)} or more; to fit less memory per step, lower "
+                          "micro_batch_size and raise grad_accum_steps.")
 
 
 def _check_stage(stage: Any) -> None:
@@ -115,7 +125,8 @@ def check_nvme_path(path: str | os.PathLike[str] | None, bytes_needed: int = 0) 
     is remembered: a run checks its own config's folder again when it starts (`helpers.train_run`).
     """
     return _check_nvme_folder(path, bytes_needed, smaller=(
-        "or pass the estimate for a smaller model (n_params=... to build_ds_config, or bytes_needed="
+        "or pass the estimate for a smaller model (settings=ConfigSettings(n_params=...) to build_ds_config, or "
+        "bytes_needed="
         "helpers.estimate_for_config(config, n_params).nvme_total)"))
 
 
@@ -206,7 +217,8 @@ def nvme_buffer_size_for(largest_param: int) -> int:
     return max(10_000_000, int(largest_param * 1.05))
 
 
-def check_nvme_buffers(buffer_count: Any, buffer_size: Any, *, element_bytes: int, largest_param: int = 0) -> None:
+def check_nvme_buffers(buffer_count: Any, buffer_size: Any, *, element_bytes: int, largest_param: int = 0,
+                       within: str = "") -> None:
     """NVMe parameter swap buffers DeepSpeed 0.19.8 can work with (notebook 02; preflight; build_ds_config).
 
     Each parameter whose partition is on NVMe takes one whole buffer while it is in memory
@@ -214,20 +226,23 @@ def check_nvme_buffers(buffer_count: Any, buffer_size: Any, *, element_bytes: in
     to allocate" with none), and a buffer must hold the largest tensor ("More elements ... than buffer size").
     Measured on CPU (bf16, 10 swapped tensors): prefetch and max_live_parameters need no buffers of their own,
     the NVMe prefetch only takes free ones; 1 buffer trains with stage3_max_reuse_distance 0, while a reuse
-    distance covering the whole model keeps every swapped tensor in memory (10 buffers needed).
+    distance covering the whole model keeps every swapped tensor in memory (10 buffers needed). `within`: the call
+    the fix passes the buffer settings in (build_ds_config: IN_SETTINGS).
     """
     if isinstance(buffer_count, bool) or not isinstance(buffer_count, int) or buffer_count < 1:
         raise ConfigError(f"nvme_buffer_count must be an integer >= 1 (got {buffer_count!r}): DeepSpeed swaps each "
                           "parameter through one of these buffers, and with none it fails in initialize ('No swap "
-                          "buffers to allocate'). Fix: nvme_buffer_count=8 (the course's value).")
+                          f"buffers to allocate'). Fix: {_spelled('nvme_buffer_count=8', within)} "
+                          "(the course's value).")
     smallest = NVME_MIN_SWAPPED_BYTES // element_bytes
     needed = max(int(largest_param), smallest)
     if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < needed:
         what = (f"the model's largest tensor ({largest_param:,} elements)" if largest_param > smallest else
                 f"the smallest tensor DeepSpeed swaps to NVMe ({smallest:,} elements of {element_bytes} bytes = 1 MiB)")
         raise ConfigError(f"nvme_buffer_size must hold {what} (got {buffer_size!r}); DeepSpeed fails in initialize "
-                          f"with 'More elements ... than buffer size'. Fix: nvme_buffer_size="
-                          f"{nvme_buffer_size_for(needed)} (helpers.config.nvme_buffer_size_for(largest_param)).")
+                          f"with 'More elements ... than buffer size'. Fix: "
+                          f"{_spelled(f'nvme_buffer_size={nvme_buffer_size_for(needed)}', within)} "
+                          "(helpers.config.nvme_buffer_size_for(largest_param)).")
 
 
 def _check_betas(betas: Any) -> None:
@@ -236,20 +251,21 @@ def _check_betas(betas: Any) -> None:
           and all(not isinstance(b, bool) and isinstance(b, (int, float)) and 0 <= b < 1 for b in betas))
     if not ok:
         raise ConfigError(f"betas must be Adam's two decay rates (beta1, beta2), each in [0, 1) (got {betas!r}). "
-                          "Fix: betas=(0.9, 0.999) (the course's; 0.95 for beta2 is also common).")
+                          f"Fix: {IN_SETTINGS}(betas=(0.9, 0.999)) (the course's; 0.95 for beta2 is also common).")
 
 
 _FLAG_WORDS = {"no": False, "false": False, "off": False, "0": False, "none": False, "": False,
                "yes": True, "true": True, "on": True, "1": True}
 
 
-def _check_flag(name: str, value: Any) -> None:
+def _check_flag(name: str, value: Any, within: str = "") -> None:
     """A switch must be True or False: a string such as 'no' is truthy and would switch it on."""
     if isinstance(value, bool):
         return
     meant = _FLAG_WORDS.get(value.strip().lower()) if isinstance(value, str) else (
         bool(value) if isinstance(value, int) and value in (0, 1) else None)
-    fix = f"{name}={meant!r}" if meant is not None else f"{name}=True (on) or {name}=False (off)"
+    fix = (_spelled(f"{name}={meant!r}", within) if meant is not None else
+           f"{_spelled(f'{name}=True', within)} (on) or {_spelled(f'{name}=False', within)} (off)")
     raise ConfigError(f"{name} must be True or False (got {value!r}, a {type(value).__name__}: any non-empty "
                       f"string counts as on). Fix: {fix}.")
 
@@ -291,34 +307,97 @@ def _offload_section(device: str, nvme_path: str | None, what: str,
     return section
 
 
-def _check_build_arguments(*, stage: Any, micro_batch_size: Any, grad_accum_steps: Any, world_size: Any, lr: Any,
-                           weight_decay: Any, warmup_steps: Any, initial_scale_power: Any, steps_per_print: Any,
-                           betas: Any, activation_checkpointing: Any, gradient_clipping: Any, total_steps: Any,
-                           prefetch_bucket_size: Any, max_live_parameters: Any, n_params: Any, largest_param: Any,
-                           nvme_bytes_needed: Any, offload_optimizer: Any, offload_param: Any, optimizer: Any,
-                           scheduler: Any) -> None:
-    """`build_ds_config`'s arguments checked before anything is built: each refusal names a fix that passes."""
+@dataclass(frozen=True)
+class ConfigSettings:
+    """`build_ds_config`'s less-used settings, one object (notebooks 01, 02, 05); the defaults are the course's.
+
+    world_size: GPUs in the data-parallel world; given, train_batch_size is written (None: DeepSpeed derives it).
+    nvme_bytes_needed: bytes NVMe offload will write, checked against the folder's free space (0: not known).
+    n_params: the model's parameter count, for that free-space check when nvme_bytes_needed is 0.
+    largest_param: elements of the model's largest tensor, which NVMe parameter swap buffers must hold.
+    check_paths: check the NVMe folder (exists, writable, free space) now.
+    nvme_buffer_count: NVMe parameter swap buffers in the pool.
+    nvme_buffer_size: elements per NVMe parameter swap buffer.
+    pin_memory: page-locked offload buffers (faster copies, taken from the RAM offload already fills).
+    sub_group_size: ZeRO-3: elements the optimizer steps at a time (with NVMe, what is swapped in at once).
+    prefetch_bucket_size: ZeRO-3: parameter elements fetched ahead of use.
+    max_live_parameters: ZeRO-3: the most parameter elements gathered on a GPU at once.
+    initial_scale_power: fp16: the dynamic loss scale starts at 2**this.
+    optimizer: "AdamW" or "Adam".
+    lr: learning rate (the warm-up's target with a scheduler).
+    weight_decay: AdamW's weight decay.
+    betas: Adam's (beta1, beta2).
+    scheduler: None, "WarmupLR" (warm up, then hold) or "WarmupDecayLR" (then decay to 0 at total_steps).
+    warmup_steps: optimizer steps of warm-up.
+    total_steps: WarmupDecayLR: the step the learning rate reaches 0.
+    gradient_clipping: the largest global gradient norm (None: no clipping).
+    activation_checkpointing: write DeepSpeed's activation_checkpointing section.
+    steps_per_print: DeepSpeed logs every this many optimizer steps.
+    """
+
+    world_size: int | None = None
+    nvme_bytes_needed: int = 0
+    n_params: int = 0
+    largest_param: int = 0
+    check_paths: bool = True
+    nvme_buffer_count: int = 8
+    nvme_buffer_size: int = 100_000_000
+    pin_memory: bool = False
+    sub_group_size: int = 100_000_000
+    prefetch_bucket_size: int = 50_000_000
+    max_live_parameters: int = 100_000_000
+    initial_scale_power: int = 16
+    optimizer: str = "AdamW"
+    lr: float = 1e-4
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    scheduler: str | None = "WarmupLR"
+    warmup_steps: int = 10
+    total_steps: int | None = None
+    gradient_clipping: float | None = 1.0
+    activation_checkpointing: bool = False
+    steps_per_print: int = 10_000
+
+
+SETTING_NAMES: tuple[str, ...] = tuple(f.name for f in fields(ConfigSettings))
+
+
+def _check_settings(settings: Any) -> ConfigSettings:
+    """build_ds_config's `settings`: a ConfigSettings (None: the defaults)."""
+    if settings is None:
+        return ConfigSettings()
+    if not isinstance(settings, ConfigSettings):
+        raise ConfigError(f"settings must be a helpers.ConfigSettings (got {settings!r}, a {type(settings).__name__}). "
+                          "Fix: settings=ConfigSettings(lr=1e-3) (what it leaves out keeps the course's default).")
+    return settings
+
+
+def _check_build_arguments(stage: Any, micro_batch_size: Any, grad_accum_steps: Any, offload_optimizer: Any,
+                           offload_param: Any, s: ConfigSettings) -> None:
+    """`build_ds_config`'s arguments and settings `s` checked before anything is built: each refusal names a fix that
+    passes (a setting's as settings=ConfigSettings(...))."""
     _check_stage(stage)
-    for name, value in (("micro_batch_size", micro_batch_size), ("grad_accum_steps", grad_accum_steps),
-                        ("world_size", 1 if world_size is None else world_size)):
+    for name, value in (("micro_batch_size", micro_batch_size), ("grad_accum_steps", grad_accum_steps)):
         _check_int(name, value)
-    check_number("lr", lr, positive=True, integer=False, example=1e-4)
-    check_number("weight_decay", weight_decay, positive=False, integer=False, example=0.01)
-    check_number("warmup_steps", warmup_steps, positive=False, integer=True, example=10)
-    check_number("initial_scale_power", initial_scale_power, positive=False, integer=True, example=16)
-    check_number("steps_per_print", steps_per_print, positive=True, integer=True, example=10_000,
+    _check_int("world_size", 1 if s.world_size is None else s.world_size, IN_SETTINGS)
+    check_number("lr", s.lr, positive=True, integer=False, example=1e-4, within=IN_SETTINGS)
+    check_number("weight_decay", s.weight_decay, positive=False, integer=False, example=0.01, within=IN_SETTINGS)
+    check_number("warmup_steps", s.warmup_steps, positive=False, integer=True, example=10, within=IN_SETTINGS)
+    check_number("initial_scale_power", s.initial_scale_power, positive=False, integer=True, example=16,
+                 within=IN_SETTINGS)
+    check_number("steps_per_print", s.steps_per_print, positive=True, integer=True, example=10_000, within=IN_SETTINGS,
                  hint=" (DeepSpeed prints every that many steps and divides by it: 0 fails mid-training)")
-    _check_betas(betas)
-    _check_flag("activation_checkpointing", activation_checkpointing)
-    if gradient_clipping is not None:
-        check_number("gradient_clipping", gradient_clipping, positive=False, integer=False, example=1.0)
-    if total_steps is not None:
-        check_number("total_steps", total_steps, positive=True, integer=True, example=100)
-    for name, value in (("prefetch_bucket_size", prefetch_bucket_size), ("max_live_parameters", max_live_parameters)):
-        check_number(name, value, positive=False, integer=True, example=50_000_000)
-    for name, value in (("n_params", n_params), ("largest_param", largest_param), ("nvme_bytes_needed",
-                                                                                    nvme_bytes_needed)):
-        check_number(name, value, positive=False, integer=True, example=0)
+    _check_betas(s.betas)
+    _check_flag("activation_checkpointing", s.activation_checkpointing, IN_SETTINGS)
+    if s.gradient_clipping is not None:
+        check_number("gradient_clipping", s.gradient_clipping, positive=False, integer=False, example=1.0,
+                     within=IN_SETTINGS)
+    if s.total_steps is not None:
+        check_number("total_steps", s.total_steps, positive=True, integer=True, example=100, within=IN_SETTINGS)
+    for name in ("prefetch_bucket_size", "max_live_parameters"):
+        check_number(name, getattr(s, name), positive=False, integer=True, example=50_000_000, within=IN_SETTINGS)
+    for name in ("n_params", "largest_param", "nvme_bytes_needed"):
+        check_number(name, getattr(s, name), positive=False, integer=True, example=0, within=IN_SETTINGS)
     for name, device in (("offload_optimizer", offload_optimizer), ("offload_param", offload_param)):
         check_offload_device(name, device)
     if offload_param != "none" and stage != 3:
@@ -331,39 +410,40 @@ def _check_build_arguments(*, stage: Any, micro_batch_size: Any, grad_accum_step
     if offload_optimizer == "nvme" and stage != 3:
         raise ConfigError(f"NVMe optimizer offload (ZeRO-Infinity) needs ZeRO stage 3 (got stage {stage}). "
                           "Fix: stage=3, or offload_optimizer='cpu' at stage 1/2.")
-    if optimizer not in OPTIMIZERS:
-        raise ConfigError(f"optimizer must be one of {OPTIMIZERS} (got {optimizer!r}).")
-    if scheduler not in SCHEDULERS:
-        raise ConfigError(f"scheduler must be one of {SCHEDULERS} (got {scheduler!r}).")
-    if scheduler == "WarmupDecayLR" and not total_steps:
-        raise ConfigError("scheduler='WarmupDecayLR' needs total_steps. Fix: pass total_steps=N "
-                          "or use scheduler='WarmupLR'.")
-    if scheduler == "WarmupDecayLR" and total_steps <= warmup_steps:  # type: ignore[operator]
+    if s.optimizer not in OPTIMIZERS:
+        raise ConfigError(f"optimizer must be one of {OPTIMIZERS} (got {s.optimizer!r}).")
+    if s.scheduler not in SCHEDULERS:
+        raise ConfigError(f"scheduler must be one of {SCHEDULERS} (got {s.scheduler!r}).")
+    if s.scheduler == "WarmupDecayLR" and not s.total_steps:
+        raise ConfigError(f"scheduler='WarmupDecayLR' needs total_steps. Fix: pass {IN_SETTINGS}(scheduler="
+                          f"'WarmupDecayLR', total_steps=N) or use {IN_SETTINGS}(scheduler='WarmupLR').")
+    if s.scheduler == "WarmupDecayLR" and s.total_steps <= s.warmup_steps:  # type: ignore[operator]
+        total, warmup = s.total_steps, s.warmup_steps
+        decay = f"{IN_SETTINGS}(scheduler='WarmupDecayLR', "
         raise ConfigError(f"scheduler='WarmupDecayLR' decays the learning rate from warmup_steps to total_steps, "
-                          f"so total_steps must be larger than warmup_steps (got total_steps={total_steps}, "
-                          f"warmup_steps={warmup_steps}: the learning rate would be 0 from step {total_steps} on). "
-                          f"Fix: total_steps={max(10 * warmup_steps, warmup_steps + 1)}, or a shorter warm-up: "
-                          f"warmup_steps={total_steps // 10}.")  # type: ignore[operator]
+                          f"so total_steps must be larger than warmup_steps (got total_steps={total}, "
+                          f"warmup_steps={warmup}: the learning rate would be 0 from step {total} on). "
+                          f"Fix: {decay}warmup_steps={warmup}, total_steps={max(10 * warmup, warmup + 1)}), "
+                          f"or a shorter warm-up: {decay}total_steps={total}, "
+                          f"warmup_steps={total // 10}).")  # type: ignore[operator]
 
 
-def _optimizer_sections(optimizer: str, *, lr: float, betas: tuple[float, float], weight_decay: float,
-                        offload_optimizer: str, scheduler: str | None, warmup_steps: int,
-                        total_steps: int | None) -> dict[str, Any]:
-    """The config's "optimizer" and "scheduler" sections (`build_ds_config`)."""
-    optimizer_params: dict[str, Any] = {"lr": lr, "betas": list(betas), "eps": 1e-8,
-                                        "weight_decay": weight_decay}
+def _optimizer_sections(s: ConfigSettings, offload_optimizer: str) -> dict[str, Any]:
+    """The config's "optimizer" and "scheduler" sections (`build_ds_config`) from settings `s`."""
+    optimizer_params: dict[str, Any] = {"lr": s.lr, "betas": list(s.betas), "eps": 1e-8,
+                                        "weight_decay": s.weight_decay}
     if offload_optimizer == "none":
         # torch's own AdamW: no fused_adam JIT build (about a minute on first use)
         optimizer_params["torch_adam"] = True
-    sections: dict[str, Any] = {"optimizer": {"type": optimizer, "params": optimizer_params}}
-    if scheduler == "WarmupLR":
+    sections: dict[str, Any] = {"optimizer": {"type": s.optimizer, "params": optimizer_params}}
+    if s.scheduler == "WarmupLR":
         sections["scheduler"] = {"type": "WarmupLR", "params": {
-            "warmup_min_lr": 0.0, "warmup_max_lr": lr, "warmup_num_steps": warmup_steps,
+            "warmup_min_lr": 0.0, "warmup_max_lr": s.lr, "warmup_num_steps": s.warmup_steps,
             "warmup_type": "linear"}}
-    elif scheduler == "WarmupDecayLR":
+    elif s.scheduler == "WarmupDecayLR":
         sections["scheduler"] = {"type": "WarmupDecayLR", "params": {
-            "warmup_min_lr": 0.0, "warmup_max_lr": lr, "warmup_num_steps": warmup_steps,
-            "warmup_type": "linear", "total_num_steps": total_steps}}
+            "warmup_min_lr": 0.0, "warmup_max_lr": s.lr, "warmup_num_steps": s.warmup_steps,
+            "warmup_type": "linear", "total_num_steps": s.total_steps}}
     return sections
 
 
@@ -375,30 +455,29 @@ def _precision_section(precision: str, initial_scale_power: int) -> dict[str, An
     return {"bf16": {"enabled": True}} if precision == "bf16" else {}
 
 
-def _zero_section(stage: int, offload_optimizer: str, offload_param: str, nvme_path: str | None, *,
-                  nvme_buffer_count: int, nvme_buffer_size: int, pin_memory: bool, sub_group_size: int,
-                  prefetch_bucket_size: int, max_live_parameters: int) -> dict[str, Any]:
-    """The config's "zero_optimization" section (`build_ds_config`)."""
+def _zero_section(stage: int, offload_optimizer: str, offload_param: str, nvme_path: str | None,
+                  s: ConfigSettings) -> dict[str, Any]:
+    """The config's "zero_optimization" section (`build_ds_config`) with settings `s`."""
     zero: dict[str, Any] = {"stage": stage}
     if stage >= 1:
         zero.update(overlap_comm=False, contiguous_gradients=True,
                     reduce_bucket_size=50_000_000, allgather_bucket_size=50_000_000)
     if stage == 3:
         zero.update(stage3_gather_16bit_weights_on_model_save=True,
-                    stage3_prefetch_bucket_size=prefetch_bucket_size,
+                    stage3_prefetch_bucket_size=s.prefetch_bucket_size,
                     stage3_param_persistence_threshold=100_000,
-                    stage3_max_live_parameters=max_live_parameters,
+                    stage3_max_live_parameters=s.max_live_parameters,
                     stage3_max_reuse_distance=100_000_000)
         zero.pop("allgather_bucket_size")
     if stage == 3:
-        _check_int("sub_group_size", sub_group_size)
-        zero["sub_group_size"] = sub_group_size
+        _check_int("sub_group_size", s.sub_group_size, IN_SETTINGS)
+        zero["sub_group_size"] = s.sub_group_size
     if offload_optimizer != "none":
         zero["offload_optimizer"] = _offload_section(offload_optimizer, nvme_path, "optimizer",
-                                                     nvme_buffer_count, nvme_buffer_size, pin_memory)
+                                                     s.nvme_buffer_count, s.nvme_buffer_size, s.pin_memory)
     if offload_param != "none":
         zero["offload_param"] = _offload_section(offload_param, nvme_path, "param",
-                                                 nvme_buffer_count, nvme_buffer_size, pin_memory)
+                                                 s.nvme_buffer_count, s.nvme_buffer_size, s.pin_memory)
     return zero
 
 
@@ -409,97 +488,88 @@ def build_ds_config(
     runtime: "Runtime | None" = None,
     micro_batch_size: int = 4,
     grad_accum_steps: int = 1,
-    world_size: int | None = None,
     offload_optimizer: str = "none",
     offload_param: str = "none",
     nvme_path: str | None = None,
-    nvme_bytes_needed: int = 0,
-    n_params: int = 0,
-    largest_param: int = 0,
-    check_paths: bool = True,
-    nvme_buffer_count: int = 8,
-    nvme_buffer_size: int = 100_000_000,
-    pin_memory: bool = False,
-    sub_group_size: int = 100_000_000,
-    prefetch_bucket_size: int = 50_000_000,
-    max_live_parameters: int = 100_000_000,
-    initial_scale_power: int = 16,
-    optimizer: str = "AdamW",
-    lr: float = 1e-4,
-    weight_decay: float = 0.01,
-    betas: tuple[float, float] = (0.9, 0.999),
-    scheduler: str | None = "WarmupLR",
-    warmup_steps: int = 10,
-    total_steps: int | None = None,
-    gradient_clipping: float | None = 1.0,
-    activation_checkpointing: bool = False,
-    steps_per_print: int = 10_000,
+    settings: ConfigSettings | None = None,
 ) -> dict[str, Any]:
-    """A DeepSpeed config dict for ZeRO `stage` 0-3 with optional CPU/NVMe offload (notebooks 00-05).
+    """A DeepSpeed config dict for ZeRO `stage` 0-3 with optional CPU/NVMe offload (notebooks 01, 02, 05).
 
-    Offload buffers are not pinned by default (`pin_memory`): page-locked host memory is faster to copy but
-    comes out of the same small RAM that offload already fills. `sub_group_size` (stage 3) is how many
-    elements the optimizer steps at a time: with NVMe it sizes the swap buffers held in RAM.
-    With NVMe, the folder's free space is checked against `nvme_bytes_needed`, else against the estimate for
-    `n_params` parameters, else against NVME_MIN_FREE_BYTES; parameter swap buffers must hold `largest_param`
-    elements (the model's largest tensor) when it is given (`check_nvme_buffers`).
-    `train_batch_size` is left out unless `world_size` is given: DeepSpeed then derives it as micro-batch x
-    accumulation x data-parallel world size (runtime/config.py `_set_batch_related_parameters`), so the same config
-    runs on any number of GPUs; with `world_size` it is written, and DeepSpeed checks it against that world.
+    precision: "auto" (follows `runtime`: fp16 on a T4, bf16 on Ampere or newer, fp32 on CPU), "fp16", "bf16", "fp32".
+    runtime: helpers.detect_runtime()'s answer, checked against precision.
+    micro_batch_size: samples per GPU per forward and backward.
+    grad_accum_steps: micro-batches summed before each optimizer step.
+    offload_optimizer / offload_param: "none", "cpu" or "nvme" (parameters only at stage 3).
+    nvme_path: the NVMe offload folder (checked unless settings.check_paths is False).
+    settings: everything else (`ConfigSettings`: optimizer, schedule, NVMe buffers, world size, ...); None: defaults.
+    With NVMe the folder's free space is checked against settings.nvme_bytes_needed, else the estimate for
+    settings.n_params, else NVME_MIN_FREE_BYTES. train_batch_size is written only with settings.world_size.
     """
-    _check_build_arguments(
-        stage=stage, micro_batch_size=micro_batch_size, grad_accum_steps=grad_accum_steps, world_size=world_size,
-        lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps, initial_scale_power=initial_scale_power,
-        steps_per_print=steps_per_print, betas=betas, activation_checkpointing=activation_checkpointing,
-        gradient_clipping=gradient_clipping, total_steps=total_steps, prefetch_bucket_size=prefetch_bucket_size,
-        max_live_parameters=max_live_parameters, n_params=n_params, largest_param=largest_param,
-        nvme_bytes_needed=nvme_bytes_needed, offload_optimizer=offload_optimizer, offload_param=offload_param,
-        optimizer=optimizer, scheduler=scheduler)
+    s = _check_settings(settings)
+    _check_build_arguments(stage, micro_batch_size, grad_accum_steps, offload_optimizer, offload_param, s)
     resolved = _resolve_precision(precision, runtime)
     uses_nvme = "nvme" in (offload_optimizer, offload_param)
     if uses_nvme:
         nvme_path = _nvme_path_arg(nvme_path)
-    if uses_nvme and not check_paths and not nvme_path:
+    if uses_nvme and not s.check_paths and not nvme_path:
         raise ConfigError("NVMe offload needs nvme_path. Fix: nvme_path='/content/nvme' on Colab.")
     if offload_param == "nvme":
-        check_nvme_buffers(nvme_buffer_count, nvme_buffer_size, largest_param=largest_param,
-                           element_bytes=4 if resolved == "fp32" else 2)
+        check_nvme_buffers(s.nvme_buffer_count, s.nvme_buffer_size, largest_param=s.largest_param,
+                           element_bytes=4 if resolved == "fp32" else 2, within=IN_SETTINGS)
 
-    config: dict[str, Any] = {} if world_size is None else {
-        "train_batch_size": micro_batch_size * grad_accum_steps * world_size}
+    config: dict[str, Any] = {} if s.world_size is None else {
+        "train_batch_size": micro_batch_size * grad_accum_steps * s.world_size}
     config.update({
         "train_micro_batch_size_per_gpu": micro_batch_size,
         "gradient_accumulation_steps": grad_accum_steps,
-        "steps_per_print": steps_per_print,
+        "steps_per_print": s.steps_per_print,
         "wall_clock_breakdown": False,
     })
-    config.update(_optimizer_sections(optimizer, lr=lr, betas=betas, weight_decay=weight_decay,
-                                      offload_optimizer=offload_optimizer, scheduler=scheduler,
-                                      warmup_steps=warmup_steps, total_steps=total_steps))
-    if gradient_clipping is not None:
-        config["gradient_clipping"] = gradient_clipping
-    config.update(_precision_section(resolved, initial_scale_power))
+    config.update(_optimizer_sections(s, offload_optimizer))
+    if s.gradient_clipping is not None:
+        config["gradient_clipping"] = s.gradient_clipping
+    config.update(_precision_section(resolved, s.initial_scale_power))
 
-    config["zero_optimization"] = _zero_section(
-        stage, offload_optimizer, offload_param, nvme_path, nvme_buffer_count=nvme_buffer_count,
-        nvme_buffer_size=nvme_buffer_size, pin_memory=pin_memory, sub_group_size=sub_group_size,
-        prefetch_bucket_size=prefetch_bucket_size, max_live_parameters=max_live_parameters)
+    config["zero_optimization"] = _zero_section(stage, offload_optimizer, offload_param, nvme_path, s)
     if uses_nvme:
         # DeepSpeed 0.19.8 reads its I/O thread count from "intra_op_parallelism" ("thread_count", the older key,
         # is ignored without a word: runtime/swap_tensor/aio_config.py)
         config["aio"] = {"block_size": 1_048_576, "queue_depth": 8, "intra_op_parallelism": 1,
                          "single_submit": False, "overlap_events": True}
-    if activation_checkpointing:
+    if s.activation_checkpointing:
         # DeepSpeed's own section drives deepspeed.checkpointing; a Hugging Face model is switched with
         # model.gradient_checkpointing_enable() (see `activation_checkpointing_hint`).
         config["activation_checkpointing"] = {"partition_activations": False, "cpu_checkpointing": False,
                                               "contiguous_memory_optimization": False,
                                               "synchronize_checkpoint_boundary": False}
-    if uses_nvme and check_paths:
-        if not nvme_bytes_needed and n_params:
-            nvme_bytes_needed = estimate_for_config(config, n_params, largest_layer_params=largest_param).nvme_total
+    if uses_nvme and s.check_paths:
+        nvme_bytes_needed = s.nvme_bytes_needed
+        if not nvme_bytes_needed and s.n_params:
+            nvme_bytes_needed = estimate_for_config(config, s.n_params,
+                                                    largest_layer_params=s.largest_param).nvme_total
         check_nvme_path(nvme_path, nvme_bytes_needed)
     return config
+
+
+def _flat_arguments(args: Mapping[str, Any]) -> dict[str, Any]:
+    """build_ds_config arguments with a `settings` among them spread out flat: each ConfigSettings field it sets
+    apart from the default, on top of the flat ones (course_config / offload_config overrides)."""
+    out = {k: v for k, v in args.items() if k != "settings"}
+    if args.get("settings") is not None:
+        s = _check_settings(args["settings"])
+        out.update({f.name: getattr(s, f.name) for f in fields(s) if getattr(s, f.name) != f.default})
+    return out
+
+
+def _split_arguments(args: Mapping[str, Any]) -> dict[str, Any]:
+    """Flat build_ds_config arguments (a named config's kwargs, course_config's overrides, the planner's: each
+    ConfigSettings field beside the keywords) as build_ds_config takes them: the fields gathered into `settings`."""
+    flat = _flat_arguments(args)
+    direct = {k: v for k, v in flat.items() if k not in SETTING_NAMES}
+    moved = {k: v for k, v in flat.items() if k in SETTING_NAMES}
+    if moved:
+        direct["settings"] = ConfigSettings(**moved)
+    return direct
 
 
 # ---- configs/*.json are the source of the named configs that have a file; `_arguments_of` reads them back
@@ -531,7 +601,9 @@ _FOLLOWING_KEYS = frozenset([
     "zero_optimization.offload_param.buffer_size",
     *(f"zero_optimization.{s}.{k}" for s in ("offload_optimizer", "offload_param")
       for k in ("device", "nvme_path", "pin_memory"))])
-_BUILD_DEFAULTS = {name: p.default for name, p in inspect.signature(build_ds_config).parameters.items()}
+# every build_ds_config argument, a ConfigSettings field as one too (the flat form `_split_arguments` takes) -> default
+_BUILD_DEFAULTS = {**{name: p.default for name, p in inspect.signature(build_ds_config).parameters.items()
+                      if name != "settings"}, **{f.name: f.default for f in fields(ConfigSettings)}}
 
 
 def _precision_of(config: dict[str, Any], where: str) -> str:
@@ -648,7 +720,7 @@ def _file_source(name: str) -> _FileSource:
     except ConfigError as exc:
         raise ConfigError(f"{exc} Or restore the course's file: {restore}.") from None
     try:
-        built = build_ds_config(**args, check_paths=False)
+        built = build_ds_config(**_split_arguments({**args, "check_paths": False}))
     except ConfigError as exc:
         keys = {**_ARGUMENT_KEYS, "offload_optimizer": "zero_optimization.offload_optimizer.device",
                 "offload_param": "zero_optimization.offload_param.device", "scheduler": "scheduler.type",
@@ -831,19 +903,20 @@ def named_config(name: str) -> NamedConfig:
 def course_config(name: str, runtime: Runtime | None = None, **overrides: Any) -> dict[str, Any]:
     """The named config (NAMED_CONFIGS) as a DeepSpeed dict; with `runtime`, precision follows it (fp32 on CPU,
     fp16 on T4), without it the precision of its configs/ file (the Colab T4's fp16; notebook 01). `overrides` are
-    build_ds_config arguments. A config with a file in configs/ is built from that file: build_ds_config of the
-    arguments read from it, with what else the file sets merged under the result and checked by DeepSpeed's schema
-    (`_with_file_settings`); a learner's edit of configs/zero2.json shows here. NVMe folders are not checked
-    (`offload_config` does, and sizes NVMe parameter buffers for a model). "plain" gives the stage-0 config a plain
-    PyTorch run reads."""
+    build_ds_config arguments, a ConfigSettings field by its own name (lr=1e-3) or in settings=ConfigSettings(...)
+    (the fields it sets apart from their defaults, over the named config's). A config with a file in configs/ is
+    built from that file: build_ds_config of the arguments read from it, with what else the file sets merged under
+    the result and checked by DeepSpeed's schema (`_with_file_settings`); a learner's edit of configs/zero2.json
+    shows here. NVMe folders are not checked (`offload_config` does, and sizes NVMe parameter buffers for a model).
+    "plain" gives the stage-0 config a plain PyTorch run reads."""
     named = named_config(name)
     source = named.source
     kwargs: dict[str, Any] = {"precision": source.precision if source else COURSE_CONFIG_PRECISION,
                               "check_paths": False, **named.kwargs}
     if runtime is not None:
         kwargs.update(precision="auto", runtime=runtime)
-    kwargs.update(overrides)
-    return _with_file_settings(build_ds_config(**kwargs), source)
+    kwargs.update(_flat_arguments(overrides))
+    return _with_file_settings(build_ds_config(**_split_arguments(kwargs)), source)
 
 
 def offload_config(kind: str, runtime: Runtime, *, largest_param: int = 0, nvme_path: str | None = None,
@@ -875,8 +948,8 @@ def offload_config(kind: str, runtime: Runtime, *, largest_param: int = 0, nvme_
                       prefetch_bucket_size=10_000_000, max_live_parameters=30_000_000)
         if not runtime.has_gpu:
             kwargs["precision"] = "bf16"
-    kwargs.update(overrides)
-    return _with_file_settings(build_ds_config(**kwargs), source)
+    kwargs.update(_flat_arguments(overrides))
+    return _with_file_settings(build_ds_config(**_split_arguments(kwargs)), source)
 
 
 def _check_count(name: str, value: Any) -> None:

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from helpers.checks import ConfigError, check_model_size, check_number, check_runtime
-from helpers.config import NAMED_CONFIGS, OFFLOAD_KINDS, _nvme_folders_of, build_ds_config, check_nvme_buffers, \
-    check_nvme_path, nvme_buffer_size_for, offload_config
+from helpers.config import IN_SETTINGS, NAMED_CONFIGS, OFFLOAD_KINDS, ConfigSettings, _nvme_folders_of, \
+    _split_arguments, build_ds_config, check_nvme_buffers, check_nvme_path, nvme_buffer_size_for, offload_config
 from helpers.memory import GB, GiB, ModelStateEstimate, estimate_activations, estimate_for_config, \
     estimate_step_transient, round_to_total, rss_bytes
 
@@ -340,7 +340,7 @@ def _candidates(runtime: "Runtime", precision: str, largest_layer_params: int, n
             cfg = offload_config(name, runtime, largest_param=max(largest_layer_params, 1), precision=precision,
                                  **common)
         else:
-            cfg = build_ds_config(**args, precision=precision, **common)
+            cfg = build_ds_config(**_split_arguments({**args, "precision": precision, **common}))
         out.append((name, args, cfg))
     return out
 
@@ -362,7 +362,7 @@ def _check_preflight_inputs(config: Any, n_params: Any, runtime: Any, largest_la
     if offload_param.get("device") == "nvme":
         fp32 = not (config.get("fp16", {}).get("enabled") or config.get("bf16", {}).get("enabled"))
         check_nvme_buffers(offload_param.get("buffer_count", 5), offload_param.get("buffer_size", 100_000_000),
-                           element_bytes=4 if fp32 else 2, largest_param=int(largest_layer_params))
+                           element_bytes=4 if fp32 else 2, largest_param=int(largest_layer_params), within=IN_SETTINGS)
 
 
 def preflight(config: dict[str, Any], n_params: int, runtime: "Runtime", *, largest_layer_params: int = 0,
@@ -639,8 +639,9 @@ def plan(model: "str | ModelShape" = "gpt2", stage: int = 2, *, offload_optimize
     try:
         config = build_ds_config(stage, precision=precision, runtime=runtime, micro_batch_size=micro_batch_size,
                                  offload_optimizer=offload_optimizer, offload_param=offload_param,
-                                 nvme_path=nvme_path, check_paths=False, largest_param=shape.largest_layer_params,
-                                 nvme_buffer_size=nvme_buffer_size_for(shape.largest_layer_params))
+                                 nvme_path=nvme_path, settings=ConfigSettings(
+                                     check_paths=False, largest_param=shape.largest_layer_params,
+                                     nvme_buffer_size=nvme_buffer_size_for(shape.largest_layer_params)))
         # no "activation_checkpointing" section: it configures deepspeed.checkpointing, which a Hugging Face model
         # does not call; checkpointing is switched on in the model (`Plan.checkpointing_note`)
     except ConfigError as exc:

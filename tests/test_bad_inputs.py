@@ -9,7 +9,8 @@ import time
 import pytest
 
 from conftest import fake_runtime
-from helpers.config import ConfigError, build_ds_config, check_nvme_path, nvme_buffer_size_for, offload_config
+from helpers.config import (SETTING_NAMES, ConfigError, ConfigSettings, _split_arguments, build_ds_config,
+                            check_nvme_path, nvme_buffer_size_for, offload_config)
 from helpers.memory import estimate_activations, estimate_model_states
 from helpers.models import model_shape
 from helpers.planner import BudgetError, plan, preflight
@@ -25,6 +26,17 @@ def suggested(message: str, name: str):
     return ast.literal_eval(m.group(1))
 
 
+def build(**flat):
+    """build_ds_config with each ConfigSettings field given by its own name passed in settings=ConfigSettings(...)."""
+    return build_ds_config(**_split_arguments(flat))
+
+
+def names_the_setting(message: str, name: str) -> bool:
+    """The fix names a ConfigSettings field as settings=ConfigSettings(name=...), a keyword as name=..."""
+    fix = message.split("Fix:", 1)[1]
+    return f"settings=ConfigSettings({name}=" in fix if name in SETTING_NAMES else f"ConfigSettings({name}=" not in fix
+
+
 # ---- item 7: build_ds_config's numbers and names
 
 
@@ -36,9 +48,10 @@ def suggested(message: str, name: str):
 def test_bad_numbers_and_names_are_refused_and_the_fix_passes(name, bad):
     kwargs = {"stage": 2, "precision": "fp32", name: bad}
     with pytest.raises(ConfigError, match=rf"{name} must be .*\(got .*\)\..*Fix: ") as err:
-        build_ds_config(**kwargs)
+        build(**kwargs)
+    assert names_the_setting(str(err.value), name)
     fix = suggested(str(err.value), name)
-    config = build_ds_config(**{**kwargs, name: fix})
+    config = build(**{**kwargs, name: fix})
     assert type(fix) is not str or name.startswith("offload")  # a number comes back as a number
     if name == "stage":
         assert fix == 2 and config["zero_optimization"]["stage"] == 2
@@ -52,8 +65,8 @@ def test_stage_true_is_still_refused():
 
 def test_a_string_learning_rate_gets_its_number_back():
     with pytest.raises(ConfigError, match=r"lr must be a positive number \(got '1e-4', a str\)\. "
-                                          r"Fix: lr=0.0001 \(a number, not a string\)"):
-        build_ds_config(2, precision="fp32", lr="1e-4")
+                                          r"Fix: settings=ConfigSettings\(lr=0.0001\) \(a number, not a string\)"):
+        build_ds_config(2, precision="fp32", settings=ConfigSettings(lr="1e-4"))
 
 
 def test_the_offload_device_fix_keeps_the_meaning():
@@ -161,7 +174,8 @@ def test_the_model_copy_hint_comes_only_with_a_ram_problem_it_explains(t4):
     # disk only
     small_disk = fake_runtime(disk_free_bytes=int(5e9), ram_budget_bytes=int(500e9))
     cfg = build_ds_config(3, precision="fp16", offload_optimizer="nvme", offload_param="nvme",
-                          nvme_path="/nonexistent-nvme", check_paths=False)
+                          nvme_path="/nonexistent-nvme",
+                          settings=ConfigSettings(check_paths=False))
     with pytest.raises(BudgetError, match=r"disk: needs") as err:
         preflight(cfg, 2_000_000_000, small_disk, largest_layer_params=10**8, ram_in_use=0)
     assert hint not in str(err.value)
@@ -175,14 +189,14 @@ def test_the_model_copy_hint_comes_only_with_a_ram_problem_it_explains(t4):
 # ---- item 6: NVMe settings that only DeepSpeed's asserts (or a C++ abort) would catch
 
 
-def nvme_param_config(tmp_path, **kw):
+def nvme_param_config(tmp_path, **settings):
     return build_ds_config(3, precision="fp16", offload_optimizer="nvme", offload_param="nvme",
-                           nvme_path=str(tmp_path), **kw)
+                           nvme_path=str(tmp_path), settings=ConfigSettings(**settings))
 
 
 def test_no_nvme_swap_buffers(tmp_path):
     with pytest.raises(ConfigError, match=r"nvme_buffer_count must be an integer >= 1 \(got 0\).*No swap buffers"
-                                          r".*Fix: nvme_buffer_count=8") as err:
+                                          r".*Fix: settings=ConfigSettings\(nvme_buffer_count=8\)") as err:
         nvme_param_config(tmp_path, nvme_buffer_count=0)
     config = nvme_param_config(tmp_path, nvme_buffer_count=suggested(str(err.value), "nvme_buffer_count"))
     assert config["zero_optimization"]["offload_param"]["buffer_count"] == 8
@@ -193,6 +207,7 @@ def test_a_swap_buffer_smaller_than_the_largest_tensor(tmp_path, size):
     with pytest.raises(ConfigError, match=r"nvme_buffer_size must hold the model's largest tensor "
                                           r"\(38,597,376 elements\).*More elements") as err:
         nvme_param_config(tmp_path, nvme_buffer_size=size, largest_param=GPT2_EMBEDDING)
+    assert names_the_setting(str(err.value), "nvme_buffer_size")
     fix = suggested(str(err.value), "nvme_buffer_size")
     assert fix == nvme_buffer_size_for(GPT2_EMBEDDING)
     nvme_param_config(tmp_path, nvme_buffer_size=fix, largest_param=GPT2_EMBEDDING)
@@ -214,9 +229,10 @@ def test_offload_config_sizes_buffers_that_pass_its_own_check(t4, cpu):
 def test_preflight_checks_the_swap_buffers_against_the_model(t4):
     roomy = fake_runtime(ram_total_bytes=int(500e9), ram_budget_bytes=int(500e9))
     cfg = build_ds_config(3, runtime=t4, offload_optimizer="nvme", offload_param="nvme", nvme_path="/x",
-                          check_paths=False, nvme_buffer_size=1_000_000)
+                          settings=ConfigSettings(check_paths=False, nvme_buffer_size=1_000_000))
     with pytest.raises(ConfigError, match="nvme_buffer_size must hold the model's largest tensor") as err:
         preflight(cfg, 124_439_808, roomy, largest_layer_params=GPT2_EMBEDDING, ram_in_use=0)
+    assert names_the_setting(str(err.value), "nvme_buffer_size")
     cfg["zero_optimization"]["offload_param"]["buffer_size"] = suggested(str(err.value), "nvme_buffer_size")
     assert preflight(cfg, 124_439_808, roomy, largest_layer_params=GPT2_EMBEDDING, ram_in_use=0).fits
     cfg["zero_optimization"]["offload_param"]["buffer_count"] = 0
@@ -252,16 +268,18 @@ def test_a_10_mb_nvme_folder_is_refused_even_without_an_estimate(ten_mb_disk):
         build_ds_config(3, precision="fp16", offload_optimizer="nvme", nvme_path=str(ten_mb_disk))
     # the fix for a model that really is small: its estimate, which fits
     assert check_nvme_path(ten_mb_disk, bytes_needed=5 * 10**6) == ten_mb_disk
-    build_ds_config(3, precision="fp16", offload_optimizer="nvme", nvme_path=str(ten_mb_disk), n_params=100_000)
+    build_ds_config(3, precision="fp16", offload_optimizer="nvme", nvme_path=str(ten_mb_disk),
+                    settings=ConfigSettings(n_params=100_000))
     with pytest.raises(ConfigError, match=r"has 0.0 GB free but this config needs about 0.1 GB"):
         build_ds_config(3, precision="fp16", offload_optimizer="nvme", nvme_path=str(ten_mb_disk),
-                        n_params=3_300_000)
+                        settings=ConfigSettings(n_params=3_300_000))
 
 
 def test_preflight_checks_the_nvme_folder_of_the_config(ten_mb_disk):
     roomy = fake_runtime(ram_total_bytes=int(500e9), ram_budget_bytes=int(500e9), disk_free_bytes=int(100e9))
     cfg = build_ds_config(3, precision="fp16", offload_optimizer="nvme", offload_param="nvme",
-                          nvme_path=str(ten_mb_disk), check_paths=False)
+                          nvme_path=str(ten_mb_disk),
+                          settings=ConfigSettings(check_paths=False))
     with pytest.raises(BudgetError, match=r"disk: needs ~0.06 GB, 0.01 GB free"):
         preflight(cfg, 3_300_000, roomy, largest_layer_params=GPT2_EMBEDDING // 12, ram_in_use=0)
 
@@ -375,7 +393,7 @@ def test_train_run_refuses_blocks_longer_than_the_model_s_positions_before_a_ste
     from helpers.models import gpt2_config
     from helpers.train import train_run
 
-    config = build_ds_config(0, precision="fp32", micro_batch_size=2, scheduler=None)
+    config = build_ds_config(0, precision="fp32", micro_batch_size=2, settings=ConfigSettings(scheduler=None))
     built = []
 
     def factory():
@@ -469,33 +487,44 @@ def test_save_model_from_config_refuses_a_folder_that_is_none(directory, tmp_pat
 @pytest.mark.parametrize("name, bad", [("steps_per_print", 0), ("steps_per_print", -1), ("steps_per_print", 2.5)])
 def test_steps_per_print_must_be_positive(name, bad):
     with pytest.raises(ConfigError, match=rf"{name} must be a positive integer.*Fix: ") as err:
-        build_ds_config(2, precision="fp32", **{name: bad})
+        build_ds_config(2, precision="fp32", settings=ConfigSettings(**{name: bad}))
+    assert names_the_setting(str(err.value), name)
     fix = suggested(str(err.value), name)
-    assert build_ds_config(2, precision="fp32", **{name: fix})[name] == fix
+    assert build_ds_config(2, precision="fp32", settings=ConfigSettings(**{name: fix}))[name] == fix
 
 
 @pytest.mark.parametrize("betas", [(0.9,), (0.9, 0.999, 0.1), (0.9, 1.5), ("0.9", 0.999), 0.9, None])
 def test_betas_must_be_two_rates_below_one(betas):
-    with pytest.raises(ConfigError, match=r"betas must be Adam's two decay rates.*Fix: betas=\(0.9, 0.999\)") as err:
-        build_ds_config(2, precision="fp32", betas=betas)
+    with pytest.raises(ConfigError, match=r"betas must be Adam's two decay rates.*"
+                                          r"Fix: settings=ConfigSettings\(betas=\(0.9, 0.999\)\)") as err:
+        build_ds_config(2, precision="fp32", settings=ConfigSettings(betas=betas))
     fix = ast.literal_eval(re.search(r"betas=(\([^)]*\))", str(err.value).split("Fix:")[1]).group(1))
-    assert build_ds_config(2, precision="fp32", betas=fix)["optimizer"]["params"]["betas"] == [0.9, 0.999]
+    assert build_ds_config(2, precision="fp32",
+                           settings=ConfigSettings(betas=fix))["optimizer"]["params"]["betas"] == [0.9, 0.999]
     from helpers.config import validate_ds_config
 
-    validate_ds_config(build_ds_config(2, precision="fp32", betas=fix))
+    validate_ds_config(build_ds_config(2, precision="fp32", settings=ConfigSettings(betas=fix)))
 
 
 @pytest.mark.parametrize("total, warmup", [(5, 10), (10, 10), (1, 0)])
 def test_warmup_decay_must_decay_after_its_warmup(total, warmup):
-    kw = dict(precision="fp32", scheduler="WarmupDecayLR")
+    def decay(total_steps, warmup_steps):
+        return ConfigSettings(scheduler="WarmupDecayLR", total_steps=total_steps, warmup_steps=warmup_steps)
+
     if total > warmup:
-        build_ds_config(2, total_steps=total, warmup_steps=warmup, **kw)
+        build_ds_config(2, precision="fp32", settings=decay(total, warmup))
         return
-    with pytest.raises(ConfigError, match=r"total_steps must be larger than warmup_steps.*Fix: total_steps=") as err:
-        build_ds_config(2, total_steps=total, warmup_steps=warmup, **kw)
+    with pytest.raises(ConfigError, match=r"total_steps must be larger than warmup_steps.*Fix: settings="
+                                          r"ConfigSettings\(scheduler='WarmupDecayLR', warmup_steps=") as err:
+        build_ds_config(2, precision="fp32", settings=decay(total, warmup))
     message = str(err.value)
-    longer = build_ds_config(2, total_steps=suggested(message, "total_steps"), warmup_steps=warmup, **kw)
-    shorter = build_ds_config(2, total_steps=total, warmup_steps=suggested(message, "warmup_steps"), **kw)
+    # each way out is a whole ConfigSettings(...): evaluated as written, it passes
+    fixes = re.findall(r"settings=(ConfigSettings\([^)]*\))", message.split("Fix:", 1)[1])
+    assert len(fixes) == 2
+    longer, shorter = (build_ds_config(2, precision="fp32", settings=eval(fix, {"ConfigSettings": ConfigSettings}))
+                       for fix in fixes)
+    assert longer["scheduler"]["params"]["warmup_num_steps"] == warmup
+    assert shorter["scheduler"]["params"]["total_num_steps"] == total
     for cfg in (longer, shorter):
         params = cfg["scheduler"]["params"]
         assert params["total_num_steps"] > params["warmup_num_steps"]
@@ -505,14 +534,16 @@ def test_warmup_decay_must_decay_after_its_warmup(total, warmup):
                                         (0, False), ("maybe", None), (None, None)])
 def test_activation_checkpointing_must_be_a_bool(bad, meant):
     with pytest.raises(ConfigError, match=r"activation_checkpointing must be True or False.*Fix: ") as err:
-        build_ds_config(2, precision="fp32", activation_checkpointing=bad)
+        build_ds_config(2, precision="fp32", settings=ConfigSettings(activation_checkpointing=bad))
     fix = str(err.value).split("Fix: ")[1]
     if meant is not None:
-        assert fix.startswith(f"activation_checkpointing={meant}.")
-        on = "activation_checkpointing" in build_ds_config(2, precision="fp32", activation_checkpointing=meant)
+        assert fix.startswith(f"settings=ConfigSettings(activation_checkpointing={meant}).")
+        on = "activation_checkpointing" in build_ds_config(2, precision="fp32",
+                                                           settings=ConfigSettings(activation_checkpointing=meant))
         assert on is meant
     else:
-        assert "activation_checkpointing=True (on) or activation_checkpointing=False (off)" in fix
+        assert ("settings=ConfigSettings(activation_checkpointing=True) (on) or "
+                "settings=ConfigSettings(activation_checkpointing=False) (off)") in fix
 
 
 def test_a_home_relative_nvme_path_is_expanded_not_made_literally(tmp_path, monkeypatch):
@@ -525,7 +556,8 @@ def test_a_home_relative_nvme_path_is_expanded_not_made_literally(tmp_path, monk
     os.makedirs(made, exist_ok=True)  # the fix
     assert made == str(tmp_path / "nvme") and not (tmp_path / "~").exists()
     assert check_nvme_path("~/nvme") == tmp_path / "nvme"
-    cfg = build_ds_config(3, precision="fp16", offload_optimizer="nvme", nvme_path="~/nvme", n_params=1000)
+    cfg = build_ds_config(3, precision="fp16", offload_optimizer="nvme", nvme_path="~/nvme",
+                          settings=ConfigSettings(n_params=1000))
     assert cfg["zero_optimization"]["offload_optimizer"]["nvme_path"] == str(tmp_path / "nvme")
 
 
@@ -585,7 +617,7 @@ def test_train_run_steps_must_be_a_positive_integer(steps, cpu, clean_dist_env):
     from helpers.train import train_run
 
     built = []
-    config = build_ds_config(0, precision="fp32", micro_batch_size=2, scheduler=None)
+    config = build_ds_config(0, precision="fp32", micro_batch_size=2, settings=ConfigSettings(scheduler=None))
     with pytest.raises(ConfigError, match=r"steps must be a positive integer.*Fix: steps=") as err:
         train_run("x", lambda: built.append(1), tiny_blocks(8), runtime=cpu, ds_config=config, plain_pytorch=True,
                   steps=steps, progress=False)
@@ -650,7 +682,7 @@ def test_a_run_s_precision_is_the_config_s(cpu, clean_dist_env):
     def factory():
         return AutoModelForCausalLM.from_config(gpt2_config("gpt2-tiny", n_positions=64, vocab_size=64))
 
-    config = build_ds_config(1, precision="bf16", micro_batch_size=2, scheduler=None)
+    config = build_ds_config(1, precision="bf16", micro_batch_size=2, settings=ConfigSettings(scheduler=None))
     kw = dict(runtime=cpu, steps=1, progress=False, untimed_steps=0)
     assert cpu.precision == "fp32"
     assert train_run("bf16", factory, tiny_blocks(16), ds_config=config, **kw).precision == "bf16"
@@ -731,7 +763,7 @@ def test_a_run_shorter_than_its_warm_up_times_its_last_step_not_none(cpu, clean_
     from helpers.models import gpt2_config
     from helpers.train import train_run
 
-    config = build_ds_config(0, precision="fp32", micro_batch_size=2, scheduler=None)
+    config = build_ds_config(0, precision="fp32", micro_batch_size=2, settings=ConfigSettings(scheduler=None))
     r = train_run("short", lambda: AutoModelForCausalLM.from_config(gpt2_config("gpt2-tiny", n_positions=64,
                                                                                 vocab_size=64)),
                   tiny_blocks(32), runtime=cpu, ds_config=config, plain_pytorch=True, steps=2, untimed_steps=2,

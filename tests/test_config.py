@@ -7,8 +7,8 @@ import shutil
 import pytest
 
 from conftest import ROOT
-from helpers.config import (COURSE_CONFIGS, ConfigError, build_ds_config, check_nvme_path, course_config,
-                            validate_ds_config, write_course_configs)
+from helpers.config import (COURSE_CONFIGS, ConfigError, ConfigSettings, build_ds_config, check_nvme_path,
+                            course_config, validate_ds_config, write_course_configs)
 
 
 def test_stage2_fp16_contents(t4):
@@ -30,15 +30,15 @@ def test_precision_auto_follows_runtime(t4, a100, cpu):
 
 def test_world_size_multiplies_the_global_batch():
     assert build_ds_config(1, precision="fp32", micro_batch_size=2, grad_accum_steps=3,
-                           world_size=4)["train_batch_size"] == 24
+                           settings=ConfigSettings(world_size=4))["train_batch_size"] == 24
 
 
 def test_offload_sections(tmp_path):
     c = build_ds_config(2, precision="fp16", offload_optimizer="cpu")
     assert c["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "pin_memory": False}
     assert "torch_adam" not in c["optimizer"]["params"]  # DeepSpeedCPUAdam does the offloaded step
-    c = build_ds_config(3, precision="fp16", offload_optimizer="nvme", offload_param="nvme",
-                        nvme_path=str(tmp_path), nvme_buffer_count=16, nvme_buffer_size=2 * 10**8)
+    c = build_ds_config(3, precision="fp16", offload_optimizer="nvme", offload_param="nvme", nvme_path=str(tmp_path),
+                        settings=ConfigSettings(nvme_buffer_count=16, nvme_buffer_size=2 * 10**8))
     z = c["zero_optimization"]
     assert z["offload_param"]["nvme_path"] == str(tmp_path) and z["offload_param"]["buffer_count"] == 16
     assert z["offload_param"]["buffer_size"] == 2 * 10**8 and z["offload_optimizer"]["device"] == "nvme"
@@ -47,11 +47,12 @@ def test_offload_sections(tmp_path):
 
 
 def test_scheduler_and_checkpointing_options():
-    c = build_ds_config(2, precision="fp32", scheduler="WarmupDecayLR", total_steps=100, warmup_steps=5,
-                        activation_checkpointing=True, gradient_clipping=None)
+    c = build_ds_config(2, precision="fp32",
+                        settings=ConfigSettings(scheduler="WarmupDecayLR", total_steps=100, warmup_steps=5,
+                                                activation_checkpointing=True, gradient_clipping=None))
     assert c["scheduler"]["params"]["total_num_steps"] == 100 and "gradient_clipping" not in c
     assert "activation_checkpointing" in c
-    assert "scheduler" not in build_ds_config(2, precision="fp32", scheduler=None)
+    assert "scheduler" not in build_ds_config(2, precision="fp32", settings=ConfigSettings(scheduler=None))
 
 
 @pytest.mark.parametrize("name", sorted(COURSE_CONFIGS))
@@ -137,15 +138,19 @@ def test_nvme_path_too_small(tmp_path):
     free = shutil.disk_usage(tmp_path).free
     with pytest.raises(ConfigError, match=r"GB free but this config needs.*Fix: free disk space"):
         build_ds_config(3, precision="fp16", offload_param="nvme", nvme_path=str(tmp_path),
-                        nvme_bytes_needed=free * 2)
+                        settings=ConfigSettings(nvme_bytes_needed=free * 2))
     assert check_nvme_path(tmp_path, bytes_needed=1) == tmp_path
 
 
 @pytest.mark.parametrize("field", ["micro_batch_size", "grad_accum_steps", "world_size"])
 @pytest.mark.parametrize("bad", [0, -2, 1.5, True])
 def test_non_positive_batch_sizes(field, bad):
-    with pytest.raises(ConfigError, match=f"{field} must be a positive integer.*Fix: pass {field}=1 or more"):
-        build_ds_config(2, precision="fp32", **{field: bad})
+    fix = f"settings=ConfigSettings\\({field}=1\\)" if field == "world_size" else f"{field}=1"
+    with pytest.raises(ConfigError, match=f"{field} must be a positive integer.*Fix: pass {fix} or more"):
+        if field == "world_size":
+            build_ds_config(2, precision="fp32", settings=ConfigSettings(world_size=bad))
+        else:
+            build_ds_config(2, precision="fp32", **{field: bad})
 
 
 def test_unknown_offload_device():
@@ -280,7 +285,7 @@ def test_every_configs_file_passes_deepspeeds_batch_check_on_any_number_of_gpus(
 def test_the_batch_check_sees_the_world_size(monkeypatch):
     """The stand-in really sets DeepSpeed's world: a train_batch_size written for one GPU (configs/ before issue 52)
     passes on one and fails on two; build_ds_config writes it only when told the world size."""
-    config = build_ds_config(2, precision="fp32", micro_batch_size=4, world_size=1)
+    config = build_ds_config(2, precision="fp32", micro_batch_size=4, settings=ConfigSettings(world_size=1))
     assert config["train_batch_size"] == 4
     assert deepspeed_batch_check(config, 1, monkeypatch).train_batch_size == 4
     with pytest.raises(AssertionError, match="train_batch_size is not equal"):

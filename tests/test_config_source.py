@@ -19,8 +19,9 @@ import pytest
 
 from conftest import ROOT, fake_runtime
 from helpers import colab_t4_profile
-from helpers.config import (COURSE_CONFIGS, NAMED_CONFIGS, OFFLOAD_KINDS, ConfigError, _arguments_of, build_ds_config,
-                            course_config, offload_config, trainer_ds_config, write_course_configs)
+from helpers.config import (_BUILD_DEFAULTS, COURSE_CONFIGS, NAMED_CONFIGS, OFFLOAD_KINDS, ConfigError, _arguments_of,
+                            _split_arguments, build_ds_config, course_config, offload_config, trainer_ds_config,
+                            write_course_configs)
 
 SNAPSHOT = ROOT / "tests" / "data" / "named_configs_snapshot.json"
 NVME = "<nvme>"  # the NVMe folder's path in the snapshot (a temporary folder when it is taken)
@@ -70,11 +71,11 @@ def test_build_ds_config_writes_each_source_file_exactly_from_the_arguments_read
     text = path.read_text()
     args = _arguments_of(json.loads(text), str(path))
     assert args["precision"] == "fp16"  # the Colab T4 target
-    assert json.dumps(build_ds_config(**args, check_paths=False), indent=2) + "\n" == text
+    assert json.dumps(build_ds_config(**_split_arguments({**args, "check_paths": False})), indent=2) + "\n" == text
     source = NAMED_CONFIGS[name].source
     assert source.settings == ()  # the course's files set nothing beyond build_ds_config's arguments
     assert dict(source.kwargs) == {k: v for k, v in args.items() if k == "stage" or (
-        k != "precision" and v != build_ds_config.__kwdefaults__.get(k, 2))}
+        k != "precision" and v != _BUILD_DEFAULTS[k])}
 
 
 def test_only_entries_without_a_file_give_their_arguments_in_named_configs():

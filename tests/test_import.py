@@ -73,8 +73,9 @@ def test_every_name_the_course_uses_as_helpers_dot_name_is_exported():
 # Issue 43: the public surface (helpers.__all__) is what the notebooks and the programs they run call through the
 # package; everything else stays in its module (tests, benchmarks and scripts import it from there). The issue's
 # target was ~150: since drafts 03, 05 and 06 put DeepSpeed's own MoE, launcher and long-sequence code on the page
-# (promoted 2026-12-07), the notebooks and notebooks/programs/ call 134 names, each public for that reason.
-MAX_PUBLIC_NAMES = 134
+# (promoted 2026-12-07), the notebooks and notebooks/programs/ call 135 names, each public for that reason (the 135th:
+# ConfigSettings, build_ds_config's settings object since its 30 parameters became 9, passed by notebook 05's programs).
+MAX_PUBLIC_NAMES = 135
 PROGRAM_NOTEBOOK = {"first_ranks": "05", "moe_expert_parallel": "03", "pipeline_train": "05", "scale_out_train": "05",
                     "tp_train": "05", "trainer_train": "04", "train_your_model": "07"}
 
@@ -237,8 +238,7 @@ def test_the_architecture_docs_floor_table_is_the_import_graph():
 # reaches the limit leaves the list). Each needs the notebooks that call it edited first (docs/decisions.md section 5).
 MAX_FUNCTION_LINES = 100
 MAX_PUBLIC_PARAMETERS = 10
-WIDE_PUBLIC_FUNCTIONS = {"build_ds_config": 30, "train_run": 20, "plan": 12,
-                         "recorded_result": 11}
+WIDE_PUBLIC_FUNCTIONS = {"train_run": 20, "plan": 12, "recorded_result": 11}
 
 
 def _helpers_functions():

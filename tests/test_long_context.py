@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import helpers
+from helpers.config import ConfigSettings
 from helpers.long_context import estimate_saved_activations, long_context_shape, saved_activation_bytes
 
 CONFIG = dict(hidden_size=128, intermediate_size=344, num_hidden_layers=2, num_attention_heads=4,
@@ -368,7 +369,8 @@ def test_train_at_length_trains_and_says_what_it_measured():
 
     setup_single_process()
     cfg = helpers.long_context.long_context_config(512, hidden=64, intermediate=176, layers=2, heads=4, kv_heads=2)
-    ds = helpers.build_ds_config(2, runtime=helpers.detect_runtime(), micro_batch_size=1, lr=1e-3, scheduler=None)
+    ds = helpers.build_ds_config(2, runtime=helpers.detect_runtime(), micro_batch_size=1,
+                                 settings=ConfigSettings(lr=1e-3, scheduler=None))
     engine = helpers.long_context.build_long_context_engine(cfg, ds, "+ tiled MLP")
     tokens = torch.randint(0, 512, (600,))
     r = helpers.long_context.train_at_length(engine, tokens, 512, "+ tiled MLP", logits_tile_tokens=128)
@@ -452,7 +454,8 @@ def test_zero2_reduces_the_same_gradients_with_the_tiled_paths():
 
     setup_single_process()
     cfg = helpers.long_context.long_context_config(512, hidden=64, intermediate=176, layers=2, heads=4, kv_heads=2)
-    ds = helpers.build_ds_config(2, runtime=helpers.detect_runtime(), micro_batch_size=1, lr=1e-3, scheduler=None)
+    ds = helpers.build_ds_config(2, runtime=helpers.detect_runtime(), micro_batch_size=1,
+                                 settings=ConfigSettings(lr=1e-3, scheduler=None))
     ids = torch.randint(0, 512, (1, 513))
     grads = {}
     for technique in ("checkpointing", "+ tiled logits", "+ tiled MLP"):

@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from helpers.config import build_ds_config
+from helpers.config import ConfigSettings, build_ds_config
 from helpers.memory import (RUNTIME_GROWTH_BYTES, EstimateSettings, count_params, deepspeed_estimate,
                             estimate_activations, estimate_for_config, estimate_model_states)
 
@@ -113,7 +113,8 @@ def test_nvme_offload_puts_states_on_disk_and_buffers_in_ram():
                                  settings=dataclasses.replace(buffers, on_gpu=False))
     assert bf16.cpu["grads"] == 2 * PSI + 4 * 100_000
     cfg = build_ds_config(3, precision="fp16", offload_optimizer="nvme", offload_param="nvme", nvme_path="/x",
-                          check_paths=False, nvme_buffer_count=4, nvme_buffer_size=600_000, sub_group_size=100_000)
+                          settings=ConfigSettings(check_paths=False, nvme_buffer_count=4, nvme_buffer_size=600_000,
+                                                  sub_group_size=100_000))
     assert estimate_for_config(cfg, PSI, zero_init=True).cpu == e.cpu | {"model copy": 0}
 
 

@@ -13,7 +13,7 @@ import helpers.config
 import helpers.planner
 import helpers.train
 from helpers.checks import ConfigError
-from helpers.config import build_ds_config, check_nvme_path
+from helpers.config import ConfigSettings, build_ds_config, check_nvme_path
 from helpers.memory import estimate_run
 from helpers.models import model_shape
 from helpers.step_time import estimate_step_time
@@ -37,7 +37,8 @@ def _small_disk(monkeypatch, folder, free: int) -> None:
 
 
 def _nvme_cfg(folder) -> dict:
-    return build_ds_config(3, precision="fp32", offload_optimizer="nvme", nvme_path=str(folder), check_paths=False)
+    return build_ds_config(3, precision="fp32", offload_optimizer="nvme", nvme_path=str(folder),
+                           settings=ConfigSettings(check_paths=False))
 
 
 def test_nvme_checks_keep_no_state_and_each_run_checks_its_own_configs_folder(tmp_path, monkeypatch, cpu):

@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 from conftest import fake_runtime
-from helpers.config import build_ds_config
+from helpers.config import ConfigSettings, build_ds_config
 from helpers.memory import estimate_activations
 from helpers.models import GPT2_LADDER, model_shape
 from helpers.planner import BudgetError, plan, preflight
@@ -494,7 +494,8 @@ def test_preflight_catches_the_cpu_ram_wall(t4):
 def test_preflight_catches_too_little_disk(tmp_path):
     small_disk = fake_runtime(disk_free_bytes=int(5e9), ram_budget_bytes=int(500e9))
     cfg = build_ds_config(3, precision="fp16", offload_optimizer="nvme", offload_param="nvme",
-                          nvme_path="/nonexistent-nvme", check_paths=False)
+                          nvme_path="/nonexistent-nvme",
+                          settings=ConfigSettings(check_paths=False))
     with pytest.raises(BudgetError, match=r"disk: needs ~\d+\.\d+ GB, 5.00 GB free"):
         preflight(cfg, 2_000_000_000, small_disk, largest_layer_params=10**8, ram_in_use=0)
 
@@ -623,7 +624,8 @@ def test_every_suggestion_passes_the_check_that_refused(t4, size, ram_in_use):
 def test_ram_margin_keeps_part_of_the_budget_free(t4):
     from helpers.planner import RAM_ESTIMATE_MARGIN
 
-    cfg = build_ds_config(3, runtime=t4, offload_optimizer="nvme", nvme_path="/nvme", check_paths=False)
+    cfg = build_ds_config(3, runtime=t4, offload_optimizer="nvme", nvme_path="/nvme",
+                          settings=ConfigSettings(check_paths=False))
     needed = preflight(cfg, 500_000_000, t4, zero_init=True, ram_in_use=0, raise_on_failure=False).ram_needed
     edge = int(t4.ram_budget_bytes * (1 - RAM_ESTIMATE_MARGIN)) - needed  # what may still be in use beside it
     assert preflight(cfg, 500_000_000, t4, zero_init=True, ram_in_use=edge - 10**6, raise_on_failure=False).fits

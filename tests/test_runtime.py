@@ -31,7 +31,7 @@ def test_setup_single_process_sets_the_five_variables(monkeypatch):
 def _train_one_engine(monkeypatch, hidden=64, steps=2, stage=2):
     import deepspeed
 
-    from helpers.config import build_ds_config
+    from helpers.config import ConfigSettings, build_ds_config
 
     for k in DIST_ENV_VARS:  # restored after the test, so notebooks run later get no stale port
         monkeypatch.setenv(k, "0")
@@ -40,7 +40,7 @@ def _train_one_engine(monkeypatch, hidden=64, steps=2, stage=2):
     model = torch.nn.Sequential(torch.nn.Linear(hidden, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden))
     dtype = torch.float16 if torch.cuda.is_available() else torch.float32
     cfg = build_ds_config(stage, precision="fp16" if torch.cuda.is_available() else "fp32", micro_batch_size=4,
-                          scheduler=None)
+                          settings=ConfigSettings(scheduler=None))
     engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     for _ in range(steps):
         x = torch.randn(4, hidden).to(engine.device, dtype)
@@ -155,7 +155,7 @@ def test_clean_slate_frees_an_engine_whose_zero3_optimizer_build_was_interrupted
     import deepspeed
     import deepspeed.runtime.zero.stage3 as stage3
 
-    from helpers.config import build_ds_config
+    from helpers.config import ConfigSettings, build_ds_config
     from helpers.runtime import clean_slate, live_engines
 
     for k in DIST_ENV_VARS:
@@ -171,7 +171,7 @@ def test_clean_slate_frees_an_engine_whose_zero3_optimizer_build_was_interrupted
         return real(param, hook)
 
     monkeypatch.setattr(stage3, "register_grad_hook", register_then_interrupt)
-    cfg = build_ds_config(3, precision="fp32", micro_batch_size=4, scheduler=None)
+    cfg = build_ds_config(3, precision="fp32", micro_batch_size=4, settings=ConfigSettings(scheduler=None))
     model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32))
     clean_slate({})  # an engine an earlier test of this worker left (test order varies with pytest-xdist)
     assert not live_engines()

@@ -86,16 +86,18 @@ def test_the_plain_scheduler_is_deepspeeds_own():
     """lr_scheduler_from_config builds DeepSpeed's class from the config's block (and nothing without one)."""
     from deepspeed.runtime.lr_schedules import WarmupDecayLR, WarmupLR
 
-    from helpers.config import build_ds_config
+    from helpers.config import ConfigSettings, build_ds_config
     from helpers.train import lr_scheduler_from_config
 
     opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=1.0)
-    cfg = build_ds_config(2, precision="fp32", lr=1e-3, warmup_steps=4)
+    cfg = build_ds_config(2, precision="fp32", settings=ConfigSettings(lr=1e-3, warmup_steps=4))
     sched = lr_scheduler_from_config(opt, cfg)
     assert type(sched) is WarmupLR and opt.param_groups[0]["lr"] == 0.0
-    cfg = build_ds_config(2, precision="fp32", lr=1e-3, scheduler="WarmupDecayLR", warmup_steps=2, total_steps=10)
+    cfg = build_ds_config(2, precision="fp32",
+                          settings=ConfigSettings(lr=1e-3, scheduler="WarmupDecayLR", warmup_steps=2, total_steps=10))
     assert type(lr_scheduler_from_config(opt, cfg)) is WarmupDecayLR
-    assert lr_scheduler_from_config(opt, build_ds_config(2, precision="fp32", scheduler=None)) is None
+    assert lr_scheduler_from_config(opt, build_ds_config(2, precision="fp32",
+                                                         settings=ConfigSettings(scheduler=None))) is None
 
 
 def test_a_cpu_results_table_shows_measured_ram_not_zeros_and_nan():

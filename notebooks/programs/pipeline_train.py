@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from deepspeed.pipe import PipelineModule
 
-    from helpers.config import build_ds_config
+    from helpers.config import ConfigSettings, build_ds_config
     from helpers.gpt import build_gpt
     from helpers.runtime import quiet_deepspeed
 
@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     model = PipelineModule(layers=scale_out.pipeline_layers(reference), num_stages=stages, loss_fn=scale_out.lm_loss,
                            partition_method="type:BlockLayer")
     config = build_ds_config(0, precision="fp32", micro_batch_size=args.micro_batch, grad_accum_steps=m,
-                             world_size=run.world // stages, lr=args.lr, scheduler=None, gradient_clipping=0.0)
+                             settings=ConfigSettings(world_size=run.world // stages, lr=args.lr, scheduler=None,
+                                                     gradient_clipping=0.0))
     with quiet_deepspeed():
         engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters()
                                                                               if p.requires_grad], config=config)

@@ -23,14 +23,15 @@ def train_stage(stage: int, run: rank.RankSetup, args: argparse.Namespace) -> di
     import deepspeed
     import torch
 
-    from helpers.config import build_ds_config
+    from helpers.config import ConfigSettings, build_ds_config
     from helpers.gpt import build_gpt
 
     model = build_gpt(run.cfg, seed=args.seed)  # the same weights on every rank
     n_params = sum(p.numel() for p in model.parameters())
     bucket = max(1, int(n_params * args.bucket_fraction))
-    config = build_ds_config(stage, precision=run.precision, micro_batch_size=args.micro_batch, world_size=run.world,
-                             lr=args.lr, scheduler=None, initial_scale_power=8)
+    config = build_ds_config(stage, precision=run.precision, micro_batch_size=args.micro_batch,
+                             settings=ConfigSettings(world_size=run.world, lr=args.lr, scheduler=None,
+                                                     initial_scale_power=8))
     if stage >= 1:  # gradients are reduced in buckets of this many elements
         config["zero_optimization"]["reduce_bucket_size"] = bucket
     if stage == 3:  # partition every parameter, however small; fetch them in buckets of the same size

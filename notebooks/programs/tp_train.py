@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     import deepspeed
     import torch
 
-    from helpers.config import build_ds_config
+    from helpers.config import ConfigSettings, build_ds_config
     from helpers.gpt import build_gpt
     from helpers.runtime import quiet_deepspeed
 
@@ -76,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         plain_losses.append(loss.item())
     del plain, opt
 
-    config = build_ds_config(0, precision=run.precision, micro_batch_size=args.micro_batch, lr=args.lr,
-                             scheduler=None, gradient_clipping=0.0)
+    config = build_ds_config(0, precision=run.precision, micro_batch_size=args.micro_batch,
+                             settings=ConfigSettings(lr=args.lr, scheduler=None, gradient_clipping=0.0))
     # no train_batch_size (build_ds_config writes none without world_size): DeepSpeed derives it for the ranks of one
     # tensor-parallel group, which form one data-parallel replica; written for the world, its batch check would fail
     assert "train_batch_size" not in config
