@@ -38,7 +38,7 @@ from helpers.config import LADDER_CONFIGS
 from helpers.hardware import COLAB_NVME_BUDGET_BYTES, COLAB_RAM_GB
 from helpers.memory import estimate_run
 from helpers.models import GPT2_LADDER
-from helpers.planner import LADDER_LR, LADDER_UNTIMED_STEPS, ladder_flags, ladder_warmup_steps
+from helpers.planner import LADDER_LR, LADDER_MICRO_BATCH, LADDER_UNTIMED_STEPS, ladder_flags, ladder_warmup_steps
 from helpers.records import report_gb
 from helpers.train import LOSS_FALL_NATS, loss_fell
 
@@ -55,12 +55,14 @@ LR = LADDER_LR  # helpers.planner: the fresh-runtime command names a rung's lr o
 
 
 def ladder_config(name: str, runtime, nvme_path: str | None, largest_param: int, *, micro_batch: int, steps: int,
-                  check_paths: bool = True, lr: float = LR, warmup_steps: int | None = None, **overrides) -> dict:
-    """The config of a ladder column: micro-batch, lr and warm-up (`warmup_steps`, default
+                  check_paths: bool = True, lr: float = LR, warmup_steps: int | None = None, grad_accum: int = 1,
+                  **overrides) -> dict:
+    """The config of a ladder column: micro-batch, gradient accumulation, lr and warm-up (`warmup_steps`, default
     helpers.planner.ladder_warmup_steps: half the steps) for every column, plain
     PyTorch included (it trains without DeepSpeed, reading these from its config); fp16 starts at loss scale 2^12
     (few steps). `overrides` go to helpers.config.offload_config (benchmarks/host_memory.py: precision="bf16" on CPU)."""
-    run = dict(micro_batch_size=micro_batch, lr=lr, warmup_steps=warmup_steps or ladder_warmup_steps(steps))
+    run = dict(micro_batch_size=micro_batch, grad_accum_steps=grad_accum, lr=lr,
+               warmup_steps=warmup_steps or ladder_warmup_steps(steps))
     if name == "plain":
         return helpers.course_config("plain", runtime, **run)
     if name not in CONFIGS:
@@ -162,7 +164,8 @@ def measure_in_child(args: argparse.Namespace, name: str, size: str, nvme: Path 
     runtime = helpers.detect_runtime()
     shape = helpers.model_shape(helpers.gpt2_config(size))
     cfg = ladder_config(name, runtime, str(nvme) if nvme else None, shape.largest_layer_params,
-                        micro_batch=args.micro_batch, steps=args.steps, lr=args.lr, warmup_steps=args.warmup_steps)
+                        micro_batch=args.micro_batch, steps=args.steps, lr=args.lr, warmup_steps=args.warmup_steps,
+                        grad_accum=args.grad_accum)
     fp = helpers.fresh_process
     spec = fp.FreshRunSpec(f"{name} {size}", cfg, size, tokenizer_dir=args.work_dir / "tokenizer",
                            plain_pytorch=name == "plain", steps=args.steps, untimed_steps=args.untimed_steps,
@@ -228,7 +231,9 @@ def _learns_cell(r: dict) -> str:
 def markdown(report: dict) -> str:
     s = report["settings"]
     lines = [f"# Largest model per config ({report['runtime']}, {report['date']})", "",
-             f"micro-batch {s['micro_batch']} x {s['seq_len']} tokens, {s['steps']} steps, activation checkpointing, "
+             f"micro-batch {s['micro_batch']} x {s['seq_len']} tokens"
+             + (f", {s['grad_accum']} micro-batches per optimizer step" if s.get("grad_accum", 1) != 1 else "")
+             + f", {s['steps']} steps, activation checkpointing, "
              f"{report['precision']}; budgets: VRAM {report['budgets']['vram_gib']} GiB, RAM {report['budgets']['ram_gb']} "
              f"GB, disk {report['budgets']['disk_gb']} GB. Each rung ran in a fresh process.", "",
              "A rung *fits* when it ran its steps within the budgets (memory). It *learns* when its loss fell by "
@@ -285,7 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--verify-refusals", nargs="*", default=list(CHEAP), choices=CONFIGS,
                    help="configs whose rungs run even when pre-flight predicts they will not fit")
     p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--micro-batch", type=int, default=2)
+    p.add_argument("--micro-batch", type=int, default=LADDER_MICRO_BATCH)
+    p.add_argument("--grad-accum", type=int, default=1,
+                   help="micro-batches per optimizer step (issue 42's 2.7B curve: 16 x 4 x 512 = 32,768 tokens a step)")
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--nvme-path", default="/tmp/ds-course-nvme")
     p.add_argument("--out", type=Path, default=ROOT / "reports" / "ladder.json")
@@ -347,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     old = json.loads(args.out.read_text()) if (args.out.exists() and not args.fresh) else {}
     settings = {"micro_batch": args.micro_batch, "seq_len": args.seq_len, "steps": args.steps,
                 "warmup_steps": args.warmup_steps}
+    if args.grad_accum != 1:
+        settings["grad_accum"] = args.grad_accum
     if args.mmap_threshold_mib:
         settings["mmap_threshold_mib"] = args.mmap_threshold_mib
     if args.chunked_overflow_check:
@@ -423,6 +432,7 @@ def main(argv: list[str] | None = None) -> int:
                 row["timed_out"] = True
             row["baseline_rss_gb"] = round(m.get("baseline_rss_gb", 0), 2)
             row.update(lr=args.lr, steps=args.steps, untimed_steps=args.untimed_steps, warmup_steps=args.warmup_steps,
+                       micro_batch=args.micro_batch, grad_accum=args.grad_accum,
                        chunked_overflow_check=args.chunked_overflow_check,
                        skipped_timed_steps=m.get("skipped_timed_steps"))
             row.update(ran=True, **judged(m, ram_budget_gb, runtime.has_gpu), **{k: m[k] for k in (

@@ -443,6 +443,7 @@ def _smaller_model_that_fits(n_params: int, runtime: "Runtime", precision: str, 
 EMULATED_LADDER = "reports/ladder_colab_emulation.json"
 LADDER_LR = 3e-4  # benchmarks/ladder.py's default peak learning rate
 LADDER_UNTIMED_STEPS = 1  # and its default --untimed-steps
+LADDER_MICRO_BATCH = 2  # and its default --micro-batch (one optimizer step: one micro-batch, --grad-accum 1)
 
 CHUNKED_NOTE = (", with helpers.chunk_zero3_overflow_check: DeepSpeed's fp16 overflow check otherwise needs 3 bytes "
                 "per parameter more RAM at each step; the command turns it on")
@@ -491,8 +492,8 @@ def fresh_runtime_command(kind: str, model: str, *, nvme_path: str = "/content/n
 
 def ladder_flags(row: dict[str, Any], settings: dict[str, Any]) -> str:
     """The ladder.py options with which a rung of the emulated ladder ran where they differ from the ladder's defaults
-    (the 2.7B rung: its own lr, steps and warm-up, the chunked overflow check), so the printed command repeats that
-    run."""
+    (the 2.7B rung: its own lr, steps and warm-up, the chunked overflow check; issue 42's curve: its micro-batch and
+    accumulation), so the printed command repeats that run."""
     flags = ""
     if row.get("lr") not in (None, LADDER_LR):
         flags += f" --lr {row['lr']:g}"
@@ -504,6 +505,10 @@ def ladder_flags(row: dict[str, Any], settings: dict[str, Any]) -> str:
     # DeepSpeed's WarmupLR warms up over 2 steps at least: a warm-up below that is the same run
     if steps and max(2, _warmup_ran(row, steps)) != max(2, ladder_warmup_steps(steps)):
         flags += f" --warmup-steps {_warmup_ran(row, steps)}"
+    if (row.get("micro_batch") or settings.get("micro_batch") or LADDER_MICRO_BATCH) != LADDER_MICRO_BATCH:
+        flags += f" --micro-batch {row.get('micro_batch') or settings['micro_batch']}"
+    if (row.get("grad_accum") or settings.get("grad_accum") or 1) != 1:
+        flags += f" --grad-accum {row.get('grad_accum') or settings['grad_accum']}"
     if row.get("chunked_overflow_check"):
         flags += " --chunked-overflow-check"
     return flags

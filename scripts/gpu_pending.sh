@@ -27,6 +27,10 @@
 #                 the course's overflow check; pre-flight's RAM for it: 10.67 GB, the 2.7B ladder rung peaked at 10.95)
 #                 in the emulation, 2 optimizer steps (1 untimed) of 65,536 tokens, beside the step-time model's
 #                 prediction (~400 s). Brings back offload_speed_2p7b.json/.md/.log (commit as reports/offload_speed_2p7b.*)
+#   big_curve     issue 42 item 3: GPT-2 2.7B learning over 13 optimizer steps of 32,768 tokens (lr 1e-4, warm-up 6,
+#                 the course's overflow check) in the emulation, ~12 min: started in its own session, polled 540 s;
+#   big_curve_collect  the next call, AT ONCE (the machine goes back after 30 s idle): polls 540 s more and brings
+#                 back ladder_2p7b_curve.json/.md and curve.log (commit as reports/ladder_2p7b_curve.*)
 # DRAFTS="01": drafts_alone promotes and runs that draft only (with RUNS=a and the context: ~220 s).
 # RUNS=a: drafts_alone and speed_twice run each notebook once (no verdicts.md; ~300 s for drafts_alone).
 # PROMOTE="00 01 04": the notebooks step promotes these drafts only (default: every draft in the checkout).
@@ -120,7 +124,36 @@ step_bf16_ram() {
   say "ladder bf16: exit $?"
 }
 
-[ $# -gt 0 ] || { echo "usage: gpu_pending.sh notebooks|context_long|speed_twice|drafts_alone|zero0|big_speed|bf16_ram ..." >&2; exit 2; }
+curve_poll() {  # curve_poll SECONDS: wait that long at most for the background 2.7B curve, then bring back its files
+  local until=$(( $(date +%s) + $1 ))
+  while [ ! -e /tmp/curve/DONE ] && [ "$(date +%s)" -lt "$until" ]; do sleep 10; done
+  cp /tmp/curve/ladder_2p7b_curve.json /tmp/curve/ladder_2p7b_curve.md /tmp/curve/curve.log "$OUT/" 2>/dev/null
+  if [ -e /tmp/curve/DONE ]; then say "2.7B curve: finished, exit $(cat /tmp/curve/DONE)"
+  else say "2.7B curve: still running: call big_curve_collect now (the machine goes back after 30 s idle)"; fi
+}
+
+step_big_curve() {
+  # issue 42 item 3: GPT-2 2.7B, the NVMe optimizer, 13 optimizer steps (1 untimed) of 16 x 4 x 512 = 32,768 tokens,
+  # lr 1e-4 warmed up over 6 (reports/lr_warmup_cpu.md), the course's overflow check, in the emulation: ~49 s a step
+  # (reports/offload_speed_2p7b.md: the disk ~40 s of it) + ~100 s setup, ~12 min: more than one call. It runs in a
+  # session of its own (setsid), which lives on between calls while the machine is held; this call polls 540 s and
+  # the next, `big_curve_collect` (at once: the machine goes back after 30 s idle), polls again and brings it back.
+  # Alone: never beside notebook 02 (the disk, decisions.md). Commit as reports/ladder_2p7b_curve.*
+  rm -rf /tmp/curve /tmp/curve-nvme; mkdir -p /tmp/curve
+  setsid bash -c 'python3 benchmarks/ladder.py --emulate --fresh --sizes gpt2-2.7b \
+    --configs zero3_nvme_optimizer_gpu_params --verify-refusals --micro-batch 16 --grad-accum 4 --steps 13 \
+    --untimed-steps 1 --lr 1e-4 --warmup-steps 6 --chunked-overflow-check --nvme-path /tmp/curve-nvme \
+    --work-dir /tmp/curve/work --out /tmp/curve/ladder_2p7b_curve.json >/tmp/curve/curve.log 2>&1
+    echo $? >/tmp/curve/DONE' </dev/null >/dev/null 2>&1 &
+  curve_poll 540
+}
+
+step_big_curve_collect() {
+  [ -d /tmp/curve ] || { say "no /tmp/curve here: a fresh machine (the last one went back); run big_curve again"; return 1; }
+  curve_poll 540
+}
+
+[ $# -gt 0 ] || { echo "usage: gpu_pending.sh notebooks|context_long|speed_twice|drafts_alone|zero0|big_speed|big_curve|big_curve_collect|bf16_ram ..." >&2; exit 2; }
 for s in "$@"; do
   say "step $s"
   "step_$s"

@@ -215,7 +215,7 @@ def test_a_child_that_trained_another_model_size_is_an_error(tmp_path, monkeypat
     monkeypatch.setattr(ladder.helpers.fresh_process, "train_in_fresh_process", wrong_size)
     args = argparse.Namespace(work_dir=tmp_path, steps=2, micro_batch=2, seq_len=32, mmap_threshold_mib=0.0,
                               emulate=False, lr=ladder.LR, untimed_steps=1, chunked_overflow_check=False,
-                              warmup_steps=1)
+                              warmup_steps=1, grad_accum=1)
     row = ladder.measure_in_child(args, "plain", "gpt2", None, None)
     assert row["error"] == "the child trained 123 parameters, not gpt2's 124,439,808"
 
@@ -387,6 +387,23 @@ def test_the_ladders_warmup_is_half_its_steps_and_a_rung_repeats_its_own():
     assert ladder_flags({"steps": 20, "warmup_steps": 4}, {"steps": 4}) == " --steps 20 --warmup-steps 4"
     assert ladder_flags({"steps": 20}, {"steps": 4}) == " --steps 20 --warmup-steps 2"  # before issue 42: 20 // 10
     assert ladder_flags({}, {"steps": 4}) == ""  # 4 steps: 1 then, 2 now, both DeepSpeed's 2
+
+
+def test_a_rung_with_more_tokens_per_step_accumulates_and_its_command_says_so():
+    """Issue 42 item 3 (scripts/gpu_pending.sh big_curve): the 2.7B curve runs 16 x 4 micro-batches of 512 tokens per
+    optimizer step. --grad-accum reaches the config, the report's settings and the row, and the fresh-runtime command
+    of such a row repeats its micro-batch and accumulation (the ladder's own are 2 x 1)."""
+    from helpers.planner import LADDER_MICRO_BATCH, ladder_flags
+
+    cfg = ladder.ladder_config("zero3_nvme_optimizer_gpu_params", fake_runtime(), "/nvme", 10_000_000, micro_batch=16,
+                               steps=13, grad_accum=4, check_paths=False)
+    assert (cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"]) == (16, 4)
+    assert ladder.ladder_config("plain", fake_runtime(), None, 0, micro_batch=2, steps=4)[
+        "gradient_accumulation_steps"] == 1
+    assert ladder_flags({"micro_batch": 16, "grad_accum": 4}, {"micro_batch": 16}) == " --micro-batch 16 --grad-accum 4"
+    assert ladder_flags({"micro_batch": LADDER_MICRO_BATCH, "grad_accum": 1}, {}) == ""
+    assert ladder_flags({}, {"micro_batch": 16, "grad_accum": 4}) == " --micro-batch 16 --grad-accum 4"
+    assert "--grad-accum" in _ladder_help_options()
 
 
 def _ladder_help_options() -> list[str]:
