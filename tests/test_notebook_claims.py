@@ -223,3 +223,21 @@ def test_03_runs_each_model_twice_interleaved_and_prints_ratios_with_ranges_and_
     assert code.count("[*models, *reversed(models)]") == 1 and 'what="model"' in code and "(again)" not in code
     md = " ".join(text(nb, "markdown").split())
     assert "judged against" not in md and "beyond the noise" not in md and "runs again last" not in md
+
+
+def _every_notebook() -> list[str]:
+    names = {p.name for p in (ROOT / "notebooks").glob("0*.ipynb")}
+    return sorted(names | {p.name for p in (ROOT / "notebooks" / "drafts").glob("0*.ipynb")})
+
+
+@pytest.mark.parametrize("name", _every_notebook())
+def test_the_markdown_quotes_the_t4_and_ram_budgets_the_constants_give(name):
+    """Notebook 07 said "a T4's 14.44 GiB for PyTorch" after the budget became 14.34 (issue 51: helpers.T4_VRAM_GIB):
+    a budget written in the text is the constant's, or the text is wrong the day the constant moves."""
+    from helpers.hardware import COLAB_RAM_BUDGET_BYTES, T4_VRAM_GIB
+
+    md = " ".join(text(notebook(name), "markdown").split())
+    for m in re.finditer(r"(\d+\.\d+) GiB (?:for PyTorch|of VRAM)|T4's (\d+\.\d+) GiB", md):
+        assert float(m.group(1) or m.group(2)) == T4_VRAM_GIB, (name, m.group(0))
+    for m in re.finditer(r"(\d+\.\d+) GB (?:RAM )?budget|RAM \((\d+\.\d+) GB\)", md):
+        assert float(m.group(1) or m.group(2)) == round(COLAB_RAM_BUDGET_BYTES / 1e9, 2), (name, m.group(0))
