@@ -35,16 +35,18 @@ def run_config(name: str, model_dir: str, train_blocks, runtime, args) -> list[d
     est = estimate_run(cfg, shape, seq_len=args.seq_len, precision=runtime.precision,
                        checkpointing=args.checkpointing).peak_bytes
     common = dict(runtime=runtime, ds_config=cfg, checkpointing=args.checkpointing, estimated_bytes=est,
-                  model_name=args.size, untimed_steps=args.untimed_steps)
+                  model_name=args.size)
     if cfg["zero_optimization"]["stage"] == 3:
         raw_factory = lambda: helpers.checkpoints.build_zero3_model(cfg, model_dir)  # noqa: E731
     else:
         raw_factory = lambda: helpers.load_causal_lm(model_dir)  # noqa: E731
-    raw = helpers.train_run(f"raw engine {name}", raw_factory, train_blocks, steps=args.steps, **common)
+    raw = helpers.train_run(f"raw engine {name}", raw_factory, train_blocks, steps=args.steps,
+                            measure=helpers.train.MeasureSettings(untimed_steps=args.untimed_steps), **common)
     data = ordered_blocks(train_blocks, args.micro_batch, args.steps)
     trainer = run_trainer(f"Trainer {name}", lambda: helpers.load_causal_lm(model_dir), data,
-                          output_dir=args.work_dir / f"trainer-{name}", **common)
-    accel = run_accelerate(f"Accelerate {name}", lambda: helpers.load_causal_lm(model_dir), data, **common)
+                          output_dir=args.work_dir / f"trainer-{name}", untimed_steps=args.untimed_steps, **common)
+    accel = run_accelerate(f"Accelerate {name}", lambda: helpers.load_causal_lm(model_dir), data,
+                           untimed_steps=args.untimed_steps, **common)
     rows = []
     for driver, r in zip(DRIVERS, (raw, trainer, accel)):
         rows.append({"driver": driver, "config": name, "model": args.size, "params": r.params,

@@ -107,8 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         w = cfg["scheduler"]["params"]["warmup_num_steps"]
         r = helpers.train_run(f"{args.size} lr {lr:g} warm-up {w}", lambda: copy.deepcopy(template), blocks,
                               runtime=runtime, ds_config=cfg, plain_pytorch=True, steps=args.steps,
-                              checkpointing=True, untimed_steps=1, seed=args.seed, model_name=args.size,
-                              progress=not args.quiet)
+                              checkpointing=True, seed=args.seed, model_name=args.size,
+                              measure=helpers.train.MeasureSettings(untimed_steps=1, progress=not args.quiet))
         report["rows"].append({"lr": lr, "warmup_steps": w, "losses": r.losses, "error": r.error,
                                "seconds": r.seconds, "lrs": r.lrs})
         report["picked_lr"] = pick(report["rows"])

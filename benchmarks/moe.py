@@ -185,10 +185,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def train(name, cfg, eval_every, probe=None):
         """One run: train_run with the MoE hooks, validation every `eval_every` steps and at the end."""
+        measure = helpers.train.MeasureSettings(val_blocks=val_blocks, eval_every=eval_every, eval_batches=8,
+                                                progress=False, hooks=MoEHooks(cfg, seed=args.seed, probe=probe))
         return helpers.train_run(name, lambda: build_gpt(cfg, seed=args.seed), train_blocks, runtime=runtime,
-                                 ds_config=ds_config, val_blocks=val_blocks, steps=args.steps, eval_every=eval_every,
-                                 eval_batches=8, seed=args.seed, progress=False,
-                                 hooks=MoEHooks(cfg, seed=args.seed, probe=probe))
+                                 ds_config=ds_config, steps=args.steps, seed=args.seed, measure=measure)
 
     configs = {"dense": shape.dense_twin(), "MoE top-1": shape, "MoE top-2": shape.replace(k=2)}
     runs = {}

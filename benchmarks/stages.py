@@ -40,7 +40,7 @@ def stage_rows(size: str, model_dir: str, train_blocks, runtime, args) -> list[d
         r = helpers.train_run(label, lambda: helpers.load_causal_lm(model_dir), train_blocks, runtime=runtime,
                               ds_config=cfg, plain_pytorch=plain, steps=args.steps,
                               checkpointing=args.checkpointing, estimated_bytes=est.peak_bytes, model_name=size,
-                              untimed_steps=args.untimed_steps)
+                              measure=helpers.train.MeasureSettings(untimed_steps=args.untimed_steps))
         row = r.as_dict()
         row.update(config=name, model_states_gib=round(est.states.gpu_total / GiB, 3),
                    activations_gib=round(est.activation_bytes / GiB, 3), loss_first=r.losses[0],

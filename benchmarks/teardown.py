@@ -63,7 +63,8 @@ def child(args: argparse.Namespace) -> int:
         helpers.reset_peak_stats()
         gpu0, rss0 = helpers.gpu_allocated_bytes(), helpers.release_host_memory()
         r = helpers.train_run(f"run {i}", lambda: helpers.checkpoints.build_zero3_model(cfg, config=config, seed=0), blocks,
-                              runtime=runtime, ds_config=cfg, steps=3, untimed_steps=1, progress=False)
+                              runtime=runtime, ds_config=cfg, steps=3,
+                              measure=helpers.train.MeasureSettings(untimed_steps=1, progress=False))
         gpu1, rss1 = helpers.gpu_allocated_bytes(), helpers.release_host_memory()
         rows.append({"run": i, "params": r.params, "losses": r.losses, "error": r.error,
                      "gpu_before_gib": round(gpu0 / GiB, 3), "gpu_after_gib": round(gpu1 / GiB, 3),

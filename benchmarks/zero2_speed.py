@@ -58,7 +58,7 @@ def main(argv=None) -> int:
         mb = cfg["train_micro_batch_size_per_gpu"]
         r = helpers.train_run(name, lambda: helpers.load_causal_lm(model_dir), blocks, runtime=runtime, ds_config=cfg,
                               plain_pytorch=plain, steps=args.steps, checkpointing=True, model_name=args.size,
-                              untimed_steps=3, progress=False)
+                              measure=helpers.train.MeasureSettings(untimed_steps=3, progress=False))
         rows.append({"name": name, "micro_batch": mb, "tokens_per_s": r.tokens_per_s, "peak_vram_gib": r.peak_vram_gib,
                      "loss_last": r.losses[-1]})
         print(f"{name:<40}{r.tokens_per_s:>10,.0f} tok/s {r.peak_vram_gib:>7.2f} GiB", flush=True)

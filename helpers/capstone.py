@@ -122,7 +122,7 @@ def pick_plan(model: str, runtime: "Runtime", *, seq_len: int, micro_batch: int,
     planner); a `seq_len` longer than the model takes, with the longest it takes."""
     from helpers.config import NAMED_CONFIGS
     from helpers.models import GPT2_LADDER, model_shape
-    from helpers.planner import FALLBACK_LADDER, plan
+    from helpers.planner import FALLBACK_LADDER, PlanHost, plan
 
     shape = model_shape(model)
     if shape.n_positions and seq_len > shape.n_positions:
@@ -131,8 +131,8 @@ def pick_plan(model: str, runtime: "Runtime", *, seq_len: int, micro_batch: int,
     def plan_with(kind: str, what: Any, seq: int) -> Any:
         """plan() of `what` (a model or its shape) with the course config `kind` (its stage and offload devices)."""
         args = NAMED_CONFIGS[kind].placement
-        return plan(what, micro_batch_size=micro_batch, seq_len=seq, runtime=runtime, nvme_path=nvme_path,
-                    zero_init=args.get("stage") == 3, ram_in_use=ram_in_use, **args)
+        return plan(what, micro_batch_size=micro_batch, seq_len=seq, runtime=runtime, zero_init=args.get("stage") == 3,
+                    host=PlanHost(nvme_path=nvme_path, ram_in_use=ram_in_use), **args)
 
     last = None
     for kind in FALLBACK_LADDER:

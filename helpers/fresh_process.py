@@ -355,6 +355,7 @@ def _child(spec_path: str) -> int:
     _say(phase="importing torch and deepspeed")
     import helpers
     from helpers.checkpoints import build_zero3_model
+    from helpers.train import MeasureSettings
 
     if spec["mmap_threshold_mib"]:
         helpers.mmap_large_allocations(int(spec["mmap_threshold_mib"] * 2**20))
@@ -410,12 +411,12 @@ def _child(spec_path: str) -> int:
         _say(phase="training", step=step + 1, loss=loss)
 
     with trace if trace is not None else contextlib.nullcontext(), probe or contextlib.nullcontext():
+        measure = MeasureSettings(untimed_steps=spec["untimed_steps"], progress=False, on_step=on_step,
+                                  on_phase=on_phase, time_micro_batches=spec.get("time_micro_batches", False))
         r = helpers.train_run(spec["name"], build, blocks, runtime=runtime, ds_config=cfg,
                               plain_pytorch=spec["plain_pytorch"], steps=spec["steps"],
-                              checkpointing=spec["checkpointing"], untimed_steps=spec["untimed_steps"],
-                              seed=spec["seed"], model_name=spec["model"], progress=False,
-                              on_step=on_step, on_phase=on_phase, estimated_bytes=spec["estimated_vram_bytes"],
-                              time_micro_batches=spec.get("time_micro_batches", False))
+                              checkpointing=spec["checkpointing"], seed=spec["seed"], model_name=spec["model"],
+                              estimated_bytes=spec["estimated_vram_bytes"], measure=measure)
     if trace is not None:
         r.extras["host_trace"] = {**trace.as_dict(), "memory": probe.as_dict()}
     if rt.COMPILED_OPS:
@@ -650,7 +651,7 @@ class OffloadRuns:
         from helpers.config import course_config
         from helpers.models import gpt2_config
         from helpers.runtime import gpu_allocated_bytes, release_host_memory
-        from helpers.train import train_run
+        from helpers.train import MeasureSettings, train_run
 
         rt = self.runtime
         config = gpt2_config(model)
@@ -668,7 +669,8 @@ class OffloadRuns:
         estimate = self.plain_estimate(model).peak_bytes
         baseline = gpu_allocated_bytes()
         r = train_run(name, build, self.blocks, runtime=rt, ds_config=cfg, plain_pytorch=True, steps=self.steps,
-                      checkpointing=True, untimed_steps=1, estimated_bytes=estimate, model_name=model)
+                      checkpointing=True, estimated_bytes=estimate, model_name=model,
+                      measure=MeasureSettings(untimed_steps=1))
         after = gpu_allocated_bytes()
         budget = f"{rt.vram_budget_bytes / GiB:.2f} GiB"
         if r.error:

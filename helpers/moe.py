@@ -486,7 +486,8 @@ class MoEHooks(TrainHooks):
     """What a dense-or-MoE run of the course GPT adds to `helpers.train_run` (notebook 03, benchmarks/moe.py).
 
         r = helpers.train_run(name, lambda: build_gpt(cfg, seed), blocks, runtime=rt, ds_config=cfg_ds,
-                              hooks=MoEHooks(cfg), val_blocks=val, eval_every=10)
+                              measure=helpers.train.MeasureSettings(hooks=MoEHooks(cfg), val_blocks=val,
+                                                                    eval_every=10))
 
     The optimizer gets `moe_param_groups`; the model's loss (LM loss + cfg.aux_loss_coef x aux loss) is trained
     and its two parts kept per step; the gates' routing is recorded every step; validation is `evaluate_moe`

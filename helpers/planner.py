@@ -608,24 +608,36 @@ class Plan:
         return "\n".join(text)
 
 
+@dataclass(frozen=True)
+class PlanHost:
+    """What `plan` checks on the machine beyond its `Runtime`: the settings no notebook passes to it (notebook 00
+    plans with the defaults; `helpers.pick_plan` of notebook 07 and the tests set them), as
+    `plan(..., host=PlanHost(...))`."""
+
+    nvme_path: str | None = None  # the NVMe offload folder; one named here must exist (None: default_nvme_path())
+    ram_in_use: int | None = None  # bytes of RAM already in use (None: this process's RSS now)
+
+
 def plan(model: "str | ModelShape" = "gpt2", stage: int = 2, *, offload_optimizer: str = "none",
          offload_param: str = "none", precision: str = "auto", micro_batch_size: int = 4, seq_len: int = 512,
          checkpointing: bool = True, zero_init: bool = False, runtime: "Runtime | None" = None,
-         nvme_path: str | None = None, ram_in_use: int | None = None) -> Plan:
+         host: PlanHost | None = None) -> Plan:
     """Build the config and estimate it against the budget; a refused config is reported, not raised (notebook 00).
 
     `zero_init`: the model is built under deepspeed.zero.Init (stage 3), so no fp32 copy of it sits in RAM; the
     planner widget's checkbox sets it, so a cell and the widget give the same numbers for the same settings.
-    `nvme_path` defaults to the course's NVMe folder (`helpers.default_nvme_path`); `ram_in_use` to this
-    process's RSS now. Bad inputs that are not config settings (the model, seq_len, the runtime, ram_in_use) raise
-    ValueError / ConfigError with the fix; so does a seq_len longer than the model's positions (`ModelShape.n_positions`:
-    1024 for GPT-2). An `nvme_path` passed for NVMe offload must exist (unless the runtime is a what-if of another
-    machine): a missing one is a refused config whose fix creates it. NVMe parameter buffers are sized for the model's
-    largest tensor, as `offload_config` sizes them.
+    `host` (`PlanHost`): the NVMe folder, by default the course's (`helpers.default_nvme_path`), and the RAM already
+    in use, by default this process's RSS now. Bad inputs that are not config settings (the model, seq_len, the
+    runtime, ram_in_use) raise ValueError / ConfigError with the fix; so does a seq_len longer than the model's
+    positions (`ModelShape.n_positions`: 1024 for GPT-2). An `nvme_path` passed for NVMe offload must exist (unless
+    the runtime is a what-if of another machine): a missing one is a refused config whose fix creates it. NVMe
+    parameter buffers are sized for the model's largest tensor, as `offload_config` sizes them.
     """
     from helpers.hardware import default_nvme_path, detect_runtime
     from helpers.models import ModelShape, model_shape
 
+    host = host or PlanHost()
+    nvme_path, ram_in_use = host.nvme_path, host.ram_in_use
     check_number("seq_len", seq_len, positive=True, integer=True, example=512)
     check_runtime(runtime, "plan")
     if ram_in_use is not None:

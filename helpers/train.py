@@ -602,6 +602,24 @@ class TrainHooks:
         """Remove what `on_model` installed."""
 
 
+@dataclass(frozen=True)
+class MeasureSettings:
+    """What `train_run` measures and reports beyond the training itself, and what a kind of model adds: the settings
+    no notebook passes (notebooks 01 and 04 train with the defaults; the fresh-process child of notebook 02, the
+    benchmarks and the tests set them), as `train_run(..., measure=MeasureSettings(...))`."""
+
+    val_blocks: Any = None  # validation blocks (None: no validation loss)
+    eval_every: int = 0  # a validation loss every this many steps and after the last one (0: none)
+    eval_batches: int = 4  # micro-batches of `val_blocks` per validation loss
+    untimed_steps: int = 2  # the first optimizer steps, left out of tokens/s (warm-up: allocations, kernel choice)
+    progress: bool = True  # a progress bar per run
+    hooks: TrainHooks | None = None  # what one kind of model adds to the loop (helpers.moe.MoEHooks); None: nothing
+    on_step: Callable[[int, float], None] | None = None  # called as on_step(step, loss) after each optimizer step
+    on_phase: Callable[[str], None] | None = None  # called as on_phase(name) when the run enters a phase
+    # wait for the GPU after every micro-batch and keep its seconds and phases in RunResult.extras (offload_speed.py)
+    time_micro_batches: bool = False
+
+
 def _autocast(runtime: "Runtime") -> Any:
     import contextlib
 
@@ -877,12 +895,9 @@ def _record_memory(result: RunResult, mem: Any, ns: dict[str, Any]) -> None:
 
 
 def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *, runtime: "Runtime",
-              ds_config: dict[str, Any], plain_pytorch: bool = False, val_blocks: Any = None, steps: int = 20,
-              checkpointing: bool = False, eval_every: int = 0, eval_batches: int = 4, untimed_steps: int = 2,
+              ds_config: dict[str, Any], plain_pytorch: bool = False, steps: int = 20, checkpointing: bool = False,
               seed: int = 0, estimated_bytes: int = 0, model_name: str = "",
-              progress: bool = True, hooks: TrainHooks | None = None,
-              on_step: Callable[[int, float], None] | None = None,
-              on_phase: Callable[[str], None] | None = None, time_micro_batches: bool = False) -> RunResult:
+              measure: MeasureSettings | None = None) -> RunResult:
     """Train a fresh model for `steps` optimizer steps with `ds_config` and measure it (notebook 01).
 
     Micro-batch, gradient accumulation, learning rate, weight decay, clipping and warm-up come from
@@ -892,9 +907,10 @@ def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *,
     does not advance it, as in DeepSpeed's engine), AMP with a GradScaler (the baseline). `RunResult.lrs` is the
     learning rate of each step, for either. `model_factory()` returns the model, or
     (model, keep_alive) for a model built under ZeRO-3 (`helpers.checkpoints.build_zero3_model`). Peak GPU memory is
-    measured above the idle baseline, tokens/s after the first `untimed_steps` steps, bytes in the config's NVMe
-    folder while it runs (offload_param's, else offload_optimizer's), above what the folder held at the start.
-    `hooks` add what one kind of model needs (`helpers.moe.MoEHooks`). CUDA out-of-memory is caught and reported
+    measured above the idle baseline, tokens/s after the first `measure.untimed_steps` steps, bytes in the config's
+    NVMe folder while it runs (offload_param's, else offload_optimizer's), above what the folder held at the start.
+    `measure` (`MeasureSettings`, which no notebook passes) holds validation, warm-up, progress, callbacks and the
+    `hooks` one kind of model adds (`helpers.moe.MoEHooks`). CUDA out-of-memory is caught and reported
     in `RunResult.error`. Everything is torn down before returning, so runs can follow one another: the engine,
     the model, and the NVMe swap files the run wrote. An exception anywhere inside (a KeyboardInterrupt while the
     model is built, in deepspeed.initialize or in a step) tears down what was built before it is re-raised, and
@@ -903,9 +919,9 @@ def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *,
     the run starts (there, writable, NVME_MIN_FREE_BYTES free, naming the swap files earlier runs left) and once
     the model is built, before `deepspeed.initialize`, against the course's estimate for its parameter count
     (ConfigError, with what was built removed); nothing is remembered from the config's build or earlier runs.
-    `on_phase(name)` and `on_step(step, loss)` report progress (a child process sends them on).
-    `time_micro_batches=True` (benchmarks/offload_speed.py) waits for the GPU after every micro-batch and keeps
-    the seconds of each in `extras["micro_batch_s"]` (one list per optimizer step; the last micro-batch of a step
+    `measure.on_phase(name)` and `measure.on_step(step, loss)` report progress (a child process sends them on).
+    `measure.time_micro_batches=True` (benchmarks/offload_speed.py) waits for the GPU after every micro-batch and
+    keeps the seconds of each in `extras["micro_batch_s"]` (one list per optimizer step; the last micro-batch of a step
     includes DeepSpeed's optimizer step), and DeepSpeed's count of steps skipped by fp16 overflow in
     `extras["skipped_steps"]`; with DeepSpeed also where each micro-batch's seconds went, in
     `extras["micro_batch_phases"]` (forward, backward, engine.step, and `helpers.step_time.ZERO3_PHASES`: the
@@ -913,16 +929,17 @@ def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *,
     """
     import torch
 
+    measure = measure or MeasureSettings()
     settings = RunSettings.from_config(ds_config)
     seq_len, model_factory = _check_run_inputs(steps, train_blocks, model_factory, model_name,  # issues 23, 41
-                                               untimed_steps, eval_batches)
+                                               measure.untimed_steps, measure.eval_batches)
     # a run shorter than its warm-up times its last step(s) rather than none (issue 41: tokens/s read 0); the record
     # says how many steps its tokens/s covers
-    untimed_steps = min(untimed_steps, steps - 1)
+    untimed_steps = min(measure.untimed_steps, steps - 1)
     nvme_folders = [] if plain_pytorch else _nvme_folders(ds_config)
     _check_nvme_space(nvme_folders)  # before every run: a full disk aborts the process in DeepSpeed's C++ reader
     swap_before = _swap_snapshot(nvme_folders)
-    hooks = hooks or TrainHooks()
+    hooks = measure.hooks or TrainHooks()
     torch.manual_seed(seed)
     setup_single_process()
     reset_peak_stats()
@@ -933,16 +950,16 @@ def train_run(name: str, model_factory: Callable[[], Any], train_blocks: Any, *,
                        precision=precision, micro_batch=settings.micro_batch, grad_accum=settings.grad_accum,
                        seq_len=seq_len, steps=steps, checkpointing=checkpointing, runtime=runtime.label)
     loop = _Loop(result, settings, runtime, hooks, ds_config, plain_pytorch,
-                 _Meter(result, runtime, untimed_steps, micro_batches=time_micro_batches),
-                 on_step or (lambda step, loss: None), on_phase or (lambda phase: None))
+                 _Meter(result, runtime, untimed_steps, micro_batches=measure.time_micro_batches),
+                 measure.on_step or (lambda step, loss: None), measure.on_phase or (lambda phase: None))
     if nvme_folders:  # once the model exists, before deepspeed.initialize: its NVMe need, from its parameter count
         loop.check_nvme = lambda n, largest: _check_nvme_need(ds_config, n, largest, model=model_name,
                                                               written=_new_swap_bytes(swap_before))
     try:
         with measure_peak(nvme_path=nvme_folders[0] if nvme_folders else None) as mem:
             try:
-                loop.run(model_factory, train_blocks, val_blocks, steps, checkpointing, eval_every, eval_batches,
-                         seed, progress)
+                loop.run(model_factory, train_blocks, measure.val_blocks, steps, checkpointing, measure.eval_every,
+                         measure.eval_batches, seed, measure.progress)
             except torch.OutOfMemoryError as exc:
                 result.error = oom_summary(str(exc), runtime.vram_budget_bytes)
                 result.extras["raw_error"] = str(exc).split("\n")[0][:600]

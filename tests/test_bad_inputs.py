@@ -13,9 +13,11 @@ from helpers.config import (SETTING_NAMES, ConfigError, ConfigSettings, _split_a
                             check_nvme_path, nvme_buffer_size_for, offload_config)
 from helpers.memory import estimate_activations, estimate_model_states
 from helpers.models import model_shape
-from helpers.planner import BudgetError, plan, preflight
+from helpers.planner import BudgetError, PlanHost, plan, preflight
 
 GPT2_EMBEDDING = 50257 * 768  # GPT-2 124M's largest tensor
+
+FRESH = PlanHost(ram_in_use=0)  # plan's host: nothing else in RAM (a fresh runtime)
 
 
 def suggested(message: str, name: str):
@@ -241,7 +243,8 @@ def test_preflight_checks_the_swap_buffers_against_the_model(t4):
 
 
 def test_plan_sizes_nvme_buffers_for_the_model(t4, tmp_path):
-    p = plan("gpt2-6.7b", 3, offload_optimizer="nvme", offload_param="nvme", runtime=t4, nvme_path=str(tmp_path))
+    p = plan("gpt2-6.7b", 3, offload_optimizer="nvme", offload_param="nvme", runtime=t4,
+             host=PlanHost(nvme_path=str(tmp_path)))
     assert not p.error
     assert p.config["zero_optimization"]["offload_param"]["buffer_size"] >= model_shape("gpt2-6.7b").largest_layer_params
 
@@ -301,7 +304,7 @@ def test_train_run_checks_the_disk_a_config_built_without_n_params_needs_before_
     import torch
 
     import helpers.config
-    from helpers.train import _check_nvme_need, train_run
+    from helpers.train import MeasureSettings, _check_nvme_need, train_run
 
     cfg = build_ds_config(3, precision="fp32", offload_optimizer="nvme", nvme_path=str(tmp_path))  # no n_params
     monkeypatch.setattr(helpers.config, "NVME_MIN_FREE_BYTES", 10**5)  # the floor passes: the disk is "big enough"
@@ -316,7 +319,8 @@ def test_train_run_checks_the_disk_a_config_built_without_n_params_needs_before_
     blocks = [{"input_ids": torch.zeros(8, dtype=torch.long)} for _ in range(4)]
     with pytest.raises(ConfigError, match=r"has 0.00 GB free, but my-model \(0.2M parameters\) writes about 0.00 GB "
                                           r"there .* Refused before DeepSpeed started. Fix: point nvme_path") as err:
-        train_run("nvme", factory, blocks, runtime=cpu, ds_config=cfg, steps=2, progress=False, model_name="my-model")
+        train_run("nvme", factory, blocks, runtime=cpu, ds_config=cfg, steps=2, model_name="my-model",
+                  measure=MeasureSettings(progress=False))
     assert len(built) == 1 and sorted(p.name for p in tmp_path.iterdir()) == []
     with pytest.raises(ConfigError, match=r"train without NVMe offload"):  # under 1M parameters: no smaller size
         _check_nvme_need(cfg, 200_000)
@@ -360,7 +364,7 @@ def test_plan_refuses_a_sequence_longer_than_the_model_s_positions_and_the_fix_f
     with pytest.raises(ConfigError, match=r"seq_len=2048 is longer than gpt2-medium takes: it has 1024 positions.*"
                                           r"IndexError.*Fix: seq_len=1024") as err:
         plan("gpt2-medium", seq_len=2048, runtime=t4)
-    fixed = plan("gpt2-medium", seq_len=suggested(str(err.value), "seq_len"), runtime=t4, ram_in_use=0)
+    fixed = plan("gpt2-medium", seq_len=suggested(str(err.value), "seq_len"), runtime=t4, host=FRESH)
     assert not fixed.error and fixed.report.fits
     assert model_shape("gpt2-medium").n_positions == 1024 and model_shape("1.3B").n_positions == 1024
 
@@ -391,7 +395,7 @@ def test_train_run_refuses_blocks_longer_than_the_model_s_positions_before_a_ste
     from transformers import AutoModelForCausalLM
 
     from helpers.models import gpt2_config
-    from helpers.train import train_run
+    from helpers.train import MeasureSettings, train_run
 
     config = build_ds_config(0, precision="fp32", micro_batch_size=2, settings=ConfigSettings(scheduler=None))
     built = []
@@ -400,7 +404,8 @@ def test_train_run_refuses_blocks_longer_than_the_model_s_positions_before_a_ste
         built.append(1)
         return AutoModelForCausalLM.from_config(gpt2_config("gpt2-tiny", n_positions=64, vocab_size=64))
 
-    kw = dict(runtime=cpu, ds_config=config, plain_pytorch=True, steps=1, progress=False, untimed_steps=0)
+    kw = dict(runtime=cpu, ds_config=config, plain_pytorch=True, steps=1,
+              measure=MeasureSettings(progress=False, untimed_steps=0))
     # the built model says its positions: refused before deepspeed.initialize and the first step
     with pytest.raises(ConfigError, match=r"blocks hold 128 tokens, longer than the model gpt2-tiny takes: it has 64 "
                                           r"positions.*IndexError.*Fix: seq_len=64") as err:
@@ -565,7 +570,7 @@ def test_a_home_relative_nvme_path_is_expanded_not_made_literally(tmp_path, monk
 
 
 def test_a_device_name_is_not_a_runtime(cpu):
-    for call in (lambda rt: build_ds_config(2, runtime=rt), lambda rt: plan("gpt2", runtime=rt, ram_in_use=0),
+    for call in (lambda rt: build_ds_config(2, runtime=rt), lambda rt: plan("gpt2", runtime=rt, host=FRESH),
                  lambda rt: offload_config("zero2_offload_cpu", rt)):
         with pytest.raises(ConfigError, match=r"needs runtime=helpers.detect_runtime\(\) \(got 'cpu', a str\)\. "
                                               r"A runtime is not a device name.*Fix: runtime=helpers.detect_runtime"):
@@ -573,7 +578,7 @@ def test_a_device_name_is_not_a_runtime(cpu):
     import helpers
 
     fixed = helpers.detect_runtime()  # the fix
-    assert build_ds_config(2, runtime=fixed) and plan("gpt2-tiny", runtime=fixed, ram_in_use=0).report
+    assert build_ds_config(2, runtime=fixed) and plan("gpt2-tiny", runtime=fixed, host=FRESH).report
 
 
 @pytest.mark.parametrize("model, fix_match", [(None, "got None, a NoneType"), (float("nan"), r"got nan"),
@@ -581,7 +586,7 @@ def test_a_device_name_is_not_a_runtime(cpu):
 def test_plan_refuses_a_model_that_is_none_of_its_kinds(model, fix_match, t4):
     with pytest.raises(ValueError, match=rf"{fix_match}.*Fix: model=") as err:
         plan(model, runtime=t4)
-    assert not plan(suggested(str(err.value), "model"), runtime=t4, ram_in_use=0).error
+    assert not plan(suggested(str(err.value), "model"), runtime=t4, host=FRESH).error
 
 
 def test_plan_refuses_a_folder_without_a_saved_model(tmp_path, t4):
@@ -614,13 +619,13 @@ def test_offload_config_refuses_a_largest_param_that_is_not_a_count(bad, expecte
 
 @pytest.mark.parametrize("steps", [2.5, 0, -1, "10", True])
 def test_train_run_steps_must_be_a_positive_integer(steps, cpu, clean_dist_env):
-    from helpers.train import train_run
+    from helpers.train import MeasureSettings, train_run
 
     built = []
     config = build_ds_config(0, precision="fp32", micro_batch_size=2, settings=ConfigSettings(scheduler=None))
     with pytest.raises(ConfigError, match=r"steps must be a positive integer.*Fix: steps=") as err:
         train_run("x", lambda: built.append(1), tiny_blocks(8), runtime=cpu, ds_config=config, plain_pytorch=True,
-                  steps=steps, progress=False)
+                  steps=steps, measure=MeasureSettings(progress=False))
     assert not built
     assert suggested(str(err.value), "steps") >= 1
 
@@ -649,26 +654,27 @@ def test_record_figure_keeps_numpy_and_torch_numbers(tmp_path, monkeypatch):
 @pytest.mark.parametrize("bad", [-1, float("nan"), "1e9"])
 def test_ram_in_use_must_be_a_byte_count(bad, t4):
     with pytest.raises(ConfigError, match=r"ram_in_use must be a non-negative number.*Fix: ram_in_use=") as err:
-        plan("gpt2", runtime=t4, ram_in_use=bad)
+        plan("gpt2", runtime=t4, host=PlanHost(ram_in_use=bad))
     fix = suggested(str(err.value), "ram_in_use")
-    assert plan("gpt2", runtime=t4, ram_in_use=fix).report.fits
+    assert plan("gpt2", runtime=t4, host=PlanHost(ram_in_use=fix)).report.fits
     with pytest.raises(ConfigError, match="ram_in_use must be a non-negative number"):
         preflight(build_ds_config(2, runtime=t4), 10**6, t4, ram_in_use=bad)
 
 
 def test_plan_says_a_named_nvme_folder_is_missing_with_the_fix(t4, tmp_path):
     missing = tmp_path / "nvme"
-    nvme = dict(stage=3, offload_optimizer="nvme", ram_in_use=0)
-    p = plan("gpt2", runtime=t4, nvme_path=str(missing), **nvme)
+    nvme = dict(stage=3, offload_optimizer="nvme")
+    p = plan("gpt2", runtime=t4, host=PlanHost(nvme_path=str(missing), ram_in_use=0), **nvme)
     assert p.report is None and "config refused" in str(p)
     assert f"NVMe offload folder {str(missing)!r} does not exist. Fix: create it first" in p.error
     os.makedirs(re.search(r"os.makedirs\('([^']+)'", p.error).group(1), exist_ok=True)  # the fix
-    fixed = plan("gpt2", runtime=t4, nvme_path=str(missing), **nvme)
+    fixed = plan("gpt2", runtime=t4, host=PlanHost(nvme_path=str(missing), ram_in_use=0), **nvme)
     assert not fixed.error and fixed.report.fits
     # a what-if runtime stands for another machine: its folder is not looked for here
     from helpers.hardware import colab_t4_profile
 
-    assert not plan("gpt2", runtime=colab_t4_profile(), nvme_path="/content/nvme-elsewhere", **nvme).error
+    assert not plan("gpt2", runtime=colab_t4_profile(),
+                    host=PlanHost(nvme_path="/content/nvme-elsewhere", ram_in_use=0), **nvme).error
 
 
 @pytest.mark.slow
@@ -677,13 +683,13 @@ def test_a_run_s_precision_is_the_config_s(cpu, clean_dist_env):
     from transformers import AutoModelForCausalLM
 
     from helpers.models import gpt2_config
-    from helpers.train import train_run
+    from helpers.train import MeasureSettings, train_run
 
     def factory():
         return AutoModelForCausalLM.from_config(gpt2_config("gpt2-tiny", n_positions=64, vocab_size=64))
 
     config = build_ds_config(1, precision="bf16", micro_batch_size=2, settings=ConfigSettings(scheduler=None))
-    kw = dict(runtime=cpu, steps=1, progress=False, untimed_steps=0)
+    kw = dict(runtime=cpu, steps=1, measure=MeasureSettings(progress=False, untimed_steps=0))
     assert cpu.precision == "fp32"
     assert train_run("bf16", factory, tiny_blocks(16), ds_config=config, **kw).precision == "bf16"
     assert train_run("plain", factory, tiny_blocks(16), ds_config=config, plain_pytorch=True, **kw).precision == "fp32"
@@ -761,13 +767,13 @@ def test_a_run_shorter_than_its_warm_up_times_its_last_step_not_none(cpu, clean_
     from transformers import AutoModelForCausalLM
 
     from helpers.models import gpt2_config
-    from helpers.train import train_run
+    from helpers.train import MeasureSettings, train_run
 
     config = build_ds_config(0, precision="fp32", micro_batch_size=2, settings=ConfigSettings(scheduler=None))
     r = train_run("short", lambda: AutoModelForCausalLM.from_config(gpt2_config("gpt2-tiny", n_positions=64,
                                                                                 vocab_size=64)),
-                  tiny_blocks(32), runtime=cpu, ds_config=config, plain_pytorch=True, steps=2, untimed_steps=2,
-                  progress=False)
+                  tiny_blocks(32), runtime=cpu, ds_config=config, plain_pytorch=True, steps=2,
+                  measure=MeasureSettings(untimed_steps=2, progress=False))
     assert r.tokens_per_s > 0 and r.extras["timed_steps"] == 1
 
 

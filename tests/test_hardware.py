@@ -215,7 +215,7 @@ def test_the_colab_profile_without_a_gpu_has_colab_s_budgets_and_says_so(monkeyp
 
     import torch
 
-    from helpers.planner import plan
+    from helpers.planner import PlanHost, plan
 
     if torch.cuda.is_available():
         pytest.skip("CPU-only expectations")
@@ -232,15 +232,16 @@ def test_the_colab_profile_without_a_gpu_has_colab_s_budgets_and_says_so(monkeyp
     text = str(rt)
     assert "Colab profile without a GPU" in text and "no T4 VRAM budget" in text
     assert "VRAM capped" not in text and "T4 budget mode asked for" not in text  # no promise it does not keep
-    nvme = plan("gpt2-tiny", 3, offload_optimizer="nvme", runtime=rt, nvme_path=str(tmp_path), ram_in_use=0)
+    nvme = plan("gpt2-tiny", 3, offload_optimizer="nvme", runtime=rt,
+                host=PlanHost(nvme_path=str(tmp_path), ram_in_use=0))
     assert nvme.report.disk_budget == rt.disk_free_bytes  # the runtime and plan agree
     assert nvme.report.ram_budget == rt.ram_budget_bytes
     # off the profile: the machine's own numbers, as before
     monkeypatch.setenv(hardware.COLAB_PROFILE_ENV, "0")
     here = detect_runtime()
     assert not here.is_colab and here.disk_free_bytes == int(76.8e9) and here.ram_budget_bytes == here.ram_total_bytes
-    assert plan("gpt2-tiny", 3, offload_optimizer="nvme", runtime=here, nvme_path=str(tmp_path),
-                ram_in_use=0).report.disk_budget == int(76.8e9)
+    assert plan("gpt2-tiny", 3, offload_optimizer="nvme", runtime=here,
+                host=PlanHost(nvme_path=str(tmp_path), ram_in_use=0)).report.disk_budget == int(76.8e9)
 
 
 @pytest.mark.parametrize("capability, kernels_left_on", [((9, 0), False), ((7, 5), True)])

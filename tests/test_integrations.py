@@ -19,7 +19,7 @@ from helpers.runtime import hf_deepspeed_state, reset_hf_deepspeed_state
 from helpers.launch import PROGRAMS, accelerate_config_yaml, launch_commands, run_ranks
 from helpers.models import load_causal_lm, save_model_from_config
 from helpers.runtime import DIST_ENV_VARS, setup_single_process
-from helpers.train import train_run
+from helpers.train import MeasureSettings, train_run
 
 VOCAB = 1024
 SEQ = 32
@@ -125,7 +125,8 @@ def test_raw_engine_trainer_and_accelerate_follow_the_same_loss_trajectory(work,
         raw_factory = lambda: build_zero3_model(cfg, model_dir)  # noqa: E731
     else:
         raw_factory = lambda: load_causal_lm(model_dir)  # noqa: E731
-    raw = train_run("raw", raw_factory, blocks, runtime=rt, ds_config=cfg, steps=STEPS, progress=False)
+    raw = train_run("raw", raw_factory, blocks, runtime=rt, ds_config=cfg, steps=STEPS,
+                    measure=MeasureSettings(progress=False))
     data = ordered_blocks(blocks, MB, STEPS * accum)
     trainer = run_trainer("Trainer", lambda: load_causal_lm(model_dir), data, runtime=rt, ds_config=cfg,
                           steps=STEPS, output_dir=root / f"trainer{stage}", progress=False)

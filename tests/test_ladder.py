@@ -269,12 +269,13 @@ def test_the_planner_and_preflight_name_the_measured_fresh_runtime_run_for_gpt2_
     rt = helpers.colab_t4_profile()
     measured = helpers.planner.measured_fresh_runtime("zero3_nvme_optimizer_gpu_params", "gpt2-xl")
     assert measured and measured["fits"] and measured["peak_ram_gb"] <= measured["ram_limit_gb"] + 0.05
-    p = helpers.plan("gpt2-xl", 2, runtime=rt, ram_in_use=int(2.34e9))
+    p = helpers.plan("gpt2-xl", 2, runtime=rt, host=helpers.planner.PlanHost(ram_in_use=int(2.34e9)))
     assert not p.report.fits
     fix = p.report.fix()
     assert "from a fresh runtime" in fix and "zero3_nvme_optimizer_gpu_params" in fix
     assert helpers.fresh_runtime_command("zero3_nvme_optimizer_gpu_params", "gpt2-xl") in fix
-    nvme = helpers.plan("gpt2-xl", 3, offload_optimizer="nvme", runtime=rt, zero_init=True, ram_in_use=int(2.34e9))
+    nvme = helpers.plan("gpt2-xl", 3, offload_optimizer="nvme", runtime=rt, zero_init=True,
+                        host=helpers.planner.PlanHost(ram_in_use=int(2.34e9)))
     assert not nvme.report.fits and "measured from a fresh runtime" in str(nvme)
     assert helpers.planner.config_kind(nvme.config) == "zero3_nvme_optimizer_gpu_params"
     assert helpers.planner.config_kind(helpers.course_config("zero2")) is None

@@ -17,7 +17,7 @@ from helpers.moe import (ZERO3_REFUSAL, MoEHooks, RoutingRecorder, analytic_flop
                          committed_report_note, count_moe_params, evenness, expert_capacity, measure_flops_per_token,
                          moe_ds_config, moe_param_groups, moe_table, most_even, speed_verdicts, zero3_refusal)
 from helpers.runtime import DIST_ENV_VARS, setup_single_process
-from helpers.train import RunResult, train_run
+from helpers.train import MeasureSettings, RunResult, train_run
 
 TINY = GPTConfig(vocab_size=512, seq_len=32, hidden=32, layers=4, heads=2, ffn=128, num_experts=4, k=1)
 
@@ -130,9 +130,9 @@ def test_recorder_counts_add_up_and_drop_above_capacity():
 def moe_run(name, cfg, train, rt, steps, mb, **kwargs):
     """One MoE run as notebook 03 makes it: train_run with the MoE hooks, the model from build_gpt."""
     probe = kwargs.pop("probe", None)
-    return train_run(name, lambda: build_gpt(cfg, seed=0), train, runtime=rt, steps=steps, progress=False,
+    return train_run(name, lambda: build_gpt(cfg, seed=0), train, runtime=rt, steps=steps,
                      ds_config=moe_ds_config(rt, micro_batch=mb, lr=3e-3, steps=steps),
-                     hooks=MoEHooks(cfg, probe=probe), **kwargs)
+                     measure=MeasureSettings(progress=False, hooks=MoEHooks(cfg, probe=probe), **kwargs))
 
 
 @pytest.mark.slow
@@ -245,8 +245,9 @@ def test_an_interrupted_moe_run_removes_its_gate_hooks(blocks):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        train_run("stopped", lambda: model, train, runtime=rt, steps=3, progress=False, hooks=Stop(cfg),
-                  ds_config=moe_ds_config(rt, micro_batch=4, steps=3))
+        train_run("stopped", lambda: model, train, runtime=rt, steps=3,
+                  ds_config=moe_ds_config(rt, micro_batch=4, steps=3),
+                  measure=MeasureSettings(progress=False, hooks=Stop(cfg)))
     gates = [m for m in model.modules() if isinstance(m, TopKGate)]
     assert gates and all(not g._forward_hooks for g in gates)
 

@@ -53,7 +53,8 @@ def test_repeated_nvme_param_offload_runs_keep_rss_flat(tmp_path, clean_dist_env
     rss, locked = [], []
     for i in range(3):
         r = helpers.train_run(f"nvme {i}", lambda: helpers.checkpoints.build_zero3_model(cfg, config=config, seed=0), blocks,
-                              runtime=runtime, ds_config=cfg, steps=2, untimed_steps=1, progress=False)
+                              runtime=runtime, ds_config=cfg, steps=2,
+                              measure=helpers.train.MeasureSettings(untimed_steps=1, progress=False))
         assert not r.error, r.error
         rss.append(release_host_memory())
         locked.append(_locked_bytes())
@@ -112,8 +113,8 @@ def test_tearing_down_one_nvme_run_leaves_another_live_engine_working(tmp_path, 
     first = step()
     run = dict(lr=3e-4, warmup_steps=1)
     r = helpers.train_run("other", lambda: helpers.checkpoints.build_zero3_model(nvme_config("other", **run), config=config, seed=1),
-                          blocks, runtime=runtime, ds_config=nvme_config("other", **run), steps=2, untimed_steps=1,
-                          progress=False)
+                          blocks, runtime=runtime, ds_config=nvme_config("other", **run), steps=2,
+                          measure=helpers.train.MeasureSettings(untimed_steps=1, progress=False))
     assert not r.error, r.error
     later = [step() for _ in range(2)]  # the live engine still swaps its parameters in and out
     assert all(torch.isfinite(torch.tensor(later))) and later[-1] < first + 0.5, (first, later)
@@ -154,7 +155,8 @@ def test_repeated_nvme_runs_keep_the_folder_flat_and_report_their_own_disk_use(t
     sizes, disk = [], []
     for i in range(5):
         r = helpers.train_run(f"nvme {i}", lambda: helpers.checkpoints.build_zero3_model(cfg, config=config, seed=0), blocks,
-                              runtime=runtime, ds_config=cfg, steps=2, untimed_steps=1, progress=False)
+                              runtime=runtime, ds_config=cfg, steps=2,
+                              measure=helpers.train.MeasureSettings(untimed_steps=1, progress=False))
         assert not r.error, r.error
         sizes.append(folder_bytes(folder))
         disk.append(r.disk_gb)
@@ -168,7 +170,8 @@ def test_repeated_nvme_runs_keep_the_folder_flat_and_report_their_own_disk_use(t
 
     with pytest.raises(KeyboardInterrupt):
         helpers.train_run("interrupted", lambda: helpers.checkpoints.build_zero3_model(cfg, config=config, seed=0), blocks,
-                          runtime=runtime, ds_config=cfg, steps=4, progress=False, on_step=stop)
+                          runtime=runtime, ds_config=cfg, steps=4,
+                          measure=helpers.train.MeasureSettings(progress=False, on_step=stop))
     assert folder_bytes(folder) == start and [e for e in live_engines() if id(e) not in engines_before] == []
     leftovers = [str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()]
     assert leftovers == ["notes.txt"], leftovers
@@ -226,7 +229,7 @@ def test_a_run_is_refused_before_it_starts_when_leftovers_fill_the_folder(tmp_pa
     monkeypatch.setattr("helpers.config.shutil.disk_usage", lambda p: usage(10**8, 10**8 - 10**6, 10**6))
     with pytest.raises(ConfigError) as info:
         helpers.train_run("full", lambda: pytest.fail("the model must not be built"), blocks, runtime=runtime,
-                          ds_config=cfg, steps=2, progress=False)
+                          ds_config=cfg, steps=2, measure=helpers.train.MeasureSettings(progress=False))
     message = str(info.value)
     assert "3 DeepSpeed swap files that earlier runs left" in message, message
     assert f"helpers.runtime.remove_nvme_leftovers({str(tmp_path)!r})" in message, message

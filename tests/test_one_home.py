@@ -17,7 +17,8 @@ from helpers.config import ConfigSettings, build_ds_config, check_nvme_path
 from helpers.memory import estimate_run
 from helpers.models import model_shape
 from helpers.step_time import estimate_step_time
-from helpers.train import _check_nvme_need, _check_nvme_space, _nvme_folders, _nvme_need_by_folder, train_run
+from helpers.train import (MeasureSettings, _check_nvme_need, _check_nvme_space, _nvme_folders, _nvme_need_by_folder,
+                           train_run)
 
 MODULES = (helpers.config, helpers.train, helpers.planner)
 
@@ -74,7 +75,7 @@ def test_nvme_checks_keep_no_state_and_each_run_checks_its_own_configs_folder(tm
     blocks = [{"input_ids": torch.zeros(8, dtype=torch.long)} for _ in range(4)]
     with pytest.raises(ConfigError, match=f"{str(small)!r} has only 10 MB free"):
         train_run("small", lambda: pytest.fail("the model must not be built"), blocks, runtime=cpu,
-                  ds_config=cfg_small, steps=2, progress=False)
+                  ds_config=cfg_small, steps=2, measure=MeasureSettings(progress=False))
     assert "nvme_path" not in __import__("inspect").signature(train_run).parameters  # the config is its one home
 
 

@@ -9,8 +9,10 @@ from conftest import fake_runtime
 from helpers.config import ConfigSettings, build_ds_config
 from helpers.memory import estimate_activations
 from helpers.models import GPT2_LADDER, model_shape
-from helpers.planner import BudgetError, plan, preflight
+from helpers.planner import BudgetError, PlanHost, plan, preflight
 from helpers.planner_ui import planner_widget
+
+FRESH = PlanHost(ram_in_use=0)  # plan's host: nothing else in RAM (a fresh runtime)
 
 
 def test_ladder_sizes_match_the_published_gpt2_family():
@@ -240,7 +242,7 @@ PLANS = [dict(stage=2), dict(stage=2, offload_optimizer="cpu"), dict(stage=3, of
 @pytest.mark.parametrize("settings", PLANS, ids=lambda s: "-".join(map(str, s.values())))
 def test_every_total_is_the_sum_of_its_shown_rows(where, settings, request):
     runtime = request.getfixturevalue(where)
-    p = plan("gpt2-xl", runtime=runtime, ram_in_use=int(1.3e9), **settings)
+    p = plan("gpt2-xl", runtime=runtime, host=PlanHost(ram_in_use=int(1.3e9)), **settings)
     r = p.report
     assert r.gpu_needed == sum(r.gpu_rows.values()) and r.ram_needed == sum(r.ram_rows.values())
     assert r.disk_needed == sum(r.disk_rows.values())
@@ -264,7 +266,8 @@ def test_every_total_is_the_sum_of_its_shown_rows(where, settings, request):
 
 def test_the_nvme_plan_s_ram_is_derivable_from_its_table(t4):
     """The issue's case: 23.16 GB of RAM in the verdict against 2.543 + 24.348 GiB in a table without the model copy."""
-    p = plan("gpt2-xl", 3, offload_optimizer="nvme", offload_param="nvme", runtime=t4, ram_in_use=int(2e9))
+    p = plan("gpt2-xl", 3, offload_optimizer="nvme", offload_param="nvme", runtime=t4,
+             host=PlanHost(ram_in_use=int(2e9)))
     _, rows = _printed_table(str(p))
     ram = {name: cells[1] for name, cells in rows.items() if name not in ("total", "budget") and cells[1]}
     assert set(ram) == {"grads", "buffers", "step on host", "runtime", "model copy", "already in use"}
@@ -276,7 +279,7 @@ def test_a_what_if_runtime_keeps_its_own_disk_budget(cpu, tmp_path):
     from helpers.hardware import colab_t4_profile
 
     colab = colab_t4_profile(disk_free_gb=70.0)
-    nvme = dict(stage=3, offload_optimizer="nvme", offload_param="nvme", nvme_path=str(tmp_path))
+    nvme = dict(stage=3, offload_optimizer="nvme", offload_param="nvme", host=PlanHost(nvme_path=str(tmp_path)))
     assert plan("gpt2", runtime=colab, **nvme).report.disk_budget == int(70e9)
     here = plan("gpt2", runtime=cpu, **nvme).report.disk_budget  # this machine: the folder's free space now
     assert here != cpu.disk_free_bytes and abs(here - shutil.disk_usage(tmp_path).free) < 1e8
@@ -285,7 +288,7 @@ def test_a_what_if_runtime_keeps_its_own_disk_budget(cpu, tmp_path):
 def test_a_cpu_runtime_shows_no_gpu_column_no_gpu_count_and_one_unit_convention(cpu):
     from helpers.planner import UNITS
 
-    p = plan("gpt2-xl", runtime=cpu, ram_in_use=int(1e9))
+    p = plan("gpt2-xl", runtime=cpu, host=PlanHost(ram_in_use=int(1e9)))
     text = str(p)
     assert "GPU GiB" not in text and "GPU(s)" not in text and "no GPU" in text
     assert text.count(UNITS) == 1 and "CPU GiB" not in text  # RAM in GB, stated once
@@ -639,20 +642,20 @@ def test_a_cpu_runtime_counts_the_batch_and_steps_without_a_multi_tensor_tempora
     """gpt2-xl at ZeRO-2 on a CPU runtime: 43.81 GB at micro-batch 4 and 16 alike (the activations sat under a GPU's
     multi-tensor AdamW temporary, which torch's AdamW on CPU does not make). Now the step's temporaries are the fp32
     gradient copy (4 bytes/param) and the batch moves the total once its activations pass them."""
-    totals = {mb: plan("gpt2-xl", 2, micro_batch_size=mb, runtime=cpu, ram_in_use=0).report for mb in (4, 16)}
+    totals = {mb: plan("gpt2-xl", 2, micro_batch_size=mb, runtime=cpu, host=FRESH).report for mb in (4, 16)}
     n = model_shape("gpt2-xl").n_params
     assert totals[4].step_transient_bytes == 4 * n and "step temporaries" in totals[4].ram_rows
     assert totals[16].ram_needed > totals[4].ram_needed and "activations" in totals[16].ram_rows
-    longer = plan("gpt2-xl", 2, micro_batch_size=16, seq_len=1024, runtime=cpu, ram_in_use=0).report
+    longer = plan("gpt2-xl", 2, micro_batch_size=16, seq_len=1024, runtime=cpu, host=FRESH).report
     assert longer.ram_needed > totals[16].ram_needed
 
 
 def test_when_the_activations_do_not_fit_the_fix_is_a_smaller_micro_batch_that_fits(cpu, monkeypatch):
-    big = plan("gpt2-medium", 2, micro_batch_size=64, seq_len=1024, runtime=cpu, ram_in_use=0)
+    big = plan("gpt2-medium", 2, micro_batch_size=64, seq_len=1024, runtime=cpu, host=FRESH)
     assert not big.report.fits and big.report.batch_suggestion == {"micro_batch_size": 16}
     assert big.report.fix().startswith("Fix: micro_batch_size=16 with the same config")
     assert "gradient_accumulation_steps x4" in big.report.fix() and "a batch predicted to fit" in str(big)
-    assert plan("gpt2-medium", 2, micro_batch_size=16, seq_len=1024, runtime=cpu, ram_in_use=0).report.fits
+    assert plan("gpt2-medium", 2, micro_batch_size=16, seq_len=1024, runtime=cpu, host=FRESH).report.fits
     monkeypatch.delenv("DS_COURSE_SAVED_RUN", raising=False)
     monkeypatch.setattr("helpers.planner.rss_bytes", lambda: 0)
     verdict, apply, controls, _ = _parts(planner_widget(cpu, model="gpt2-medium"))
@@ -668,10 +671,10 @@ def test_when_micro_batch_1_does_not_fit_the_fix_shortens_the_sequence(cpu):
     import dataclasses
 
     tight = dataclasses.replace(cpu, ram_budget_bytes=int(9.5e9))
-    p = plan("gpt2-medium", 2, micro_batch_size=4, seq_len=1024, checkpointing=False, runtime=tight, ram_in_use=0)
+    p = plan("gpt2-medium", 2, micro_batch_size=4, seq_len=1024, checkpointing=False, runtime=tight, host=FRESH)
     fix = p.report.batch_suggestion
     assert fix == {"micro_batch_size": 1, "seq_len": 512}, p.report.fix()
-    assert plan("gpt2-medium", 2, checkpointing=False, runtime=tight, ram_in_use=0, **fix).report.fits
+    assert plan("gpt2-medium", 2, checkpointing=False, runtime=tight, host=FRESH, **fix).report.fits
 
 
 @pytest.mark.parametrize("where, settings, expected", [
@@ -697,10 +700,10 @@ def test_a_refused_combination_gets_an_apply_that_ends_the_refusal(where, settin
 def test_cpu_offload_on_a_cpu_runtime_says_offload_needs_a_gpu(cpu, t4):
     from helpers.planner_ui import _verdict_html
 
-    p = plan("gpt2", 2, offload_optimizer="cpu", runtime=cpu, ram_in_use=0)
+    p = plan("gpt2", 2, offload_optimizer="cpu", runtime=cpu, host=FRESH)
     assert "CPU offload needs a GPU" in str(p) and "CPU offload needs a GPU" in _verdict_html(p, "gpt2")
-    assert "needs a GPU" not in str(plan("gpt2", 2, offload_optimizer="cpu", runtime=t4, ram_in_use=0))
-    assert "needs a GPU" not in str(plan("gpt2", 2, runtime=cpu, ram_in_use=0))
+    assert "needs a GPU" not in str(plan("gpt2", 2, offload_optimizer="cpu", runtime=t4, host=FRESH))
+    assert "needs a GPU" not in str(plan("gpt2", 2, runtime=cpu, host=FRESH))
 
 
 def test_a_restarted_kernel_s_planner_gives_way_to_the_copy_with_its_re_run_note(t4):
@@ -737,7 +740,7 @@ def test_a_course_config_at_a_smaller_batch_comes_before_a_smaller_model(cpu, mo
     from helpers.planner import FALLBACK_LADDER
     from helpers.planner_ui import _suggested_settings
 
-    p = plan("gpt2-xl", 2, micro_batch_size=16, runtime=cpu, ram_in_use=0)
+    p = plan("gpt2-xl", 2, micro_batch_size=16, runtime=cpu, host=FRESH)
     r = p.report
     assert not r.fits and r.batch_suggestion is None and r.smaller_model is None, r.fix()
     assert r.suggestion_kind in FALLBACK_LADDER and r.suggestion_batch, r.fix()
@@ -746,18 +749,18 @@ def test_a_course_config_at_a_smaller_batch_comes_before_a_smaller_model(cpu, mo
     assert f"micro_batch_size={batch}" in str(p)
     settings = _suggested_settings(p)
     assert settings["micro_batch_size"] == batch and "model" not in settings
-    assert plan("gpt2-xl", runtime=cpu, ram_in_use=0, **settings).report.fits  # the fix passes the same check
+    assert plan("gpt2-xl", runtime=cpu, host=FRESH, **settings).report.fits  # the fix passes the same check
     # what came before it did not fit: ZeRO-2 at each smaller batch, each course config at micro-batch 16, and
     # each course config before the suggested one at every smaller micro-batch; the suggested one at twice its batch
     kinds = list(FALLBACK_LADDER)
     for mb in (8, 4, 2, 1):
-        assert not plan("gpt2-xl", 2, micro_batch_size=mb, runtime=cpu, ram_in_use=0).report.fits
+        assert not plan("gpt2-xl", 2, micro_batch_size=mb, runtime=cpu, host=FRESH).report.fits
     for kind in kinds:
         kw = dict(NAMED_CONFIGS[kind].kwargs)
-        at16 = plan("gpt2-xl", micro_batch_size=16, zero_init=kw["stage"] == 3, runtime=cpu, ram_in_use=0, **kw)
+        at16 = plan("gpt2-xl", micro_batch_size=16, zero_init=kw["stage"] == 3, runtime=cpu, host=FRESH, **kw)
         assert not at16.report.fits, kind
         for mb in (8, 4, 2, 1):
-            fits = plan("gpt2-xl", micro_batch_size=mb, zero_init=kw["stage"] == 3, runtime=cpu, ram_in_use=0,
+            fits = plan("gpt2-xl", micro_batch_size=mb, zero_init=kw["stage"] == 3, runtime=cpu, host=FRESH,
                         **kw).report.fits
             if kinds.index(kind) < kinds.index(r.suggestion_kind) or (kind == r.suggestion_kind and mb > batch):
                 assert not fits, (kind, mb)

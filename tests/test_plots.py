@@ -109,11 +109,12 @@ def test_in_a_notebook_a_figure_is_displayed_where_it_is_made_and_not_returned(m
 
 def test_a_plan_is_drawn_as_stacked_bars_of_its_table_rows_against_this_runtimes_budgets():
     from conftest import fake_runtime
-    from helpers.planner import plan
+    from helpers.planner import PlanHost, plan
     from helpers.plots import GB, GiB, plot_plan
 
     t4 = fake_runtime()
-    p = plan("gpt2-xl", 3, offload_optimizer="nvme", offload_param="nvme", runtime=t4, ram_in_use=int(1e9))
+    p = plan("gpt2-xl", 3, offload_optimizer="nvme", offload_param="nvme", runtime=t4,
+             host=PlanHost(ram_in_use=int(1e9)))
     fig = plot_plan(p, show=False)
     gpu, ram, disk = fig.axes
     for ax, rows, unit, budget in ((gpu, p.report.gpu_rows, GiB, 14.34), (ram, p.report.ram_rows, GB, 12.13),
@@ -131,12 +132,13 @@ def test_a_plan_is_drawn_as_stacked_bars_of_its_table_rows_against_this_runtimes
 
 def test_a_cpu_runtime_is_drawn_without_a_gpu_panel_and_several_plans_side_by_side():
     from conftest import fake_runtime
-    from helpers.planner import plan
+    from helpers.planner import PlanHost, plan
     from helpers.plots import plot_plans
 
     cpu = fake_runtime(device="cpu", gpu_name=None, compute_capability=None, gpu_total_bytes=0, vram_budget_bytes=0,
                        ram_total_bytes=int(24e9), ram_budget_bytes=int(24e9), gpu_count=0, precision="fp32")
-    plans = [plan("gpt2", s, offload_optimizer=o, runtime=cpu, ram_in_use=int(1e9)) for s, o in ((2, "none"),
+    plans = [plan("gpt2", s, offload_optimizer=o, runtime=cpu,
+                  host=PlanHost(ram_in_use=int(1e9))) for s, o in ((2, "none"),
                                                                                                   (2, "cpu"))]
     plans.append(plan("gpt2", 2, offload_param="cpu", runtime=cpu))  # refused: left out
     fig = plot_plans(plans, title="this runtime", show=False)
@@ -151,10 +153,11 @@ def test_the_planner_s_picture_keeps_its_size_and_readable_labels_in_a_narrow_co
     import re
 
     from conftest import fake_runtime
-    from helpers.planner import plan
+    from helpers.planner import PlanHost, plan
     from helpers.plots import figure_html, plot_plan
 
-    p = plan("gpt2-xl", 3, offload_optimizer="nvme", offload_param="nvme", runtime=fake_runtime(), ram_in_use=0)
+    p = plan("gpt2-xl", 3, offload_optimizer="nvme", offload_param="nvme", runtime=fake_runtime(),
+             host=PlanHost(ram_in_use=0))
     fig = plot_plan(p, show=False)
     fig.canvas.draw() if hasattr(fig.canvas, "draw") else None
     sizes = [t.get_fontsize() for t in fig.findobj(lambda a: hasattr(a, "get_fontsize") and getattr(a, "get_text",
@@ -175,11 +178,11 @@ def test_the_planner_s_picture_fits_the_column_beside_an_open_file_browser_whole
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     from conftest import fake_runtime
-    from helpers.planner import plan
+    from helpers.planner import PlanHost, plan
     from helpers.plots import plot_plan
 
     runtime = fake_runtime(gpu_name="NVIDIA H100 80GB HBM3", t4_budget=True, emulation="cgroup")
-    p = plan("gpt2-xl", 3, runtime=runtime, ram_in_use=int(1e9), **offload)
+    p = plan("gpt2-xl", 3, runtime=runtime, host=PlanHost(ram_in_use=int(1e9)), **offload)
     fig = plot_plan(p, show=False)
     width, height = (v * 100 for v in fig.get_size_inches())
     assert width <= 449

@@ -210,18 +210,20 @@ def test_reports_labelled_before_issue_51_count_as_measured_under_the_earlier_ca
 def test_the_planners_margin_is_shown_not_hidden_in_the_budget():
     """A plan within GPU_TIGHT_MARGIN of the budget fits, and says it is tight: in its verdict line, its table's notes
     and the widget; one below the margin says nothing of it."""
-    from helpers.planner import GPU_TIGHT_MARGIN, plan
+    from helpers.planner import GPU_TIGHT_MARGIN, PlanHost, plan
     from helpers.planner_ui import _verdict_html
 
     t4 = colab_t4_profile()
-    p = plan("gpt2-medium", 2, micro_batch_size=16, seq_len=1024, runtime=t4, ram_in_use=int(1e9))
+    p = plan("gpt2-medium", 2, micro_batch_size=16, seq_len=1024, runtime=t4, host=PlanHost(ram_in_use=int(1e9)))
     r = p.report
     assert r.gpu_budget == int(T4_VRAM_GIB * GiB) and r.gpu_tight_from == int(r.gpu_budget * (1 - GPU_TIGHT_MARGIN))
     assert r.fits and r.tight and r.gpu_tight_from < r.gpu_needed <= r.gpu_budget
     assert "-> fits (tight: GPU" in str(r) and "within 5% of its 14.34 GiB budget (above 13.62)" in str(r)
     assert "tight when GPU passes 13.62 GiB" in r.table()
     assert "<b style=\"color:#1b7f3b\">fits, tight</b>" in _verdict_html(p, "gpt2-medium")
-    roomy = plan("gpt2-medium", 2, micro_batch_size=4, seq_len=1024, runtime=t4, ram_in_use=int(1e9)).report
+    roomy = plan("gpt2-medium", 2, micro_batch_size=4, seq_len=1024, runtime=t4,
+                 host=PlanHost(ram_in_use=int(1e9))).report
     assert roomy.fits and not roomy.tight and "tight" not in str(roomy) and roomy.tight_note == ""
-    over = plan("gpt2-large", 0, micro_batch_size=16, seq_len=1024, runtime=t4, ram_in_use=int(1e9)).report
+    over = plan("gpt2-large", 0, micro_batch_size=16, seq_len=1024, runtime=t4,
+                host=PlanHost(ram_in_use=int(1e9))).report
     assert not over.fits and not over.tight  # over the budget is not tight: it does not fit

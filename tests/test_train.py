@@ -13,7 +13,10 @@ from helpers.data import load_text_dataset, pack_blocks, train_tokenizer
 from helpers.hardware import detect_runtime
 from helpers.memory import estimate_peak, estimate_step_transient
 from helpers.models import load_causal_lm, save_model_from_config
-from helpers.train import RunResult, RunSettings, TrainHooks, compare_speed, results_table, train_run
+from helpers.train import (MeasureSettings, RunResult, RunSettings, TrainHooks, compare_speed, results_table,
+                           train_run)
+
+QUIET = MeasureSettings(progress=False)  # the measurement settings of a test run: no progress bar
 
 
 @pytest.fixture(scope="module")
@@ -41,14 +44,15 @@ def test_zero_stages_follow_the_same_loss_trajectory_and_loss_falls(setup):
         return course_config(name, rt, micro_batch_size=4, lr=3e-3, warmup_steps=1)
 
     runs = [train_run(f"ZeRO-{s}", lambda: load_causal_lm(model_dir), blocks, runtime=rt, ds_config=config(f"zero{s}"),
-                      steps=8, progress=False) for s in (0, 2, 3)]
+                      steps=8, measure=QUIET) for s in (0, 2, 3)]
     for r in runs:
         assert r.losses[-1] < r.losses[0] - 0.3, r.losses
         assert r.tokens_per_s > 0 and r.params > 0 and r.micro_batch == 4 and r.grad_accum == 1
     for r in runs[1:]:  # partitioning changes where states live, not the arithmetic
         assert r.losses == pytest.approx(runs[0].losses, rel=1e-4)
     plain = train_run("plain", lambda: load_causal_lm(model_dir), blocks, runtime=rt, ds_config=config("plain"),
-                      plain_pytorch=True, steps=8, progress=False, eval_every=4, val_blocks=blocks)
+                      plain_pytorch=True, steps=8, measure=MeasureSettings(progress=False, eval_every=4,
+                                                                          val_blocks=blocks))
     assert plain.losses[-1] < plain.losses[0] - 0.3 and plain.config == "plain PyTorch"
     assert [s for s, _ in plain.val_losses] == [4, 8] and plain.val_loss == plain.val_losses[-1][1]
     # the same config: the same batches (micro-batch 4) and warm-up (no update in step 0), so the same first losses
@@ -70,7 +74,7 @@ def test_plain_pytorch_follows_deepspeeds_schedule_step_for_step(setup):
         return course_config(name, rt, micro_batch_size=4, lr=3e-3, warmup_steps=1)
 
     runs = {name: train_run(name, lambda: load_causal_lm(model_dir), blocks, runtime=rt, ds_config=config(name),
-                            plain_pytorch=name == "plain", steps=steps, progress=False)
+                            plain_pytorch=name == "plain", steps=steps, measure=QUIET)
             for name in ("plain", "zero0", "zero1", "zero2")}
     # warmup_num_steps 1 is clamped to 2: the initial lr (warmup_min_lr), then 0/2, 1/2 and 2/2 of the lr
     expected = [0.0, 0.0, 1.5e-3] + [3e-3] * (steps - 3)
@@ -126,7 +130,7 @@ def test_the_config_sets_batch_accumulation_lr_and_warmup(setup):
             seen.append(output.logits.shape[0])
 
     r = train_run("accum", lambda: load_causal_lm(model_dir), blocks, runtime=rt, ds_config=cfg, steps=2,
-                  progress=False, hooks=Count())
+                  measure=MeasureSettings(progress=False, hooks=Count()))
     assert (r.micro_batch, r.grad_accum, len(r.losses)) == (2, 2, 2)
     assert seen == [2, 2, 2, 2]  # 2 steps x 2 micro-batches of 2 blocks
     with pytest.raises(ValueError, match="train_micro_batch_size_per_gpu"):
@@ -200,7 +204,7 @@ def test_out_of_memory_is_reported_not_raised(setup):
 
     rt = detect_runtime()
     r = train_run("plain", too_big, blocks, runtime=rt, ds_config=course_config("plain", rt), plain_pytorch=True,
-                  steps=2, progress=False)
+                  steps=2, measure=QUIET)
     assert r.error.startswith("CUDA out of memory: tried to allocate 20.00 GiB")
     assert r.extras["raw_error"] == "CUDA out of memory. Tried to allocate 20.00 GiB"  # torch's own text is kept
     assert r.losses == [] and r.tokens_per_s == 0
@@ -253,7 +257,7 @@ def test_the_models_output_is_gone_before_backward(setup, plain):
     rt = detect_runtime()
     train_run("watch", lambda: load_causal_lm(model_dir), blocks, runtime=rt, plain_pytorch=plain,
               ds_config=course_config("plain" if plain else "zero2", rt, micro_batch_size=4), steps=2,
-              hooks=Watch(), progress=False)
+              measure=MeasureSettings(hooks=Watch(), progress=False))
     assert alive_in_backward == [False, False]
 
 
@@ -294,16 +298,17 @@ def test_compare_speed_calls_a_difference_only_when_the_middle_halves_do_not_ove
 def test_train_run_records_the_seconds_of_each_timed_step(setup):
     blocks, model_dir = setup
     rt = detect_runtime()
-    r = train_run("timed", lambda: load_causal_lm(model_dir), blocks, runtime=rt, steps=6, untimed_steps=2,
-                  ds_config=course_config("zero2", rt, micro_batch_size=2), progress=False, eval_every=3,
-                  val_blocks=blocks)
+    r = train_run("timed", lambda: load_causal_lm(model_dir), blocks, runtime=rt, steps=6,
+                  ds_config=course_config("zero2", rt, micro_batch_size=2),
+                  measure=MeasureSettings(untimed_steps=2, progress=False, eval_every=3, val_blocks=blocks))
     assert len(r.step_seconds) == 4 and all(s > 0 for s in r.step_seconds)  # steps 2-5; evaluation not inside
     assert sum(r.step_seconds) <= r.seconds
     low, mid, high = r.speed_spread()
     assert 0 < low <= mid <= high and len(r.step_tokens_per_s()) == 4
     assert RunResult.from_dict(json.loads(json.dumps(r.as_dict()))).step_seconds == r.step_seconds
-    plain = train_run("plain", lambda: load_causal_lm(model_dir), blocks, runtime=rt, steps=3, untimed_steps=2,
-                      ds_config=course_config("plain", rt, micro_batch_size=2), plain_pytorch=True, progress=False)
+    plain = train_run("plain", lambda: load_causal_lm(model_dir), blocks, runtime=rt, steps=3,
+                      ds_config=course_config("plain", rt, micro_batch_size=2), plain_pytorch=True,
+                      measure=MeasureSettings(untimed_steps=2, progress=False))
     assert len(plain.step_seconds) == 1 and "one timed step" in plain.speed_text()
 
 
@@ -375,8 +380,8 @@ def test_an_interrupted_train_run_leaves_no_engine_nor_model_reachable(setup, mo
     clean_slate({})  # an engine an earlier test of this worker left (test order varies with pytest-xdist)
     assert live_engines() == []
     with pytest.raises(KeyboardInterrupt) as info:
-        train_run("interrupted", factory, blocks, runtime=rt, ds_config=cfg, steps=8, progress=False,
-                  on_step=on_step)
+        train_run("interrupted", factory, blocks, runtime=rt, ds_config=cfg, steps=8,
+                  measure=MeasureSettings(progress=False, on_step=on_step))
     held = info.value  # the exception with its traceback, still referenced here
     assert held.__traceback__ is not None
     gc.collect()
