@@ -65,6 +65,12 @@ DEEPSPEED_WORKAROUNDS: tuple[Workaround, ...] = (
     Workaround("aio thread count key", "config.build_ds_config", CHECKED,
                "the older aio key thread_count is ignored without a warning: configs write intra_op_parallelism",
                "not filed; runtime/swap_tensor/aio_config.py"),
+    Workaround("allocator retries counted again by each new ZeRO-3 engine", "runtime._forget_allocator_retries",
+               CHECKED,
+               "stage-3's step compares the process's cumulative num_alloc_retries with a count each new engine starts "
+               "at 0: after one out-of-memory error every later engine warns of cache flushes at its first step "
+               "(notebook 02's checkpoint section, a 124M model, three warnings)",
+               "not filed; runtime/zero/stage3.py step (n_caching_allocator_flushes = 0 in __init__)"),
     Workaround("plain PyTorch on DeepSpeed's own scheduler", "train.lr_scheduler_from_config", CHECKED,
                "WarmupLR warms up over at least 2 steps, its first updates at warmup_min_lr: a plain baseline on its "
                "own LambdaLR trains a step ahead (notebook 01)",
