@@ -118,6 +118,18 @@ def test_readme_nvme_speeds_and_the_gpt2_xl_claim_are_the_reports():
             f"{top['tokens_per_s']:.0f} tokens/s, lr {top['lr']:g})") in README
 
 
+def test_readme_2p7b_speed_is_the_committed_report_and_says_it_is_speed_only():
+    """Issue 42 item 2: the README's 2.7B speed at 16 x 8 is reports/offload_speed_2p7b.json's row, with its T4
+    estimate, and says the row's 2 steps did not lower the loss (no 'trains' from it)."""
+    report = json.loads((ROOT / "reports" / "offload_speed_2p7b.json").read_text())
+    row = max(report["rows"], key=lambda r: r["tokens_per_s"])
+    assert not row["fits"] and row["reason"].startswith("loss did not fall")
+    assert (f"at {row['micro_batch']} x {row['grad_accum']} micro-batches per step {row['tokens_per_s']:,.0f} tokens/s "
+            f"in {row['peak_rss_gb']:.2f} GB (T4 estimate {report['t4_estimate']['tokens_per_s']:.0f}; "
+            f"`reports/offload_speed_2p7b.md`: {report['settings']['steps']} steps at constant lr, speed only, its loss "
+            "rose)") in " ".join(README.split())
+
+
 def test_readme_offload_speed_numbers_are_the_committed_report():
     """Issue 24: the README's lever-by-lever NVMe numbers are reports/offload_speed.json's rows."""
     report = json.loads((ROOT / "reports" / "offload_speed.json").read_text())
