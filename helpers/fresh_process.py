@@ -440,6 +440,7 @@ RAM_ROW_WORDS = {
     "activations": "activations", "buffers": "offload/swap buffers", "step on host": "fp16 overflow check, a moment",
     "runtime": "training process's growth", "staging": "zero.Init leftovers (CPU run)",
     "model copy": "fp32 model built in RAM first", "step temporaries": "optimizer step's temporaries",
+    "pinned copy": "pinned gradient copy at initialize",
     "already in use": "this kernel + a fresh child",
 }
 # short column heads of the RAM account, per course config (helpers.config.OFFLOAD_KINDS)

@@ -28,7 +28,7 @@ GB = 1000**3
 # one colour per row of a memory breakdown or plan (helpers.memory.COMPONENTS, helpers.planner's extra rows)
 COLORS = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A868", "activations": "#C44E52",
           "step temporaries": "#E6A5A5", "buffers": "#8172B3", "staging": "#DA8BC3",
-          "step on host": "#F0B6D8", "runtime": "#CCB974", "model copy": "#937860",
+          "step on host": "#F0B6D8", "runtime": "#CCB974", "model copy": "#937860", "pinned copy": "#64B5CD",
           "already in use": "#BBBBBB"}
 BUDGET_COLOR = "#C44E52"
 TIGHT_COLOR = "#B8860B"  # a GPU total inside the planner's margin below the budget (planner.GPU_TIGHT_MARGIN)
