@@ -204,10 +204,9 @@ def with_summary(report: dict[str, Any]) -> dict[str, Any]:
     gpu = report["runtime"].split()[0]
     # the T4 estimate is of the best row; with none (every row's loss judged on too few steps, issue 42's 2.7B run of
     # 2 steps), of the fastest row that finished within RAM and disk, and the text says its loss did not count
-    ran = [r for r in rows if (r.get("measured") or {}).get("step_s") and r["peak_rss_gb"] <= report["ram_budget_gb"]
-           and r["disk_gb"] <= COLAB_NVME_BUDGET_BYTES / GB]
-    row = best and next(r for r in rows if r["lever"] == best["lever"]) or max(ran, key=lambda r: r["tokens_per_s"],
-                                                                               default=None)
+    row = best or max((r for r in rows if (r.get("measured") or {}).get("step_s")
+                       and r["peak_rss_gb"] <= report["ram_budget_gb"] and r["disk_gb"] <= COLAB_NVME_BUDGET_BYTES / GB),
+                      key=lambda r: r["tokens_per_s"], default=None)
     if row and report.get("emulation") and gpu in DATASHEET_FP16_TFLOPS and (row.get("measured") or {}).get("step_s"):
         proj = project_to_gpu(row["components_s"], row["measured"]["step_s"],
                               row["micro_batch"] * row["grad_accum"] * report["settings"]["seq_len"], measured_on=gpu)

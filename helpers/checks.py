@@ -25,15 +25,18 @@ def _as_number(value: Any) -> float | None:
     return float(value)
 
 
+def spelled_fix(assignment: str, within: str = "") -> str:
+    """`name=value` as a refusal's fix writes it: inside `within`'s call when given (within="settings=ConfigSettings":
+    settings=ConfigSettings(name=value), a build_ds_config setting), else as it is."""
+    return f"{within}({assignment})" if within else assignment
+
+
 def check_number(name: str, value: Any, *, positive: bool, integer: bool, example: Any, hint: str = "",
                  within: str = "") -> None:
     """Refuse anything but a positive (or non-negative) number, an int where `integer`, with ConfigError whose fix
     (`example`, or the value itself when it was a number in a string) passes this check; `hint` is appended.
     `within`: the call the setting is passed in, e.g. "settings=ConfigSettings": the fix then reads
     settings=ConfigSettings(name=...)."""
-    def spelled(assignment: str) -> str:
-        return f"{within}({assignment})" if within else assignment
-
     def passes(v: Any) -> bool:
         number = _as_number(v)
         return (number is not None and (isinstance(v, int) or not integer)
@@ -41,7 +44,7 @@ def check_number(name: str, value: Any, *, positive: bool, integer: bool, exampl
 
     if passes(value):
         return
-    fix = spelled(f"{name}={example!r}")
+    fix = spelled_fix(f"{name}={example!r}", within)
     candidate: Any = None
     if isinstance(value, str):
         with contextlib.suppress(ValueError):
@@ -51,8 +54,8 @@ def check_number(name: str, value: Any, *, positive: bool, integer: bool, exampl
     if isinstance(candidate, float) and integer and candidate.is_integer():
         candidate = int(candidate)
     if candidate is not None and passes(candidate):
-        fix = spelled(f"{name}={candidate!r}") + (" (a number, not a string)" if isinstance(value, str) else
-                                                  " (an int)")
+        fix = spelled_fix(f"{name}={candidate!r}", within) + (" (a number, not a string)" if isinstance(value, str)
+                                                              else " (an int)")
     kind = ("a positive " if positive else "a non-negative ") + ("integer" if integer else "number")
     got = repr(value) if _as_number(value) is not None else f"{value!r}, a {type(value).__name__}"
     raise ConfigError(f"{name} must be {kind} (got {got}). Fix: {fix}{hint}.")

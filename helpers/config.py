@@ -25,7 +25,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from helpers.atomic import write_atomically
-from helpers.checks import ConfigError, check_number, check_offload_device, check_runtime
+from helpers.checks import ConfigError, check_number, check_offload_device, check_runtime, spelled_fix
 from helpers.memory import estimate_for_config
 
 if TYPE_CHECKING:
@@ -42,15 +42,10 @@ SCHEDULERS = (None, "WarmupLR", "WarmupDecayLR")
 IN_SETTINGS = "settings=ConfigSettings"
 
 
-def _spelled(assignment: str, within: str = "") -> str:
-    """`name=value` as a fix writes it: inside `within`'s call (IN_SETTINGS: settings=ConfigSettings(name=value))."""
-    return f"{within}({assignment})" if within else assignment
-
-
 def _check_int(name: str, value: Any, within: str = "") -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ConfigError(f"{name} must be a positive integer (got {value!r}). Fix: pass "
-                          f"{_spelled(f'{name}=1', within)} or more; to fit less memory per step, lower "
+                          f"{spelled_fix(f'{name}=1', within)} or more; to fit less memory per step, lower "
                           "micro_batch_size and raise grad_accum_steps.")
 
 
@@ -232,7 +227,7 @@ def check_nvme_buffers(buffer_count: Any, buffer_size: Any, *, element_bytes: in
     if isinstance(buffer_count, bool) or not isinstance(buffer_count, int) or buffer_count < 1:
         raise ConfigError(f"nvme_buffer_count must be an integer >= 1 (got {buffer_count!r}): DeepSpeed swaps each "
                           "parameter through one of these buffers, and with none it fails in initialize ('No swap "
-                          f"buffers to allocate'). Fix: {_spelled('nvme_buffer_count=8', within)} "
+                          f"buffers to allocate'). Fix: {spelled_fix('nvme_buffer_count=8', within)} "
                           "(the course's value).")
     smallest = NVME_MIN_SWAPPED_BYTES // element_bytes
     needed = max(int(largest_param), smallest)
@@ -241,7 +236,7 @@ def check_nvme_buffers(buffer_count: Any, buffer_size: Any, *, element_bytes: in
                 f"the smallest tensor DeepSpeed swaps to NVMe ({smallest:,} elements of {element_bytes} bytes = 1 MiB)")
         raise ConfigError(f"nvme_buffer_size must hold {what} (got {buffer_size!r}); DeepSpeed fails in initialize "
                           f"with 'More elements ... than buffer size'. Fix: "
-                          f"{_spelled(f'nvme_buffer_size={nvme_buffer_size_for(needed)}', within)} "
+                          f"{spelled_fix(f'nvme_buffer_size={nvme_buffer_size_for(needed)}', within)} "
                           "(helpers.config.nvme_buffer_size_for(largest_param)).")
 
 
@@ -264,8 +259,8 @@ def _check_flag(name: str, value: Any, within: str = "") -> None:
         return
     meant = _FLAG_WORDS.get(value.strip().lower()) if isinstance(value, str) else (
         bool(value) if isinstance(value, int) and value in (0, 1) else None)
-    fix = (_spelled(f"{name}={meant!r}", within) if meant is not None else
-           f"{_spelled(f'{name}=True', within)} (on) or {_spelled(f'{name}=False', within)} (off)")
+    fix = (spelled_fix(f"{name}={meant!r}", within) if meant is not None else
+           f"{spelled_fix(f'{name}=True', within)} (on) or {spelled_fix(f'{name}=False', within)} (off)")
     raise ConfigError(f"{name} must be True or False (got {value!r}, a {type(value).__name__}: any non-empty "
                       f"string counts as on). Fix: {fix}.")
 

@@ -505,10 +505,12 @@ def ladder_flags(row: dict[str, Any], settings: dict[str, Any]) -> str:
     # DeepSpeed's WarmupLR warms up over 2 steps at least: a warm-up below that is the same run
     if steps and max(2, _warmup_ran(row, steps)) != max(2, ladder_warmup_steps(steps)):
         flags += f" --warmup-steps {_warmup_ran(row, steps)}"
-    if (row.get("micro_batch") or settings.get("micro_batch") or LADDER_MICRO_BATCH) != LADDER_MICRO_BATCH:
-        flags += f" --micro-batch {row.get('micro_batch') or settings['micro_batch']}"
-    if (row.get("grad_accum") or settings.get("grad_accum") or 1) != 1:
-        flags += f" --grad-accum {row.get('grad_accum') or settings['grad_accum']}"
+    micro_batch = row.get("micro_batch") or settings.get("micro_batch") or LADDER_MICRO_BATCH
+    if micro_batch != LADDER_MICRO_BATCH:
+        flags += f" --micro-batch {micro_batch}"
+    grad_accum = row.get("grad_accum") or settings.get("grad_accum") or 1
+    if grad_accum != 1:
+        flags += f" --grad-accum {grad_accum}"
     if row.get("chunked_overflow_check"):
         flags += " --chunked-overflow-check"
     return flags
