@@ -31,6 +31,8 @@
 #                 the course's overflow check) in the emulation, ~12 min: started in its own session, polled 540 s;
 #   big_curve_collect  the next call, AT ONCE (the machine goes back after 30 s idle): polls 540 s more and brings
 #                 back ladder_2p7b_curve.json/.md and curve.log (commit as reports/ladder_2p7b_curve.*)
+# CURVE_POLL=SECONDS: how long big_curve / big_curve_collect wait for the curve (default 540; after `notebooks` in the
+#   same call: CURVE_POLL=$(( 585 - SECONDS )) bash scripts/gpu_pending.sh big_curve).
 # DRAFTS="01": drafts_alone promotes and runs that draft only (with RUNS=a and the context: ~220 s).
 # RUNS=a: drafts_alone and speed_twice run each notebook once (no verdicts.md; ~300 s for drafts_alone).
 # PROMOTE="00 01 04": the notebooks step promotes these drafts only (default: every draft in the checkout).
@@ -145,12 +147,12 @@ step_big_curve() {
     --untimed-steps 1 --lr 1e-4 --warmup-steps 6 --chunked-overflow-check --nvme-path /tmp/curve-nvme \
     --work-dir /tmp/curve/work --out /tmp/curve/ladder_2p7b_curve.json >/tmp/curve/curve.log 2>&1
     echo $? >/tmp/curve/DONE' </dev/null >/dev/null 2>&1 &
-  curve_poll 540
+  curve_poll "${CURVE_POLL:-540}"  # CURVE_POLL=180: after another step in the same call
 }
 
 step_big_curve_collect() {
   [ -d /tmp/curve ] || { say "no /tmp/curve here: a fresh machine (the last one went back); run big_curve again"; return 1; }
-  curve_poll 540
+  curve_poll "${CURVE_POLL:-540}"
 }
 
 [ $# -gt 0 ] || { echo "usage: gpu_pending.sh notebooks|context_long|speed_twice|drafts_alone|zero0|big_speed|big_curve|big_curve_collect|bf16_ram ..." >&2; exit 2; }
