@@ -131,6 +131,37 @@ def rejudge(path: Path) -> dict:
     return report
 
 
+# what a merged row keeps of its own report's settings where the target report's differ (ladder_flags reads them)
+RUN_SETTINGS = ("micro_batch", "grad_accum", "warmup_steps", "steps")
+
+
+def merge_from(path: Path, source: Path) -> dict:
+    """Merge the rungs that ran in the ladder report `source` into the report at `path`, replacing its rows of the same
+    (config, model), then judge every row again (`rejudge`). Each merged row carries the settings of its own run
+    (RUN_SETTINGS, its runtime) so that helpers.planner.fresh_runtime_command repeats that run (issue 42: the 2.7B
+    curve, run on its own, into the emulated ladder). Both must have been measured with the same budgets."""
+    target, extra = json.loads(path.read_text()), json.loads(source.read_text())
+    same = ("ram_gb", "disk_gb")  # the VRAM cap may differ (helpers.T4_VRAM_GIB moved): each row's runtime names its own
+    if ([extra["budgets"][k] for k in same] != [target["budgets"][k] for k in same]
+            or target["precision"] != extra["precision"]):
+        raise SystemExit(f"--merge-from {source}: its budgets/precision ({extra['budgets']}, {extra['precision']}) are "
+                         f"not {path}'s ({target['budgets']}, {target['precision']}); a rung is only comparable under "
+                         f"the same RAM and disk limits. Fix: run it again with {path}'s settings (--emulate for an "
+                         "emulated ladder)")
+    ran = [r for r in extra["rows"] if r.get("ran") and not r.get("timed_out")]
+    if not ran:
+        raise SystemExit(f"--merge-from {source}: no rung ran to the end there, nothing to merge. Fix: run the rung "
+                         "again (benchmarks/ladder.py --rerun CONFIG:SIZE)")
+    settings = {**{"grad_accum": 1}, **extra["settings"]}
+    stamped = [{**r, "runtime": r.get("runtime") or extra["runtime"], "date": r.get("date") or extra["date"],
+                **{k: r.get(k, settings[k]) for k in RUN_SETTINGS if k in settings}} for r in ran]
+    new = {(r["config"], r["model"]): r for r in stamped}
+    rows = [new.pop((r["config"], r["model"]), r) for r in target["rows"]]  # in place, the report's order kept
+    target["rows"] = rows + list(new.values())
+    path.write_text(json.dumps(target, indent=2) + "\n")
+    return rejudge(path)
+
+
 def predict(name: str, size: str, runtime, nvme: str | None, micro_batch: int, seq_len: int,
             baseline_rss_gb: float, chunked_overflow_check: bool = False) -> dict:
     """Estimated peak VRAM (GiB), RSS (GB) and disk (GB) of a rung, before running it."""
@@ -267,10 +298,13 @@ def markdown(report: dict) -> str:
     own = [r for r in report["rows"] if r.get("ran", True) and ladder_flags(r, s)]
     if own:
         lines += ["", "Rungs run with their own settings (the rest: lr "
-                  f"{LR:g}, {s['steps']} steps, DeepSpeed's overflow check):", ""]
+                  f"{LR:g}, {s['steps']} steps, micro-batch {s['micro_batch']}, DeepSpeed's overflow check):", ""]
         for r in own:
             steps = r.get("steps", s["steps"])
-            lines.append(f"- {r['model']} {r['config']}: lr {r.get('lr', LR):g}, {steps} steps "
+            mb, accum = r.get("micro_batch", s["micro_batch"]), r.get("grad_accum", s.get("grad_accum", 1))
+            batch = (f"micro-batch {mb} x {accum} per optimizer step ({mb * accum * s['seq_len']:,} tokens), "
+                     if (mb, accum) != (s["micro_batch"], s.get("grad_accum", 1)) else "")
+            lines.append(f"- {r['model']} {r['config']}: {batch}lr {r.get('lr', LR):g}, {steps} steps "
                          f"({r.get('untimed_steps', LADDER_UNTIMED_STEPS)} untimed, warm-up "
                          f"{helpers.planner._warmup_ran(r, steps)}), losses "
                          f"{', '.join(f'{x:.2f}' for x in r['losses'])}, skipped steps {r.get('skipped_steps')}"
@@ -323,8 +357,18 @@ def main(argv: list[str] | None = None) -> int:
                         "CPU cores each (e.g. 0:zero3_nvme_optimizer,zero2_offload_cpu 1:zero3_nvme_all)")
     p.add_argument("--rejudge", action="store_true",
                    help="judge the rows of --out again by today's rules (fits, learns) and rewrite it; run nothing")
+    p.add_argument("--merge-from", type=Path, default=None, metavar="REPORT",
+                   help="merge the rungs that ran in REPORT (another ladder report, same budgets) into --out, each "
+                        "with its own settings, replacing the same rungs there; then --rejudge; run nothing")
     args = p.parse_args(argv)
     args.warmup_steps = args.warmup_steps or ladder_warmup_steps(args.steps)
+    if args.merge_from is not None:
+        for f in (args.out, args.merge_from):
+            if not f.is_file():
+                raise SystemExit(f"--merge-from merges one ladder report into --out, and {f} is not a file. Fix: "
+                                 "--out reports/ladder_colab_emulation.json --merge-from <the rung's report>")
+        print(markdown(merge_from(args.out, args.merge_from)))
+        return 0
     if args.rejudge:
         if not args.out.is_file():
             raise SystemExit(f"--rejudge reads --out, and {args.out} is not a file. Fix: --out reports/ladder.json")

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from conftest import ROOT, fake_runtime
+import helpers.planner
 from helpers.records import report_gb
 
 spec = importlib.util.spec_from_file_location("ladder", ROOT / "benchmarks" / "ladder.py")
@@ -428,3 +429,51 @@ def test_a_rerun_that_names_no_rung_is_refused_with_the_form_that_works(tmp_path
                            "--out", str(tmp_path / "l.json")], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and "--rerun garbage: each is CONFIG:SIZE" in proc.stderr
     assert "Fix: e.g. --rerun zero3_nvme_optimizer:gpt2-xl" in proc.stderr and not (tmp_path / "l.json").exists()
+
+
+def test_merge_from_puts_a_rung_run_on_its_own_into_a_ladder_with_its_settings(tmp_path, monkeypatch):
+    """--merge-from (issue 42 item 4): the 2.7B curve, run on its own at 16 x 4 over 13 steps, replaces the ladder's
+    2.7B row in place, carries its own micro-batch, accumulation, steps and warm-up, is judged by today's rules, and
+    the planner's fresh-runtime command built from the merged report repeats that run; a report with another RAM
+    budget, or with no rung that ran, is refused with the fix."""
+    budgets = {"vram_gib": 15.0, "ram_gb": 12.1, "disk_gb": 60.0}
+    row = dict(model="gpt2-2.7b", params=2_648_931_840, config="zero3_nvme_optimizer_gpu_params", ran=True, fits=True,
+               reason="", losses=[11.4, 11.4, 11.5, 16.4], peak_vram_gib=6.5, peak_rss_gb=10.9, disk_gb=42.4,
+               tokens_per_s=17.0, lr=5e-5, untimed_steps=2, chunked_overflow_check=True)
+    small = dict(row, model="gpt2-xl", params=1_557_611_200, chunked_overflow_check=False, lr=3e-4, untimed_steps=1)
+    target = {"runtime": "H200 in Colab T4 emulation (15 GiB VRAM)", "date": "2026-12-02", "precision": "fp16",
+              "settings": {"micro_batch": 2, "seq_len": 512, "steps": 4, "warmup_steps": 2}, "budgets": budgets,
+              "rows": [small, row, dict(row, model="gpt2-6.7b", ran=False, fits=False, reason="refused")]}
+    curve_losses = [11.4, 11.3, 10.9, 10.1, 9.2, 8.6, 8.1, 7.8, 7.6, 7.4, 7.3, 7.2, 7.1]
+    curve = {"runtime": "H100 in Colab T4 emulation (14.34 GiB VRAM)", "date": "2026-12-07", "precision": "fp16",
+             "settings": {"micro_batch": 16, "seq_len": 512, "steps": 13, "warmup_steps": 6, "grad_accum": 4,
+                          "chunked_overflow_check": True}, "budgets": {**budgets, "vram_gib": 14.34},
+             "rows": [dict(row, losses=curve_losses, lr=1e-4, untimed_steps=1, tokens_per_s=700.0, runtime="")]}
+    out, src = tmp_path / "ladder.json", tmp_path / "curve.json"
+    out.write_text(json.dumps(target))
+    src.write_text(json.dumps(curve))
+    assert ladder.main(["--out", str(out), "--merge-from", str(src)]) == 0
+    merged = json.loads(out.read_text())
+    assert [r["model"] for r in merged["rows"]] == ["gpt2-xl", "gpt2-2.7b", "gpt2-6.7b"]  # in place
+    big = merged["rows"][1]
+    assert (big["micro_batch"], big["grad_accum"], big["steps"], big["warmup_steps"]) == (16, 4, 13, 6)
+    assert big["runtime"] == curve["runtime"] and big["losses"] == curve_losses and big["learns"] is True
+    assert "grad_accum" not in merged["rows"][0] and merged["summary"]["largest_learning_per_config"] == {
+        "zero3_nvme_optimizer_gpu_params": {"model": "gpt2-2.7b", "params": 2_648_931_840}}
+    assert "gpt2-2.7b zero3_nvme_optimizer_gpu_params: micro-batch 16 x 4 per optimizer step (32,768 tokens)" in \
+        out.with_suffix(".md").read_text()
+    flags = helpers.planner.ladder_flags(big, merged["settings"])
+    for flag in ("--lr 0.0001", "--steps 13", "--micro-batch 16", "--grad-accum 4", "--chunked-overflow-check"):
+        assert flag in flags, (flag, flags)
+    # its warm-up of 6 is the ladder's default for 13 steps (half), its one untimed step the default too
+    assert helpers.planner.ladder_warmup_steps(13) == 6 and "--warmup-steps" not in flags
+    assert "--untimed-steps" not in flags
+    # refused: another RAM budget; nothing that ran
+    src.write_text(json.dumps({**curve, "budgets": {**budgets, "ram_gb": 50.0}}))
+    with pytest.raises(SystemExit, match="Fix: run it again"):
+        ladder.main(["--out", str(out), "--merge-from", str(src)])
+    src.write_text(json.dumps({**curve, "rows": [dict(curve["rows"][0], ran=False)]}))
+    with pytest.raises(SystemExit, match="nothing to merge"):
+        ladder.main(["--out", str(out), "--merge-from", str(src)])
+    with pytest.raises(SystemExit, match="Fix: --out"):
+        ladder.main(["--out", str(out), "--merge-from", str(tmp_path / "missing.json")])
