@@ -29,7 +29,7 @@ from helpers.runtime import reset_peak_stats, setup_single_process, teardown
 if TYPE_CHECKING:
     from helpers.hardware import Runtime
 
-__all__ = [ "pool_runs", "speed_ratios", "speed_rounds", "train_run", "results_table",
+__all__ = [ "pool_runs", "speed_rounds", "train_run", "results_table",
            "stage0_fp16_loss"]
 
 # fields written in GiB by reports before issue 14, now in GB (what `RunResult.from_dict` converts)
