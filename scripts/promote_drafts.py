@@ -16,7 +16,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DRAFTS = ROOT / "notebooks" / "drafts"
-WORK_DIR = re.compile(r'work_dir\(\\"nb(\d\d)-draft\\"\)(  # build/nb\d\d-draft \(build/nb\d\d once out of drafts/\))?')
+WORK_DIR = re.compile(r'work_dir\(\\"nb(\d\d)-draft\\"\)(  # build/nb\d\d-draft \(build/nb\d\d once out of drafts/\)'
+                      r'(?:: checkpoints and logs)?)?')
 
 
 def promoted_text(text: str) -> str:
