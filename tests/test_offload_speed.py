@@ -78,6 +78,10 @@ def test_committed_gpu_report_is_what_its_own_measurements_give(tmp_path):
         assert old.get("chunked_overflow_check", False) == (old["lever"] in bench.CHUNKED_CHECK)
     fitting = [r for r in report["rows"] if r["fits"]]
     assert report["best"]["lever"] == max(fitting, key=lambda r: r["tokens_per_s"])["lever"]
+    # 'batch_only' (notebook 02, the README): the fastest that fits with stock DeepSpeed, a slower row than 'best'
+    stock = [r for r in fitting if not r["patch"] and not r.get("chunked_overflow_check")]
+    assert report["batch_only"] == again["batch_only"] and report["batch_only"]["lever"] == max(
+        stock, key=lambda r: r["tokens_per_s"])["lever"] != report["best"]["lever"]
     best = next(r for r in report["rows"] if r["lever"] == report["best"]["lever"])
     proj = project_to_gpu(best["components_s"], best["measured"]["step_s"],
                           best["micro_batch"] * best["grad_accum"] * report["settings"]["seq_len"])
