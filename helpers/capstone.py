@@ -189,6 +189,7 @@ class ScriptRun:
     tail: list[str]  # the last lines the script printed (stdout and stderr)
     peak_main_rss_bytes: int = 0  # train.py's own process alone
     children: tuple[str, ...] = ()  # the processes train.py started (a compiler building an op, workers), by name
+    peak_with_kernel_bytes: int = 0  # this kernel's RSS + the script's process tree, sampled together (0: not sampled)
 
     @property
     def trained(self) -> bool:
@@ -200,14 +201,22 @@ class ScriptRun:
         return sum(self.losses[:k]) / k, sum(self.losses[-k:]) / k
 
     @property
+    def peak_ram_bytes(self) -> int:
+        """What the runtime's RAM held at the run's peak: this kernel and the script's process tree, sampled together
+        (the quantity the planner's RAM estimate and the budget are about); the tree alone where it was not sampled."""
+        return self.peak_with_kernel_bytes or self.peak_rss_bytes
+
+    @property
     def _ram_text(self) -> str:
-        """train.py's own peak RSS, and its process tree's where the processes it started (a compiler checking or
-        building an op) added more than 5 %."""
+        """The peak RSS of this kernel and the script together, then train.py's own peak, and its process tree's where
+        the processes it started (a compiler checking or building an op) added more than 5 %."""
         main = self.peak_main_rss_bytes or self.peak_rss_bytes
-        text = f"peak RAM (RSS) of train.py: {main / GB:.2f} GB"
+        text = f"train.py {main / GB:.2f} GB"
         if self.children and self.peak_rss_bytes > 1.05 * main:
-            text += f"; with the processes it started ({', '.join(self.children)}): {self.peak_rss_bytes / GB:.2f} GB"
-        return text
+            text += f" ({self.peak_rss_bytes / GB:.2f} GB with {', '.join(self.children)}, which it started)"
+        if self.peak_with_kernel_bytes:
+            return f"peak RAM (RSS) of this kernel and the script together: {self.peak_ram_bytes / GB:.2f} GB ({text})"
+        return f"peak RAM (RSS): {text}"
 
     def report(self, plan: "Plan", runtime: "Runtime") -> str:
         """The measured peaks beside the plan's estimate and the budgets, and a verdict from this run only."""
@@ -219,17 +228,18 @@ class ScriptRun:
         assert report is not None
         lines = [f"trained {len(self.losses)} steps in {self.seconds:.0f} s; loss {first:.3f} -> {last:.3f} (means of "
                  f"the first and last {k})",
-                 f"{self._ram_text}; planner's estimate "
-                 f"{report.ram_needed / GB:.2f} GB (with this kernel's RSS); budget {runtime.ram_budget_bytes / GB:.2f} GB",
+                 f"{self._ram_text}; planner's estimate {report.ram_needed / GB:.2f} GB (this kernel's RSS and the "
+                 f"model copy: the script's own Python, torch and CUDA libraries are not in it); budget "
+                 f"{runtime.ram_budget_bytes / GB:.2f} GB",
                  f"disk (the output folder, and an NVMe offload folder if the config has one): peak "
                  f"{self.peak_disk_bytes / GB:.2f} GB, of it the checkpoint {self.checkpoint_bytes / GB:.2f} GB"]
         if runtime.has_gpu:
             lines.insert(1, f"peak GPU memory (allocated): {self.peak_gpu_bytes / GiB:.2f} GiB; estimate "
                             f"{report.gpu_needed / GiB:.2f} GiB; budget {runtime.vram_budget_bytes / GiB:.2f} GiB")
             fits = (self.peak_gpu_bytes <= runtime.vram_budget_bytes
-                    and self.peak_rss_bytes <= runtime.ram_budget_bytes)
-            lines.append(f"verdict ({runtime.label}): trained; its measured peaks (GPU allocated, train.py's RSS) "
-                         + ("are within the budgets" if fits else "went over a budget"))
+                    and self.peak_ram_bytes <= runtime.ram_budget_bytes)
+            lines.append(f"verdict ({runtime.label}): trained; its measured peaks (GPU allocated; RAM of this kernel "
+                         "and the script) " + ("are within the budgets" if fits else "went over a budget"))
         else:
             lines.append(f"verdict (CPU numbers, {runtime.label}): trained at smoke size; this says nothing about a "
                          "T4, where the same cells run the Colab sizes")
@@ -356,13 +366,16 @@ def run_script(script: str | Path, args: list[str], *, out: str | Path, steps: i
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    peak_rss = peak_disk = peak_main = 0
+    peak_rss = peak_disk = peak_main = peak_together = 0
+    kernel = psutil.Process()
     children: dict[int, str] = {}
     bar = progress_bar(total=steps, desc=desc)
     shown: dict[str, str] = {}
     try:
         while proc.poll() is None:
-            peak_rss = max(peak_rss, _tree_rss(watched))
+            tree = _tree_rss(watched)
+            peak_rss = max(peak_rss, tree)
+            peak_together = max(peak_together, tree + kernel.memory_info().rss)
             try:
                 peak_main = max(peak_main, watched.memory_info().rss)
                 children.update({c.pid: c.name() for c in watched.children(recursive=True)})
@@ -397,7 +410,8 @@ def run_script(script: str | Path, args: list[str], *, out: str | Path, steps: i
                      losses=[r["loss"] for r in rows], step_seconds=[r["seconds"] for r in rows],
                      peak_rss_bytes=peak_rss, peak_gpu_bytes=max((r["peak_gpu_bytes"] for r in rows), default=0),
                      peak_disk_bytes=max(peak_disk, folder_bytes(out)), checkpoint_bytes=folder_bytes(out / "checkpoint"),
-                     tail=list(tail), peak_main_rss_bytes=peak_main, children=tuple(sorted(set(children.values()))))
+                     tail=list(tail), peak_main_rss_bytes=peak_main, children=tuple(sorted(set(children.values()))),
+                     peak_with_kernel_bytes=peak_together)
 
 
 def _remove_own_nvme(run: Path | None) -> None:

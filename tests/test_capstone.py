@@ -100,6 +100,8 @@ def test_the_script_trains_smoke_sized_on_cpu_and_both_checkpoints_load(tmp_path
                                       "--out", str(out), "--consolidate"], out=out, steps=3)
     assert run.trained, run.tail
     assert len(run.losses) == 3 and run.peak_rss_bytes > 0 and run.checkpoint_bytes > 0
+    # the kernel and the script were sampled together: more than the script alone, by about this kernel's RSS
+    assert run.peak_with_kernel_bytes > run.peak_rss_bytes and run.peak_ram_bytes == run.peak_with_kernel_bytes
     assert [json.loads(line)["step"] for line in (out / "loss.jsonl").read_text().splitlines()] == [1, 2, 3]
     assert (out / "checkpoint" / "final").is_dir() and "did not train" not in run.report(plan, runtime)
     model = AutoModelForCausalLM.from_pretrained(out / "fp32")
@@ -177,3 +179,26 @@ def test_an_nvme_run_swaps_in_this_kernels_own_folder_and_leaves_another_kernels
     from helpers.capstone import _own_nvme_run
 
     assert _own_nvme_run(args, str(base)) == (args, None) and not own.parent.exists()
+
+
+def test_the_run_report_judges_the_ram_of_this_kernel_and_the_script_together():
+    """Notebook 07 printed train.py's 5.12 GB RSS beside a plan of 3.46 GB that counts this kernel's RSS (2.04 GB) and
+    the model copy, and judged the budget on the script alone. The report now names what each number holds, puts the
+    kernel and the script, sampled together, beside the plan, and judges that sum: a script under the budget beside a
+    kernel that takes it over is over."""
+    from conftest import fake_runtime
+
+    GB = 1e9
+    runtime = fake_runtime()
+    kind, plan = helpers.pick_plan("gpt2-tiny", runtime, seq_len=32, micro_batch=2, ram_in_use=int(2 * GB))
+    base = dict(returncode=0, seconds=10.0, losses=[10.9, 9.0, 8.0, 7.0], step_seconds=[1.0] * 4,
+                peak_rss_bytes=int(5.12 * GB), peak_gpu_bytes=int(2**30), peak_disk_bytes=0, checkpoint_bytes=0,
+                tail=[], peak_main_rss_bytes=int(5.12 * GB))
+    within = helpers.capstone.ScriptRun(**base, peak_with_kernel_bytes=int(7.16 * GB)).report(plan, runtime)
+    assert "peak RAM (RSS) of this kernel and the script together: 7.16 GB (train.py 5.12 GB)" in within
+    assert "the script's own Python, torch and CUDA libraries are not in it" in within
+    assert within.endswith("are within the budgets")
+    over = helpers.capstone.ScriptRun(**base, peak_with_kernel_bytes=int(12.5 * GB)).report(plan, runtime)
+    assert over.endswith("went over a budget") and runtime.ram_budget_bytes < 12.5 * GB
+    alone = helpers.capstone.ScriptRun(**base).report(plan, runtime)  # not sampled together: the script alone
+    assert "peak RAM (RSS): train.py 5.12 GB" in alone and alone.endswith("are within the budgets")
