@@ -532,6 +532,20 @@ def _built_after_its_inputs(folder: str, ninja: str) -> bool:
     return all(library >= p.stat().st_mtime for p in inputs if p.exists())
 
 
+def _build_results(lines: list[str]) -> dict[str, str]:
+    """{op: "built in N s" | "not available here"} from the build child's "BUILT <Builder> <s>" / "SKIP <Builder>"
+    lines; every other line (the compiler's, blank ones: a fresh-clone run crashed on one, 2026-12-07) is skipped."""
+    by_class = {v: k for k, v in OP_BUILDERS.items()}
+    out = {}
+    for line in lines:
+        word, *rest = line.split() or [""]
+        if word == "BUILT" and len(rest) >= 2 and rest[0] in by_class:
+            out[by_class[rest[0]]] = f"built in {float(rest[1]):.0f} s"
+        elif word == "SKIP" and rest and rest[0] in by_class:
+            out[by_class[rest[0]]] = "not available here"
+    return out
+
+
 def build_ops(*names: str, timeout_s: float = 1800.0) -> dict[str, str]:
     """Compile DeepSpeed's JIT ops `names` now, in a fresh Python, before any measured run (notebook 02).
 
@@ -594,13 +608,7 @@ def build_ops(*names: str, timeout_s: float = 1800.0) -> dict[str, str]:
     done = sum(line.startswith(("BUILT", "SKIP")) for line in lines)
     bar.update(done - bar.n)
     bar.close()
-    by_class = {v: k for k, v in OP_BUILDERS.items()}
-    for line in lines:
-        word, *rest = line.split()
-        if word == "BUILT":
-            out[by_class[rest[0]]] = f"built in {float(rest[1]):.0f} s"
-        elif word == "SKIP":
-            out[by_class[rest[0]]] = "not available here"
+    out.update(_build_results(lines))
     missing = [n for n in todo if n not in out]
     if missing:
         tail = "\n".join(lines[-15:])

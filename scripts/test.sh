@@ -28,6 +28,10 @@ report() {
 }
 trap report EXIT
 bash scripts/setup.sh
+# DeepSpeed's JIT ops in this checkout's own cache: ~/.cache/torch_extensions is shared by every checkout and venv of
+# one Python on the machine, and a library another venv compiled there is compiled again on first use, wherever that
+# is (inside a notebook's 3 GB memory group, where g++ is killed: a fresh-clone run beside a local one, 2026-12-07)
+export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$PWD/build/torch_extensions}"
 echo "== installing requirements-dev.txt (pytest, nbmake, ruff)"
 .venv/bin/python -m pip --disable-pip-version-check install -q -r requirements-dev.txt
 phase "install"

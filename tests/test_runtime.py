@@ -374,3 +374,13 @@ def test_a_kernel_that_ran_out_of_memory_once_starts_the_next_engine_with_no_all
     stats["num_alloc_retries"] = 2  # a real flush under the next engine
     teardown({}, "engine")
     assert not deepspeed_warns_at_first_step()
+
+
+def test_build_ops_reads_its_childs_lines_and_skips_blank_and_compiler_ones():
+    """A fresh-clone run crashed in build_ops on a blank line of the build child's output (ValueError: not enough values
+    to unpack, notebook 02, 2026-12-07): only "BUILT <Builder> <s>" and "SKIP <Builder>" lines count."""
+    from helpers.runtime import _build_results
+
+    lines = ["", "   ", "[1/3] c++ -MMD -c cpu_adam.cpp", "BUILT CPUAdamBuilder 53.4", "SKIP FusedAdamBuilder",
+             "BUILT", "BUILT NoSuchBuilder 1.0", "warning: something"]
+    assert _build_results(lines) == {"cpu_adam": "built in 53 s", "fused_adam": "not available here"}
