@@ -8,7 +8,10 @@ would: peak RSS then belongs to that rung alone (pinned and cached host memory o
 otherwise stay in the process). A rung *fits* when it ran its steps within the budgets: VRAM (the T4 cap makes
 PyTorch raise out-of-memory), peak process RSS <= 12.7 GB and NVMe folder <= 60 GB. Whether it *learns* is judged
 apart (issue 42): the loss fell by helpers.train.LOSS_FALL_NATS (first loss against the mean of the last three) and no
-timed step was skipped by fp16 overflow. `--rejudge` judges the rows of --out again by these rules, running nothing.
+timed step was skipped by fp16 overflow. `--rejudge` judges the rows of --out again by these rules, running nothing;
+`--merge-from REPORT` puts the rungs another report ran (issue 42's 2.7B curve, run on its own with its own batch,
+steps and warm-up) into --out in place, with those settings, then judges again:
+    python benchmarks/ladder.py --out reports/ladder_colab_emulation.json --merge-from reports/ladder_2p7b_curve.json
 
 Search: plain PyTorch climbs from the smallest size until its first failure (the OOM wall). Each DeepSpeed
 config starts AT that wall: it climbs while it fits, and if the wall itself does not fit it steps down until
