@@ -122,10 +122,10 @@ def judge(row: dict, ram_budget_gb: float, on_gpu: bool) -> dict:
     return {**row, **judged({**row, "error": error}, ram_budget_gb, on_gpu)}
 
 
-def rejudge(path: Path) -> dict:
+def rejudge(path: Path, report: dict | None = None) -> dict:
     """Rewrite the report at `path` (and its .md) with every row judged by `judge`, against the report's own RAM
-    budget; nothing is run again."""
-    report = json.loads(path.read_text())
+    budget; nothing is run again. `report`: the rows to judge (`merge_from`'s), instead of the file's."""
+    report = report if report is not None else json.loads(path.read_text())
     on_gpu = not report["runtime"].startswith("CPU")
     report["rows"] = [judge(r, report["budgets"]["ram_gb"], on_gpu) for r in report["rows"]]
     report["summary"] = summary(report["rows"])
@@ -155,14 +155,13 @@ def merge_from(path: Path, source: Path) -> dict:
     if not ran:
         raise SystemExit(f"--merge-from {source}: no rung ran to the end there, nothing to merge. Fix: run the rung "
                          "again (benchmarks/ladder.py --rerun CONFIG:SIZE)")
-    settings = {**{"grad_accum": 1}, **extra["settings"]}
+    settings = {"grad_accum": 1, **extra["settings"]}
     stamped = [{**r, "runtime": r.get("runtime") or extra["runtime"], "date": r.get("date") or extra["date"],
                 **{k: r.get(k, settings[k]) for k in RUN_SETTINGS if k in settings}} for r in ran]
     new = {(r["config"], r["model"]): r for r in stamped}
     rows = [new.pop((r["config"], r["model"]), r) for r in target["rows"]]  # in place, the report's order kept
     target["rows"] = rows + list(new.values())
-    path.write_text(json.dumps(target, indent=2) + "\n")
-    return rejudge(path)
+    return rejudge(path, target)
 
 
 def predict(name: str, size: str, runtime, nvme: str | None, micro_batch: int, seq_len: int,
@@ -302,11 +301,12 @@ def markdown(report: dict) -> str:
     if own:
         lines += ["", "Rungs run with their own settings (the rest: lr "
                   f"{LR:g}, {s['steps']} steps, micro-batch {s['micro_batch']}, DeepSpeed's overflow check):", ""]
+        report_batch = (s["micro_batch"], s.get("grad_accum", 1))
         for r in own:
             steps = r.get("steps", s["steps"])
-            mb, accum = r.get("micro_batch", s["micro_batch"]), r.get("grad_accum", s.get("grad_accum", 1))
+            mb, accum = r.get("micro_batch", report_batch[0]), r.get("grad_accum", report_batch[1])
             batch = (f"micro-batch {mb} x {accum} per optimizer step ({mb * accum * s['seq_len']:,} tokens), "
-                     if (mb, accum) != (s["micro_batch"], s.get("grad_accum", 1)) else "")
+                     if (mb, accum) != report_batch else "")
             lines.append(f"- {r['model']} {r['config']}: {batch}lr {r.get('lr', LR):g}, {steps} steps "
                          f"({r.get('untimed_steps', LADDER_UNTIMED_STEPS)} untimed, warm-up "
                          f"{helpers.planner._warmup_ran(r, steps)}), losses "
