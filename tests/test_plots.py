@@ -53,6 +53,10 @@ def test_speed_vs_memory_has_one_point_per_config_and_the_ram_budget():
     cpu = [run("ZeRO-3 CPU", peak_vram_gib=0.0, tokens_per_s=500.0), run("plain", peak_vram_gib=0.0, tokens_per_s=900.0)]
     speed = plot_speed_vs_memory(cpu).axes[0]  # no GPU: tokens/s per run, not every point at x = 0 GiB
     assert not speed.collections and [p.get_height() for p in speed.patches] == [500.0, 900.0]
+    # notebook 02's two NVMe runs (close speeds, linear axis): no point on the frame, where the legend sat on one
+    nvme = plot_speed_vs_memory([run("params on GPU", peak_vram_gib=2.26, tokens_per_s=57.0),
+                                 run("params on NVMe", peak_vram_gib=0.94, tokens_per_s=52.0)]).axes[0]
+    assert nvme.get_yscale() == "linear" and nvme.get_xlim()[1] > 2.26 * 1.1 and nvme.get_ylim()[1] > 57.0 * 1.2
 
 
 def test_moe_plots_draw_what_they_are_given():
