@@ -12,7 +12,8 @@
 #                 in its own enclosure; the optimizer-on-CPU rung's row is kept (its GPU peak, 6.6 GiB, is far from any
 #                 cap: RAM ends it). Brings back cuda_context.*, long_context.json/.md/.log, long_context_logs.tgz
 #   speed_twice   the two-run check of issue 52: notebooks 01 and 04 (SPEED_NBS="03 06": those) each ALONE on
-#                 the GPU, twice, under the emulation, then scripts/verdicts.py on the two runs (verdicts.md)
+#                 the GPU, twice, under the emulation, then scripts/verdicts.py on the two runs (verdicts.md); 03
+#                 alone takes ~265 s a run: SPEED_NBS="03" needs ~500 s
 #   drafts_alone  (a short call, when too little device time is left for `notebooks`) benchmarks/cuda_context.py,
 #                 then the drafts 00, 01, 04 promoted and run each ALONE under the emulation, 01 and 04 twice, then
 #                 verdicts.py (verdicts.md): run a's executed copies and parts come back as evidence.tgz (~400 s)
