@@ -1,5 +1,6 @@
 """What the measured-run benchmarks share (benchmarks/stages.py, benchmarks/integrations.py): their command-line
-options for a run, the corpus they train on, and how they write a report (JSON + its Markdown).
+options for a run, the corpus they train on, and how they write a report (JSON + its Markdown); and the runtime of
+--emulate (benchmarks/ladder.py, benchmarks/offload_speed.py).
 
 Imported by the benchmark scripts as `import _bench` (a script's own folder is first on sys.path).
 """
@@ -10,7 +11,8 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["add_run_options", "check_run_options", "run_settings", "local_train_blocks", "write_report"]
+__all__ = ["add_run_options", "check_run_options", "run_settings", "local_train_blocks", "write_report",
+           "emulated_runtime"]
 
 
 def add_run_options(p: argparse.ArgumentParser, *, out: Path, work_dir: Path) -> None:
@@ -64,6 +66,23 @@ def local_train_blocks(work_dir: Path, seq_len: int) -> Any:
     ds = helpers.load_text_dataset("local")
     tok = helpers.train_tokenizer(ds["train"]["text"], work_dir / "tokenizer")
     return helpers.pack_blocks(ds["train"], tok, seq_len)
+
+
+def emulated_runtime() -> Any:
+    """The runtime of a benchmark's --emulate (benchmarks/ladder.py, offload_speed.py): the T4 budget switched on in
+    this process and so in every child it starts (DS_COURSE_T4_BUDGET: fp16, PyTorch's allocator capped), Colab's RAM
+    and CPUs (scripts/colab_emulation.ColabLimits) and the mechanism an enclosure would use here. Without the first,
+    offload_speed's children ran capped while its report's label named the whole GPU's memory ("79.1787 GiB VRAM")."""
+    import dataclasses
+    import os
+
+    import helpers
+    from colab_emulation import ColabLimits, probe  # scripts/ on sys.path: the benchmarks put it there
+
+    os.environ[helpers.hardware.T4_BUDGET_ENV] = "1"
+    limits = ColabLimits()
+    return dataclasses.replace(helpers.detect_runtime(), emulation=probe()[0], ram_total_bytes=limits.ram_bytes,
+                               ram_budget_bytes=limits.ram_bytes, cpu_cores=limits.cpus, is_colab=True)
 
 
 def write_report(report: dict[str, Any], out: Path, markdown: Callable[[dict[str, Any]], str]) -> None:

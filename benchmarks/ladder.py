@@ -47,6 +47,8 @@ from helpers.train import LOSS_FALL_NATS, loss_fell
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))  # colab_emulation, for --emulate
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _bench, also when loaded by path (tests)
+import _bench  # noqa: E402
 
 GB = 1e9
 GiB = 2**30
@@ -383,16 +385,10 @@ def main(argv: list[str] | None = None) -> int:
     if bad:  # issue 41: a garbage --rerun was ignored
         raise SystemExit(f"--rerun {' '.join(bad)}: each is CONFIG:SIZE with CONFIG one of {list(CONFIGS)} and SIZE "
                          f"one of {list(GPT2_LADDER)}. Fix: e.g. --rerun zero3_nvme_optimizer:gpt2-xl")
-    if args.emulate:  # the whole emulation: fp16 and the T4 budget too, here and in every child (issue 41: without
-        os.environ[helpers.hardware.T4_BUDGET_ENV] = "1"  # DS_COURSE_T4_BUDGET it ran bf16 with the whole GPU's memory)
     started = time.perf_counter()
-    runtime = helpers.detect_runtime()
-    if args.emulate:
-        from colab_emulation import ColabLimits, probe
-
-        limits = ColabLimits()
-        runtime = dataclasses.replace(runtime, emulation=probe()[0], ram_total_bytes=limits.ram_bytes,
-                                      ram_budget_bytes=limits.ram_bytes, cpu_cores=limits.cpus, is_colab=True)
+    # --emulate: the whole emulation, fp16 and the T4 budget too, here and in every child (issue 41: without
+    # DS_COURSE_T4_BUDGET it ran bf16 with the whole GPU's memory)
+    runtime = _bench.emulated_runtime() if args.emulate else helpers.detect_runtime()
     ram_budget_gb = COLAB_RAM_GB if (runtime.t4_budget or runtime.is_colab) else runtime.ram_budget_bytes / GB
     ds = helpers.load_text_dataset("local")
     helpers.train_tokenizer(ds["train"]["text"], args.work_dir / "tokenizer")
@@ -408,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.chunked_overflow_check:
         settings["chunked_overflow_check"] = True
     if args.emulate:
+        from colab_emulation import ColabLimits
+
         settings["emulation"] = ColabLimits().as_report(runtime.emulation)
     same = old.get("runtime") == runtime.label and old.get("settings") == settings
     rerun = {tuple(x.split(":")) for x in args.rerun}

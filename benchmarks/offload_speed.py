@@ -297,15 +297,12 @@ def main(argv: list[str] | None = None) -> int:
         print(args.out.with_suffix(".md").read_text())
         return 0
     started = time.perf_counter()
-    runtime = helpers.detect_runtime()
+    runtime = _bench.emulated_runtime() if args.emulate else helpers.detect_runtime()  # --emulate: T4 budget, RAM, CPUs
     enclosure_cls = limits_cls = None
     if args.emulate:
-        from colab_emulation import ColabLimits, Enclosure, probe
+        from colab_emulation import ColabLimits, Enclosure
 
         enclosure_cls, limits_cls = Enclosure, ColabLimits
-        runtime = dataclasses.replace(runtime, emulation=probe()[0], ram_total_bytes=ColabLimits().ram_bytes,
-                                      ram_budget_bytes=ColabLimits().ram_bytes, cpu_cores=ColabLimits().cpus,
-                                      is_colab=True)
     ram_gb = COLAB_RAM_GB if (runtime.t4_budget or runtime.is_colab) else runtime.ram_budget_bytes / GB
     shape = helpers.model_shape(helpers.gpt2_config(args.model))
     ds = helpers.load_text_dataset("local")

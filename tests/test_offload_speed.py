@@ -136,3 +136,25 @@ def test_preflight_ram_counts_pinned_offload_buffers_within_10_percent_of_the_me
     est = estimate_for_config(pinned, big.n_params, largest_layer_params=big.largest_layer_params, zero_init=True,
                               chunked_overflow_check=True, on_gpu=True)
     assert est.cpu.get("pinned copy", 0) > 0 and est.cpu_total > runtime.ram_budget_bytes
+
+
+def test_emulate_switches_the_t4_budget_on_in_the_benchmark_itself_so_its_label_says_what_its_children_ran(
+        monkeypatch):
+    """big_speed (2026-12-07) ran offload_speed.py --emulate without DS_COURSE_T4_BUDGET: its children ran under the
+    enclosure's 14.34 GiB cap, but the report's label, made in the parent, said "79.1787 GiB VRAM". ladder.py and
+    offload_speed.py now take --emulate's runtime from one place, `_bench.emulated_runtime`."""
+    import os
+
+    import _bench
+    import colab_emulation
+
+    monkeypatch.setenv(helpers.hardware.T4_BUDGET_ENV, "")  # restored after the test
+    monkeypatch.setattr(colab_emulation, "probe", lambda: ("watchdog", "a test: no cgroup written"))
+    runtime = _bench.emulated_runtime()
+    assert os.environ[helpers.hardware.T4_BUDGET_ENV] == "1" and runtime.is_colab  # (the budget itself needs a GPU)
+    limits = colab_emulation.ColabLimits()
+    assert runtime.ram_budget_bytes == limits.ram_bytes and runtime.cpu_cores == limits.cpus
+    assert runtime.emulation == "watchdog"
+    # the committed 2.7B report carries the cap its rows ran under
+    report = json.loads((ROOT / "reports" / "offload_speed_2p7b.json").read_text())
+    assert f"({report['emulation']['vram_cap_gib']} GiB VRAM" in report["runtime"]
