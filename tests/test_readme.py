@@ -113,9 +113,15 @@ def test_readme_nvme_speeds_and_the_gpt2_xl_claim_are_the_reports():
     # issue 25: the 2.7B rung, with the chunked overflow check, its own lr, every timed step taken
     top = next(r for r in ladder["rows"] if (r["config"], r["model"]) == ("zero3_nvme_optimizer_gpu_params", "gpt2-2.7b"))
     assert top["fits"] and top["enclosure"]["oom_kills"] == 0 and top["chunked_overflow_check"]
-    assert top["skipped_timed_steps"] == 0 and top["losses"][-1] < top["losses"][0] and len(top["losses"]) >= 5
-    assert (f"measured in the emulation: {top['enclosure']['peak_ram_gb']:.1f} GB of RAM at peak, "
-            f"{top['tokens_per_s']:.0f} tokens/s, lr {top['lr']:g})") in README
+    assert top["skipped_timed_steps"] == 0 and len(top["losses"]) >= 5
+    # issue 42: whether it learns is the ladder's rule (helpers.train.loss_fell), said as the report says it; once the
+    # curve is merged (ladder.py --merge-from) this phrase changes, and the message below is the README's new text
+    tokens = top.get("micro_batch", ladder["settings"]["micro_batch"]) * top.get("grad_accum", 1) * ladder["settings"][
+        "seq_len"]
+    phrase = (f"(measured in the emulation: {top['enclosure']['peak_ram_gb']:.1f} GB of RAM at peak, "
+              f"{top['tokens_per_s']:.0f} tokens/s, lr {top['lr']:g}; over its {top['steps']} optimizer steps of "
+              f"{tokens:,} tokens it {'learns' if top['learns'] else 'does not learn yet'}: {top['learn_reason']})")
+    assert phrase in README, f"README's 02 row should say, from reports/ladder_colab_emulation.json: {phrase}"
 
 
 def test_readme_2p7b_speed_is_the_committed_report_and_says_it_is_speed_only():
