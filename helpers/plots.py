@@ -300,7 +300,7 @@ def plot_memory_timeline(samples: Sequence[dict[str, float]], title: str = "Memo
     if ram_budget_gb:
         host.axhline(ram_budget_gb, color="#C44E52", linestyle="--", label=f"RAM budget {ram_budget_gb:.1f} GB")
     host.set_ylabel("GB")
-    host.set_title("CPU RAM and disk")
+    host.set_title("CPU RAM and disk" if any("nvme" in s for s in samples) else "CPU RAM")
     if gpu:  # GPU memory in GiB, as torch and the VRAM budget count it
         for key, label in gpu:
             axes[0].plot([s["t"] for s in samples if key in s], [s[key] / GiB for s in samples if key in s], label=label)
@@ -308,7 +308,12 @@ def plot_memory_timeline(samples: Sequence[dict[str, float]], title: str = "Memo
         axes[0].set_title("GPU memory")
     for ax in axes:
         ax.set_xlabel("seconds")
-        ax.set_ylim(bottom=0)
+        tops = [max(line.get_ydata(), default=0) for line in ax.get_lines()]
+        # a flat line (RSS through a short run) sat on the frame under the legend: room above the highest one
+        if tops and max(tops) > 0:
+            ax.set_ylim(0, 1.25 * max(tops))
+        else:
+            ax.set_ylim(bottom=0)
         if t:
             ax.set_xlim(0, max(t))
         ax.legend(fontsize=8)

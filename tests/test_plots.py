@@ -32,6 +32,10 @@ def test_plots_return_figures_without_touching_global_style():
     assert len(gpu_ax.lines) == 1 and len(host_ax.lines) == 2  # GPU allocated; RSS and the budget line
     cpu_only = plot_memory_timeline([{"t": 0.0, "rss": 1e9}, {"t": 1.0, "rss": 2e9}])
     assert len(cpu_only.axes) == 1 and cpu_only.axes[0].get_ylabel() == "GB"  # no GPU axis on a CPU run
+    # notebook 00's run: RSS flat at 2.15 GB sat on the frame under the legend; no NVMe, so no "disk" in the title
+    flat = plot_memory_timeline([{"t": 0.0, "rss": 2.15e9}, {"t": 1.0, "rss": 2.15e9}]).axes[0]
+    assert flat.get_ylim()[1] >= 1.2 * 2.15 and flat.get_title() == "CPU RAM"
+    assert plot_memory_timeline([{"t": 0.0, "rss": 2e9, "nvme": 5e9}]).axes[0].get_title() == "CPU RAM and disk"
     assert plot_losses([3.0, 2.0, 1.0], val=[2.5, 1.5]).axes[0].lines[1].get_ydata().tolist() == [2.5, 1.5]
     val_at_steps = plot_losses([3.0] * 40, val=[(10, 2.5), (40, 1.5)]).axes[0].lines[1]
     assert val_at_steps.get_xdata().tolist() == [10, 40]  # drawn where it was measured, not at x = 1, 2
