@@ -190,6 +190,8 @@ class ScriptRun:
     peak_main_rss_bytes: int = 0  # train.py's own process alone
     children: tuple[str, ...] = ()  # the processes train.py started (a compiler building an op, workers), by name
     peak_with_kernel_bytes: int = 0  # this kernel's RSS + the script's process tree, sampled together (0: not sampled)
+    # the same sum's peak in each phase train.py announced (SCRIPT_PHASES), in the order they came
+    peak_ram_by_phase: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def trained(self) -> bool:
@@ -218,6 +220,18 @@ class ScriptRun:
             return f"peak RAM (RSS) of this kernel and the script together: {self.peak_ram_bytes / GB:.2f} GB ({text})"
         return f"peak RAM (RSS): {text}"
 
+    @property
+    def phase_text(self) -> str:
+        """When the RAM reached its peak, and each phase's peak (this kernel and the script together); '' where not
+    sampled."""
+        if not self.peak_ram_by_phase:
+            return ""
+        # RSS seldom falls within a run, so later phases repeat the peak: the phase that first came within 1 % of it
+        peak = max(self.peak_ram_by_phase.values())
+        top = next(k for k, v in self.peak_ram_by_phase.items() if v >= 0.99 * peak)
+        return (f"the RAM reached its peak in {top}; by phase (GB): "
+                + ", ".join(f"{k} {v / GB:.2f}" for k, v in self.peak_ram_by_phase.items()))
+
     def report(self, plan: "Plan", runtime: "Runtime") -> str:
         """The measured peaks beside the plan's estimate and the budgets, and a verdict from this run only."""
         if not self.trained:
@@ -231,6 +245,7 @@ class ScriptRun:
                  f"{self._ram_text}; planner's estimate {report.ram_needed / GB:.2f} GB (this kernel's RSS and the "
                  f"model copy: the script's own Python, torch and CUDA libraries are not in it); budget "
                  f"{runtime.ram_budget_bytes / GB:.2f} GB",
+                 *([self.phase_text] if self.phase_text else []),
                  f"disk (the output folder, and an NVMe offload folder if the config has one): peak "
                  f"{self.peak_disk_bytes / GB:.2f} GB, of it the checkpoint {self.checkpoint_bytes / GB:.2f} GB"]
         if runtime.has_gpu:
@@ -244,6 +259,22 @@ class ScriptRun:
             lines.append(f"verdict (CPU numbers, {runtime.label}): trained at smoke size; this says nothing about a "
                          "T4, where the same cells run the Colab sizes")
         return "\n".join(lines)
+
+
+# what train.py prints as it moves on (notebooks/programs/train_your_model.py's `say`), as the phases of its RAM
+SCRIPT_PHASES: tuple[tuple[str, str], ...] = (
+    ("loading the tokenizer", "loading the data"), ("loading the model", "loading the model"),
+    ("deepspeed.initialize", "deepspeed.initialize"), ("step ", "training"),
+    ("engine.save_checkpoint", "save_checkpoint"), ("zero_to_fp32", "zero_to_fp32"))
+
+
+def script_phase(tail: list[str]) -> str:
+    """The phase of train.py's run from its last announced step (SCRIPT_PHASES), "starting" before the first."""
+    for line in reversed(tail):
+        for prefix, phase in SCRIPT_PHASES:
+            if line.startswith(prefix):
+                return phase
+    return "starting"
 
 
 def _read_log(path: Path) -> list[dict[str, Any]]:
@@ -369,13 +400,17 @@ def run_script(script: str | Path, args: list[str], *, out: str | Path, steps: i
     peak_rss = peak_disk = peak_main = peak_together = 0
     kernel = psutil.Process()
     children: dict[int, str] = {}
+    by_phase: dict[str, int] = {}
     bar = progress_bar(total=steps, desc=desc)
     shown: dict[str, str] = {}
     try:
         while proc.poll() is None:
             tree = _tree_rss(watched)
             peak_rss = max(peak_rss, tree)
-            peak_together = max(peak_together, tree + kernel.memory_info().rss)
+            together = tree + kernel.memory_info().rss
+            peak_together = max(peak_together, together)
+            phase = script_phase(tail)
+            by_phase[phase] = max(by_phase.get(phase, 0), together)
             try:
                 peak_main = max(peak_main, watched.memory_info().rss)
                 children.update({c.pid: c.name() for c in watched.children(recursive=True)})
@@ -411,7 +446,7 @@ def run_script(script: str | Path, args: list[str], *, out: str | Path, steps: i
                      peak_rss_bytes=peak_rss, peak_gpu_bytes=max((r["peak_gpu_bytes"] for r in rows), default=0),
                      peak_disk_bytes=max(peak_disk, folder_bytes(out)), checkpoint_bytes=folder_bytes(out / "checkpoint"),
                      tail=list(tail), peak_main_rss_bytes=peak_main, children=tuple(sorted(set(children.values()))),
-                     peak_with_kernel_bytes=peak_together)
+                     peak_with_kernel_bytes=peak_together, peak_ram_by_phase=by_phase)
 
 
 def _remove_own_nvme(run: Path | None) -> None:

@@ -28,6 +28,8 @@
 #                 the course's overflow check; pre-flight's RAM for it: 10.67 GB, the 2.7B ladder rung peaked at 10.95)
 #                 in the emulation, 2 optimizer steps (1 untimed) of 65,536 tokens, beside the step-time model's
 #                 prediction (~400 s). Brings back offload_speed_2p7b.json/.md/.log (commit as reports/offload_speed_2p7b.*)
+#   capstone_xl   notebook 07's section-6 plan (GPT-2 XL, fresh runtime) run for real in the emulation by
+#                 benchmarks/capstone.py: 4 steps, RAM peak by phase beside the plan (~400 s; reports/capstone_xl.*)
 #   big_curve     issue 42 item 3: GPT-2 2.7B learning over 13 optimizer steps of 32,768 tokens (lr 1e-4, warm-up 6,
 #                 the course's overflow check) in the emulation, ~12 min: started in its own session, polled 540 s;
 #   big_curve_collect  the next call, AT ONCE (the machine goes back after 30 s idle): polls 540 s more and brings
@@ -116,6 +118,25 @@ step_big_speed() {
   say "offload_speed 2.7B: exit $?"
 }
 
+step_capstone_xl() {
+  # notebook 07's section 6 plans GPT-2 XL for a fresh runtime (zero3_nvme_optimizer_gpu_params, RAM 10.34 GB
+  # predicted) and never runs it; the plan leaves out the script's own Python/torch/CUDA (decisions.md). Run it: the
+  # stand-in built apart, then train.py from a lean driver inside the emulation, 4 steps, the RAM peak by phase beside
+  # the plan. Without --consolidate: with it the disk needs ~59 GB (benchmarks/capstone.py), this machine has 64.
+  # Alone, after the 2.7B runs' folders are gone (~45 GB of disk). ~400 s. Commit as reports/capstone_xl.*
+  rm -rf /tmp/capstone /tmp/cap-nvme /tmp/curve-nvme /tmp/nvme-2p7b /tmp/bf16-nvme
+  local free; free=$(df -Pk /tmp | awk 'NR==2 {print int($4 / 1e6)}')
+  [ "$free" -ge 52 ] || { say "capstone_xl: ${free} GB free under /tmp, it needs ~52: not run"; return 1; }
+  HF_HUB_OFFLINE=1 timeout 240 python3 benchmarks/capstone.py --prepare --emulate --model gpt2-xl \
+    --nvme-path /tmp/cap-nvme --work-dir /tmp/capstone >"$OUT/capstone_xl.log" 2>&1
+  say "capstone_xl prepare: exit $?"
+  HF_HUB_OFFLINE=1 timeout 330 python3 scripts/colab_emulation.py --exec -- python3 benchmarks/capstone.py --emulate \
+    --model gpt2-xl --steps 4 --no-consolidate --nvme-path /tmp/cap-nvme --work-dir /tmp/capstone \
+    --out "$OUT/capstone_xl.json" >>"$OUT/capstone_xl.log" 2>&1
+  say "capstone_xl: exit $? (the enclosure's peaks: the last line of capstone_xl.log)"
+  rm -rf /tmp/capstone /tmp/cap-nvme
+}
+
 step_bf16_ram() {
   # issue 41 item 6: pre-flight's RAM for bf16 on a GPU (no fp16 overflow check, no CPU 'staging'), on the whole GPU
   # (no emulation: bf16 is what a bigger GPU runs); every rung runs, the ones pre-flight would refuse included
@@ -156,7 +177,7 @@ step_big_curve_collect() {
   curve_poll "${CURVE_POLL:-540}"
 }
 
-[ $# -gt 0 ] || { echo "usage: gpu_pending.sh notebooks|context_long|speed_twice|drafts_alone|zero0|big_speed|big_curve|big_curve_collect|bf16_ram ..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: gpu_pending.sh notebooks|context_long|speed_twice|drafts_alone|zero0|big_speed|big_curve|big_curve_collect|bf16_ram|capstone_xl ..." >&2; exit 2; }
 for s in "$@"; do
   say "step $s"
   "step_$s"

@@ -2,6 +2,7 @@
 imports no helpers, the notebook writes it word for word, it trains smoke-sized on CPU and its checkpoints load, and
 bad input is refused before anything runs, each fix passing the same check."""
 import ast
+import dataclasses
 import json
 
 import nbformat
@@ -103,6 +104,12 @@ def test_the_script_trains_smoke_sized_on_cpu_and_both_checkpoints_load(tmp_path
     # the kernel and the script were sampled together: more than the script alone, by about this kernel's RSS
     assert run.peak_with_kernel_bytes > run.peak_rss_bytes and run.peak_ram_bytes == run.peak_with_kernel_bytes
     assert [json.loads(line)["step"] for line in (out / "loss.jsonl").read_text().splitlines()] == [1, 2, 3]
+    # the RAM peak by the phase train.py announced: the phases it passed through, in order, each its own peak
+    phases = list(run.peak_ram_by_phase)
+    assert {"training", "save_checkpoint", "zero_to_fp32"} <= set(phases), phases
+    assert phases.index("training") < phases.index("zero_to_fp32")
+    assert max(run.peak_ram_by_phase.values()) == run.peak_with_kernel_bytes
+    assert "the RAM reached its peak in " in run.report(plan, runtime)
     assert (out / "checkpoint" / "final").is_dir() and "did not train" not in run.report(plan, runtime)
     model = AutoModelForCausalLM.from_pretrained(out / "fp32")
     assert sum(p.numel() for p in model.parameters()) == plan.shape.n_params
@@ -202,3 +209,68 @@ def test_the_run_report_judges_the_ram_of_this_kernel_and_the_script_together():
     assert over.endswith("went over a budget") and runtime.ram_budget_bytes < 12.5 * GB
     alone = helpers.capstone.ScriptRun(**base).report(plan, runtime)  # not sampled together: the script alone
     assert "peak RAM (RSS): train.py 5.12 GB" in alone and alone.endswith("are within the budgets")
+
+
+def test_the_run_names_the_phase_of_its_ram_peak():
+    """Notebook 07's train.py peaked at 5.12 GB against a 3.46 GB plan without saying when: training, saving the
+    checkpoint or consolidating it with zero_to_fp32 (which reads the optimizer states back). run_script keeps the peak
+    of each phase train.py announces, and the report says where the peak came."""
+    from conftest import fake_runtime
+
+    from helpers.capstone import script_phase
+
+    assert script_phase([]) == "starting"
+    assert script_phase(["loading the model", "[transformers] a warning", "step 3/30 loss 9.1"]) == "training"
+    assert script_phase(["step 30/30 loss 6.2", "engine.save_checkpoint", "Processing zero checkpoint"]) == \
+        "save_checkpoint"
+    GB = 1e9
+    runtime = fake_runtime()
+    kind, plan = helpers.pick_plan("gpt2-tiny", runtime, seq_len=32, micro_batch=2, ram_in_use=int(2 * GB))
+    run = helpers.capstone.ScriptRun(
+        returncode=0, seconds=10.0, losses=[10.9, 9.0, 8.0, 7.0], step_seconds=[1.0] * 4, peak_rss_bytes=int(5.12 * GB),
+        peak_gpu_bytes=int(2**30), peak_disk_bytes=0, checkpoint_bytes=0, tail=[], peak_with_kernel_bytes=int(7.38 * GB),
+        peak_ram_by_phase={"training": int(4.9 * GB), "save_checkpoint": int(5.5 * GB), "zero_to_fp32": int(7.38 * GB)})
+    assert ("the RAM reached its peak in zero_to_fp32; by phase (GB): training 4.90, save_checkpoint 5.50, "
+            "zero_to_fp32 7.38") in run.report(plan, runtime)
+    flat = dataclasses.replace(run, peak_ram_by_phase={"training": int(7.37 * GB), "zero_to_fp32": int(7.38 * GB)})
+    assert "the RAM reached its peak in training;" in flat.report(plan, runtime)  # RSS held, not a new peak
+
+
+def _capstone_benchmark():
+    import importlib.util
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("bench_capstone", ROOT / "benchmarks" / "capstone.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_capstone_benchmark_refuses_a_run_it_did_not_prepare(tmp_path):
+    bench = _capstone_benchmark()
+    with pytest.raises(SystemExit, match="--prepare first"):
+        bench.main(["--model", "gpt2-tiny", "--work-dir", str(tmp_path)])
+    (tmp_path / "prepared.json").write_text(json.dumps({"model": "gpt2-xl", "folder": "x", "kind": "zero2"}))
+    with pytest.raises(SystemExit, match="prepared for gpt2-xl"):
+        bench.main(["--model", "gpt2-tiny", "--work-dir", str(tmp_path)])
+
+
+@pytest.mark.slow
+def test_the_capstone_benchmark_runs_train_py_and_reports_the_plan_beside_the_phases(tmp_path, monkeypatch):
+    """benchmarks/capstone.py (the GPU step capstone_xl: section 6's XL plan run for real in the emulation), here at
+    gpt2-tiny on CPU: prepared apart, run through run_script, its report the plan beside the measured peaks by phase."""
+    if helpers.detect_runtime().has_gpu:
+        pytest.skip("the CPU smoke run")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    bench = _capstone_benchmark()
+    common = ["--model", "gpt2-tiny", "--seq-len", "32", "--micro-batch", "2", "--steps", "3", "--work-dir",
+              str(tmp_path / "work"), "--nvme-path", str(tmp_path / "nvme")]
+    assert bench.main(["--prepare", *common]) == 0
+    assert bench.main([*common, "--out", str(tmp_path / "capstone.json")]) == 0
+    report = json.loads((tmp_path / "capstone.json").read_text())
+    measured = report["measured"]
+    assert report["config"] == "zero2" and measured["trained"] and len(measured["losses"]) == 3
+    assert {"training", "zero_to_fp32"} <= set(measured["peak_ram_by_phase_gb"])
+    assert measured["peak_with_driver_gb"] > measured["peak_script_rss_gb"] > 0 and report["plan"]["ram_gb"] > 0
+    assert "the RAM reached its peak in" in report["text"] in (tmp_path / "capstone.md").read_text()
