@@ -104,10 +104,11 @@ def test_the_script_trains_smoke_sized_on_cpu_and_both_checkpoints_load(tmp_path
     # the kernel and the script were sampled together: more than the script alone, by about this kernel's RSS
     assert run.peak_with_kernel_bytes > run.peak_rss_bytes and run.peak_ram_bytes == run.peak_with_kernel_bytes
     assert [json.loads(line)["step"] for line in (out / "loss.jsonl").read_text().splitlines()] == [1, 2, 3]
-    # the RAM peak by the phase train.py announced: the phases it passed through, in order, each its own peak
+    # the RAM peak by the phase train.py announced: the phases it passed through, in order, each its own peak (a phase
+    # shorter than the 0.2 s between samples, a tiny model's 3 steps or its checkpoint, may have none)
     phases = list(run.peak_ram_by_phase)
-    assert {"training", "save_checkpoint", "zero_to_fp32"} <= set(phases), phases
-    assert phases.index("training") < phases.index("zero_to_fp32")
+    order = ["starting"] + [phase for _, phase in helpers.capstone.SCRIPT_PHASES]
+    assert "zero_to_fp32" in phases and phases == sorted(phases, key=order.index), phases
     assert max(run.peak_ram_by_phase.values()) == run.peak_with_kernel_bytes
     assert "the RAM reached its peak in " in run.report(plan, runtime)
     assert (out / "checkpoint" / "final").is_dir() and "did not train" not in run.report(plan, runtime)
@@ -271,6 +272,6 @@ def test_the_capstone_benchmark_runs_train_py_and_reports_the_plan_beside_the_ph
     report = json.loads((tmp_path / "capstone.json").read_text())
     measured = report["measured"]
     assert report["config"] == "zero2" and measured["trained"] and len(measured["losses"]) == 3
-    assert {"training", "zero_to_fp32"} <= set(measured["peak_ram_by_phase_gb"])
+    assert "zero_to_fp32" in measured["peak_ram_by_phase_gb"]
     assert measured["peak_with_driver_gb"] > measured["peak_script_rss_gb"] > 0 and report["plan"]["ram_gb"] > 0
     assert "the RAM reached its peak in" in report["text"] in (tmp_path / "capstone.md").read_text()
