@@ -223,7 +223,7 @@ class ScriptRun:
     @property
     def phase_text(self) -> str:
         """When the RAM reached its peak, and each phase's peak (this kernel and the script together); '' where not
-    sampled."""
+        sampled."""
         if not self.peak_ram_by_phase:
             return ""
         # RSS seldom falls within a run, so later phases repeat the peak: the phase that first came within 1 % of it
@@ -268,13 +268,9 @@ SCRIPT_PHASES: tuple[tuple[str, str], ...] = (
     ("engine.save_checkpoint", "save_checkpoint"), ("zero_to_fp32", "zero_to_fp32"))
 
 
-def script_phase(tail: list[str]) -> str:
-    """The phase of train.py's run from its last announced step (SCRIPT_PHASES), "starting" before the first."""
-    for line in reversed(tail):
-        for prefix, phase in SCRIPT_PHASES:
-            if line.startswith(prefix):
-                return phase
-    return "starting"
+def script_phase(line: str) -> str | None:
+    """The phase train.py announces with this printed line (SCRIPT_PHASES), None for any other line."""
+    return next((phase for prefix, phase in SCRIPT_PHASES if line.startswith(prefix)), None)
 
 
 def _read_log(path: Path) -> list[dict[str, Any]]:
@@ -389,11 +385,13 @@ def run_script(script: str | Path, args: list[str], *, out: str | Path, steps: i
         raise
     watched = psutil.Process(proc.pid)
     tail: list[str] = ["starting Python"]
+    phase = ["starting"]  # the last phase train.py announced, however many lines DeepSpeed printed since
 
     def read() -> None:
         for line in proc.stdout:  # type: ignore[union-attr]
             tail.append(line.rstrip())
             del tail[:-40]
+            phase[0] = script_phase(line) or phase[0]
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
@@ -409,8 +407,7 @@ def run_script(script: str | Path, args: list[str], *, out: str | Path, steps: i
             peak_rss = max(peak_rss, tree)
             together = tree + kernel.memory_info().rss
             peak_together = max(peak_together, together)
-            phase = script_phase(tail)
-            by_phase[phase] = max(by_phase.get(phase, 0), together)
+            by_phase[phase[0]] = max(by_phase.get(phase[0], 0), together)
             try:
                 peak_main = max(peak_main, watched.memory_info().rss)
                 children.update({c.pid: c.name() for c in watched.children(recursive=True)})

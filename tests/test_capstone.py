@@ -220,10 +220,8 @@ def test_the_run_names_the_phase_of_its_ram_peak():
 
     from helpers.capstone import script_phase
 
-    assert script_phase([]) == "starting"
-    assert script_phase(["loading the model", "[transformers] a warning", "step 3/30 loss 9.1"]) == "training"
-    assert script_phase(["step 30/30 loss 6.2", "engine.save_checkpoint", "Processing zero checkpoint"]) == \
-        "save_checkpoint"
+    assert script_phase("step 3/30 loss 9.1") == "training" and script_phase("zero_to_fp32\n") == "zero_to_fp32"
+    assert script_phase("[transformers] a warning") is None and script_phase("Processing zero checkpoint") is None
     GB = 1e9
     runtime = fake_runtime()
     kind, plan = helpers.pick_plan("gpt2-tiny", runtime, seq_len=32, micro_batch=2, ram_in_use=int(2 * GB))
