@@ -34,9 +34,8 @@ def plan_for(model: str, runtime, seq_len: int, micro_batch: int, nvme_path: str
     """Section 6's plan (a fresh runtime: nothing else holds RAM) on this runtime's budgets: (kind, plan)."""
     import helpers
 
-    kind, plan = helpers.pick_plan(model, runtime, seq_len=seq_len, micro_batch=micro_batch, nvme_path=nvme_path,
-                                   ram_in_use=0)
-    return kind, plan
+    return helpers.pick_plan(model, runtime, seq_len=seq_len, micro_batch=micro_batch, nvme_path=nvme_path,
+                             ram_in_use=0)
 
 
 def prepare(args: argparse.Namespace) -> int:

@@ -245,7 +245,7 @@ class ScriptRun:
                  f"{self._ram_text}; planner's estimate {report.ram_needed / GB:.2f} GB (this kernel's RSS and the "
                  f"model copy: the script's own Python, torch and CUDA libraries are not in it); budget "
                  f"{runtime.ram_budget_bytes / GB:.2f} GB",
-                 *([self.phase_text] if self.phase_text else []),
+                 *filter(None, [self.phase_text]),
                  f"disk (the output folder, and an NVMe offload folder if the config has one): peak "
                  f"{self.peak_disk_bytes / GB:.2f} GB, of it the checkpoint {self.checkpoint_bytes / GB:.2f} GB"]
         if runtime.has_gpu:

@@ -365,7 +365,7 @@ def plot_speed_vs_memory(runs: Sequence["RunResult"], ram_gb: Sequence[float] | 
             ax.scatter([x], [y], s=60, color=f"C{i}", label=name)
         ax.set_xlim(0, 1.15 * max(r.peak_vram_gib for r in runs))  # room around the points for their legend
         ax.set_xlabel("peak GPU memory (GiB)")
-        ax.legend(fontsize=7, loc="best")
+        ax.legend(fontsize=7)
     else:  # no GPU: no VRAM axis, tokens/s per run
         ax.bar(range(len(names)), [r.tokens_per_s for r in runs], color=[f"C{i}" for i in range(len(names))])
         ax.set_xticks(range(len(names)), list(names), rotation=20, ha="right", fontsize=8)
@@ -376,6 +376,8 @@ def plot_speed_vs_memory(runs: Sequence["RunResult"], ram_gb: Sequence[float] | 
         ax.set_ylabel("tokens/s (log scale)")
     elif speeds:
         ax.set_ylim(0, 1.3 * max(speeds))  # no point on the frame, room for the legend
+    else:
+        ax.set_ylim(bottom=0)
     ax.set_title("speed" + (" against peak GPU memory" if any(r.peak_vram_gib for r in runs) else " per run"))
     fig.suptitle(title)  # the long runtime label once, above both panels (it overlapped the right panel's title)
     ax2.bar(range(len(names)), list(peak_rss_gb), color=[f"C{i}" for i in range(len(names))])

@@ -127,10 +127,10 @@ step_capstone_xl() {
   rm -rf /tmp/capstone /tmp/cap-nvme /tmp/curve-nvme /tmp/nvme-2p7b /tmp/bf16-nvme
   local free; free=$(df -Pk /tmp | awk 'NR==2 {print int($4 / 1e6)}')
   [ "$free" -ge 52 ] || { say "capstone_xl: ${free} GB free under /tmp, it needs ~52: not run"; return 1; }
-  HF_HUB_OFFLINE=1 timeout 240 python3 benchmarks/capstone.py --prepare --emulate --model gpt2-xl \
+  timeout 240 python3 benchmarks/capstone.py --prepare --emulate --model gpt2-xl \
     --nvme-path /tmp/cap-nvme --work-dir /tmp/capstone >"$OUT/capstone_xl.log" 2>&1
   say "capstone_xl prepare: exit $?"
-  HF_HUB_OFFLINE=1 timeout 330 python3 scripts/colab_emulation.py --exec -- python3 benchmarks/capstone.py --emulate \
+  timeout 330 python3 scripts/colab_emulation.py --exec -- python3 benchmarks/capstone.py --emulate \
     --model gpt2-xl --steps 4 --no-consolidate --nvme-path /tmp/cap-nvme --work-dir /tmp/capstone \
     --out "$OUT/capstone_xl.json" >>"$OUT/capstone_xl.log" 2>&1
   say "capstone_xl: exit $? (the enclosure's peaks: the last line of capstone_xl.log)"

@@ -237,9 +237,7 @@ def test_the_run_names_the_phase_of_its_ram_peak():
 
 def _capstone_benchmark():
     import importlib.util
-    import sys
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     spec = importlib.util.spec_from_file_location("bench_capstone", ROOT / "benchmarks" / "capstone.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
