@@ -22,6 +22,17 @@ def last_line_of_fresh_process(code: str, timeout_s: int = 300) -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
+def load_script(path: Path, name: str):
+    """Import a file of benchmarks/ or notebooks/programs/ by its path, as module `name` (they are scripts, not a
+    package); the module is not put in sys.modules, so each call runs the file's top level afresh."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def fake_runtime(**overrides) -> Runtime:
     base = Runtime(device="cuda", gpu_name="Tesla T4", compute_capability=(7, 5), gpu_total_bytes=T4_TOTAL_BYTES,
                    vram_budget_bytes=int(T4_VRAM_GIB * GiB), ram_total_bytes=COLAB_VM_RAM_BYTES,

@@ -782,14 +782,11 @@ def test_a_run_shorter_than_its_warm_up_times_its_last_step_not_none(cpu, clean_
 
 def _benchmark(name, monkeypatch):
     import importlib
-    import importlib.util
 
-    from conftest import ROOT
+    from conftest import ROOT, load_script
 
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(ROOT / "benchmarks" / f"{name}.py", f"bench_{name}")
     return module, importlib.import_module("_bench")  # imported here when the benchmark imports it only later
 
 

@@ -9,7 +9,7 @@ import nbformat
 import pytest
 
 import helpers
-from conftest import ROOT
+from conftest import ROOT, load_script
 
 SCRIPT = ROOT / "notebooks" / "programs" / "train_your_model.py"
 NB07 = next(p for folder in ("notebooks", "notebooks/drafts") for p in (ROOT / folder).glob("07_*.ipynb"))
@@ -236,12 +236,7 @@ def test_the_run_names_the_phase_of_its_ram_peak():
 
 
 def _capstone_benchmark():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_capstone", ROOT / "benchmarks" / "capstone.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "benchmarks" / "capstone.py", "bench_capstone")
 
 
 def test_the_capstone_benchmark_refuses_a_run_it_did_not_prepare(tmp_path):

@@ -2,13 +2,12 @@
 benchmark's own options. A flag a benchmark does not have costs a whole device call (minutes of a 30-minute budget)
 and is found only there; here it fails in a second."""
 import argparse
-import importlib.util
 import re
 import shlex
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, load_script
 
 SCRIPTS = [ROOT / "scripts" / "gpu_pending.sh", ROOT / "scripts" / "gpu_evidence.sh"]
 
@@ -37,9 +36,7 @@ class _Parsed(Exception):
 
 @pytest.mark.parametrize("script,bench,args", _commands(), ids=lambda v: v if isinstance(v, str) else None)
 def test_every_benchmark_command_of_the_gpu_scripts_parses(script, bench, args, monkeypatch):
-    spec = importlib.util.spec_from_file_location(f"gpu_cmd_{bench}", ROOT / "benchmarks" / f"{bench}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(ROOT / "benchmarks" / f"{bench}.py", f"gpu_cmd_{bench}")
     original = argparse.ArgumentParser.parse_args
 
     def parse_then_stop(self, argv=None, namespace=None):

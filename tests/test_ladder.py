@@ -1,16 +1,13 @@
 """The ladder benchmark's search (benchmarks/ladder.py): which rungs run, which are refused, what 'fits' means."""
-import importlib.util
 import json
 
 import pytest
 
-from conftest import ROOT, fake_runtime
+from conftest import ROOT, fake_runtime, load_script
 import helpers.planner
 from helpers.records import report_gb
 
-spec = importlib.util.spec_from_file_location("ladder", ROOT / "benchmarks" / "ladder.py")
-ladder = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(ladder)
+ladder = load_script(ROOT / "benchmarks" / "ladder.py", "ladder")
 
 SIZES = ["gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt2-2.7b"]
 

@@ -293,13 +293,10 @@ def test_benchmark_rows_keep_a_lengths_newest_result_and_only_the_last_processs_
     """A length measured again by a later run (--resume-from with --lengths) replaces the earlier result, and a RAM
     kill of an earlier process is not the row's end once a later process ran (2026-12-04: 262,144 tokens, killed at
     the RAM limit after 245,760 in one process, then out of GPU memory in step 2 in a fresh one)."""
-    import importlib.util
 
-    from conftest import ROOT
+    from conftest import ROOT, load_script
 
-    spec = importlib.util.spec_from_file_location("long_context_bench", ROOT / "benchmarks" / "long_context.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script(ROOT / "benchmarks" / "long_context.py", "long_context_bench")
     est = {"gpu_peak": 1, "ram": 1}
     trained = {"kind": "attempt", "seq_len": 245760, "ok": True, "error": None, "peak_gpu_allocated": 1,
                "peak_rss": 1, "tokens_per_s": 1.0, "estimate": est}

@@ -1,16 +1,13 @@
 """The offload-speed benchmark's pieces (benchmarks/offload_speed.py): levers as config patches, what 'fits' means,
 the measured breakdown of a step, and the committed CPU report."""
-import importlib.util
 import json
 from types import SimpleNamespace
 
-from conftest import ROOT, fake_runtime
+from conftest import ROOT, fake_runtime, load_script
 
 import helpers
 
-spec = importlib.util.spec_from_file_location("offload_speed", ROOT / "benchmarks" / "offload_speed.py")
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+bench = load_script(ROOT / "benchmarks" / "offload_speed.py", "offload_speed")
 
 
 def test_a_lever_changes_only_what_it_names():

@@ -99,14 +99,11 @@ def test_restoring_under_another_deepspeed_version_puts_the_original_back(monkey
 def test_the_benchmark_compares_both_checks_on_the_same_run(tmp_path):
     """benchmarks/overflow_check.py smoke-sized on this machine: both runs train the same losses (on CPU, bf16, the
     check never runs: the patch must change nothing else), the comparison and the Markdown say so."""
-    import importlib.util
     import json
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
-    spec = importlib.util.spec_from_file_location("overflow_check_bench", root / "benchmarks" / "overflow_check.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    from conftest import ROOT, load_script
+
+    bench = load_script(ROOT / "benchmarks" / "overflow_check.py", "overflow_check_bench")
     out = tmp_path / "overflow_check.json"
     assert bench.main(["--sizes", "gpt2-tiny", "--steps", "3", "--seq-len", "32", "--quiet", "--out", str(out),
                        "--nvme-path", str(tmp_path / "nvme"), "--work-dir", str(tmp_path / "work")]) == 0

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, load_script
 from helpers import launch, scale_out
 from helpers.launch import PROGRAMS, run_ranks
 
@@ -224,13 +224,9 @@ def _notebook_05_tp_config() -> dict:
 def test_notebook_05s_tensor_parallel_section_is_autotp_config_and_tp_train_reads_it_from_the_file(tmp_path):
     """The section the page prints is the one that runs: notebook 05 writes it to a file for tp_train.py --tp-config,
     and it is autotp_config(2), what tp_train.py uses without the option (the benchmark, the promoted notebook)."""
-    import importlib.util
-
     literal = _notebook_05_tp_config()
     assert set(literal) == {"tensor_parallel"} and literal["tensor_parallel"] == scale_out.autotp_config(2)
-    spec = importlib.util.spec_from_file_location("tp_train", PROGRAMS / "tp_train.py")
-    tp_train = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tp_train)
+    tp_train = load_script(PROGRAMS / "tp_train.py", "tp_train")
     path = tmp_path / "tp_config.json"
     other = json.loads(json.dumps(literal))
     other["tensor_parallel"]["partition_config"]["layer_specs"].pop()
@@ -253,11 +249,7 @@ def test_committed_report_is_consistent():
     path = ROOT / "reports" / "scale_out.json"
     if not path.exists():
         pytest.skip("reports/scale_out.json not committed yet")
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_scale_out", ROOT / "benchmarks" / "scale_out.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script(ROOT / "benchmarks" / "scale_out.py", "bench_scale_out")
     report = json.loads(path.read_text())
     assert ("CPU gloo ranks" in report["runtime"]) == (report["device"] == "cpu")
     assert {(r["stage"], r["world"]) for r in report["rows"]} == {(s, n) for s in range(4) for n in report["ranks"]}

@@ -2,15 +2,13 @@
 its Markdown report. The measurement itself runs on the GPU machine only (scripts/gpu_pending.sh zero0)."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import ROOT, load_script
 SCRIPT = ROOT / "benchmarks" / "zero0_fp16_step.py"
 
 
@@ -37,9 +35,7 @@ def test_refuses_on_cpu_with_exit_2(tmp_path):
 
 
 def test_markdown_lists_each_run_and_the_profiled_tops():
-    spec = importlib.util.spec_from_file_location("zero0_fp16_step", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script(SCRIPT, "zero0_fp16_step")
     top = [{"op": "aten::item", "calls": 296, "device_ms": 1.0, "cpu_ms": 9.0, "self_cpu_ms": 2.0}]
     report = {"device": "GPU", "date": "2026-12-07", "torch": "2", "deepspeed": "0.19.8",
               "settings": {"micro_batch": 4, "seq_len": 512, "warmup": 3, "steps": 10, "checkpointing": True},
