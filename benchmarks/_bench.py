@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["add_run_options", "check_run_options", "run_settings", "local_train_blocks", "write_report",
+__all__ = ["add_run_options", "check_run_options", "run_settings", "local_corpus", "local_train_blocks", "write_report",
            "emulated_runtime"]
 
 
@@ -59,13 +59,22 @@ def run_settings(args: argparse.Namespace) -> dict[str, Any]:
             "untimed_steps": args.untimed_steps, "checkpointing": args.checkpointing, "lr": args.lr}
 
 
-def local_train_blocks(work_dir: Path, seq_len: int) -> Any:
-    """The shipped corpus, a tokenizer trained on it (cached in work_dir/tokenizer), packed into seq_len blocks."""
+def local_corpus(work_dir: Path) -> tuple[Any, Any]:
+    """The shipped corpus and the course's tokenizer trained on it, cached in work_dir/tokenizer, where the fresh
+    processes a benchmark starts for its rungs load it from (helpers.fresh_process)."""
     import helpers
 
     ds = helpers.load_text_dataset("local")
-    tok = helpers.train_tokenizer(ds["train"]["text"], work_dir / "tokenizer")
-    return helpers.pack_blocks(ds["train"], tok, seq_len)
+    return ds, helpers.train_tokenizer(ds["train"]["text"], work_dir / "tokenizer")
+
+
+def local_train_blocks(work_dir: Path, seq_len: int, max_blocks: int | None = None) -> Any:
+    """The shipped corpus's train split through `local_corpus`'s tokenizer, packed into seq_len blocks (at most
+    max_blocks)."""
+    import helpers
+
+    ds, tok = local_corpus(work_dir)
+    return helpers.pack_blocks(ds["train"], tok, seq_len, max_blocks=max_blocks)
 
 
 def emulated_runtime() -> Any:

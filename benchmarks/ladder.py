@@ -390,8 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     # DS_COURSE_T4_BUDGET it ran bf16 with the whole GPU's memory)
     runtime = _bench.emulated_runtime() if args.emulate else helpers.detect_runtime()
     ram_budget_gb = COLAB_RAM_GB if (runtime.t4_budget or runtime.is_colab) else runtime.ram_budget_bytes / GB
-    ds = helpers.load_text_dataset("local")
-    helpers.train_tokenizer(ds["train"]["text"], args.work_dir / "tokenizer")
+    _bench.local_corpus(args.work_dir)  # the tokenizer its rungs' processes load
     if set(args.configs) - {"plain"}:  # the offload configs' C++ ops, compiled here before any measured rung
         helpers.runtime.build_ops("cpu_adam", *(["async_io"] if any("nvme" in c for c in args.configs) else []))
     old = json.loads(args.out.read_text()) if (args.out.exists() and not args.fresh) else {}

@@ -205,8 +205,7 @@ def token_stream(work_dir: Path, n_tokens: int) -> tuple[Path, int]:
     saved for the rungs' processes; returns (its path, the vocabulary size)."""
     import torch
 
-    ds = helpers.load_text_dataset("local")
-    tok = helpers.train_tokenizer(ds["train"]["text"], work_dir / "tokenizer")
+    ds, tok = _bench.local_corpus(work_dir)
     path = work_dir / f"stream_{n_tokens}.pt"
     if not path.exists():
         torch.save(helpers.data.token_stream(ds["train"], tok, n_tokens), path)

@@ -87,9 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     if runtime.has_gpu:
         runtime = dataclasses.replace(runtime, precision="fp16")
     out = args.out or ROOT / "reports" / ("lr_sweep.json" if runtime.has_gpu else "lr_sweep_cpu.json")
-    ds = helpers.load_text_dataset("local")
-    tok = helpers.train_tokenizer(ds["train"]["text"], args.work_dir / "tokenizer")
-    blocks = helpers.pack_blocks(ds["train"], tok, args.seq_len, max_blocks=256)  # as the ladder's child packs them
+    blocks = _bench.local_train_blocks(args.work_dir, args.seq_len, max_blocks=256)  # as the ladder's child packs them
     config = helpers.gpt2_config(args.size, **({"n_layer": args.n_layer} if args.n_layer else {}))
     torch.manual_seed(args.seed)
     template = AutoModelForCausalLM.from_config(config)  # one initialisation, copied per lr

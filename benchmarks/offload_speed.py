@@ -305,8 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         enclosure_cls, limits_cls = Enclosure, ColabLimits
     ram_gb = COLAB_RAM_GB if (runtime.t4_budget or runtime.is_colab) else runtime.ram_budget_bytes / GB
     shape = helpers.model_shape(helpers.gpt2_config(args.model))
-    ds = helpers.load_text_dataset("local")
-    helpers.train_tokenizer(ds["train"]["text"], args.work_dir / "tokenizer")
+    _bench.local_corpus(args.work_dir)  # the tokenizer its rungs' processes load
     nvme_root = Path(args.nvme_path)
     nvme_root.mkdir(parents=True, exist_ok=True)
     settings = {"seq_len": args.seq_len, "steps": args.steps, "untimed_steps": args.untimed_steps, "lr": LR,

@@ -178,8 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     out = args.out or ROOT / "reports" / ("overflow_check.json" if runtime.has_gpu else "overflow_check_cpu.json")
     helpers.runtime.build_ops("cpu_adam", "async_io")
-    ds = helpers.load_text_dataset("local")
-    helpers.train_tokenizer(ds["train"]["text"], args.work_dir / "tokenizer")
+    _bench.local_corpus(args.work_dir)  # the tokenizer its rungs' processes load
     report: dict[str, Any] = {
         "runtime": runtime.label, "date": dt.date.today().isoformat(),
         "settings": {"steps": args.steps, "untimed_steps": args.untimed_steps, "micro_batch": args.micro_batch,
