@@ -1,9 +1,10 @@
-"""What notebooks 00, 01, 02 and 04 say follows what they print (issue 52): acronyms expanded where they first appear,
-the T4's memory printed from helpers.hardware's constants, the estimate-vs-measurement words computed from the numbers,
-no speed verdict from one run, the ZeRO-3 save cited and described as this run saved it, the ZeRO-0 fp16 exercise
-pointing to its fix, the premises of 00's explanation of DeepSpeed's estimator against the course's, and 01's claims on
-fp32 stage bytes, the loss scale and run_clm, and 01's, 03's and 04's speed tables without a word per ratio. The drafts are
-read while they exist (notebooks/drafts/), the notebooks once promoted."""
+"""What notebooks 00, 01, 02, 04 and 06 say follows what they print (issue 52): acronyms expanded where they first
+appear, the T4's memory printed from helpers.hardware's constants, the estimate-vs-measurement words computed from
+the numbers, no speed verdict from one run, the ZeRO-3 save cited and described as this run saved it, the ZeRO-0 fp16
+exercise pointing to its fix, the premises of 00's explanation of DeepSpeed's estimator against the course's, and
+01's claims on fp32 stage bytes, the loss scale and run_clm, 01's, 03's and 04's speed tables without a word per
+ratio, and 06's allocator comparison (each search's GPU cap, only finished searches compared). The drafts are read
+while they exist (notebooks/drafts/), the notebooks once promoted."""
 import contextlib
 import inspect
 import io
@@ -241,3 +242,34 @@ def test_the_markdown_quotes_the_t4_and_ram_budgets_the_constants_give(name):
         assert float(m.group(1) or m.group(2)) == T4_VRAM_GIB, (name, m.group(0))
     for m in re.finditer(r"(\d+\.\d+) GB (?:RAM )?budget|RAM \((\d+\.\d+) GB\)", md):
         assert float(m.group(1) or m.group(2)) == round(COLAB_RAM_BUDGET_BYTES / 1e9, 2), (name, m.group(0))
+
+
+def _run_allocator_cell(default_rows: list[dict], now_rows: list[dict], tmp_path) -> str:
+    """Notebook 06's Going deeper comparison of the allocator as it comes with expandable segments, on stand-in
+    reports: what it prints."""
+    import json
+
+    (tmp_path / "reports").mkdir(parents=True)
+    default = {"runtime": "R (15 GiB VRAM)", "date": "d0", "vram_budget_gib": 15.0, "rows": default_rows}
+    (tmp_path / "reports" / "long_context_default_allocator.json").write_text(json.dumps(default))
+    report = {"date": "d1", "vram_budget_gib": 14.34, "rows": now_rows}
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(cell(notebook("06_long_context.ipynb"), "66f2298e"), {"COURSE_ROOT": tmp_path, "report": report,
+                                                                   "json": json})
+    return out.getvalue()
+
+
+def test_06_compares_the_allocators_only_where_both_searches_finished_and_prints_each_cap(tmp_path):
+    fail = {"seq_len": 300, "ok": False, "step_s": [1.0], "estimate": {"gpu_peak": 14 * 2**30}}
+    default = [{"rung": "plain", "longest": 100, "first_failing": 300, "attempts": [fail]},
+               {"rung": "ckpt", "longest": 200, "first_failing": None, "attempts": []},
+               {"rung": "cpu", "longest": 50, "first_failing": 300, "killed": "stopped after 470 s",
+                "attempts": [fail]}]
+    now = [{"rung": "plain", "longest": 100}, {"rung": "ckpt", "longest": 400}, {"rung": "cpu", "longest": 900}]
+    printed = _run_allocator_cell(default, now, tmp_path)
+    assert "15.00 GiB" in printed and "14.34 GiB" in printed  # each column's cap
+    assert ">= 50" in printed and "search stopped after 470 s, unfinished" in printed
+    assert "of the 2 techniques whose search finished both times: longer at 1 (ckpt), equal at 1, shorter at 0" in printed
+    now[0]["longest"] = 90
+    assert "shorter at 1 (plain)" in _run_allocator_cell(default, now, tmp_path / "again")
