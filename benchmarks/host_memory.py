@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import _bench  # this script's folder is first on sys.path
 import helpers
 from helpers.host_buffers import DEVICE_SITES, parameter_numels, stage3_host_buffers, stage3_host_peak
 from helpers.memory import RUNTIME_GROWTH_BYTES
@@ -243,8 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     runtime = helpers.detect_runtime()
     out = args.out or ROOT / "reports" / ("host_memory.json" if runtime.has_gpu else "host_memory_cpu.json")
     helpers.runtime.build_ops("cpu_adam", "async_io")
-    ds = helpers.load_text_dataset("local")
-    helpers.train_tokenizer(ds["train"]["text"], args.work_dir / "tokenizer")
+    _bench.local_corpus(args.work_dir)  # the tokenizer its runs' processes load
     import deepspeed
 
     def key(r: dict[str, Any]) -> tuple[str, str, float]:

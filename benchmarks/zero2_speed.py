@@ -13,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 
+import _bench  # this script's folder is first on sys.path
 import helpers
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,9 +40,7 @@ def main(argv=None) -> int:
     p.add_argument("--work-dir", type=Path, default=ROOT / "build" / "bench")
     args = p.parse_args(argv)
     runtime = helpers.detect_runtime()
-    ds = helpers.load_text_dataset("local")
-    tok = helpers.train_tokenizer(ds["train"]["text"], args.work_dir / "tokenizer")
-    blocks = helpers.pack_blocks(ds["train"], tok, args.seq_len)
+    blocks = _bench.local_train_blocks(args.work_dir, args.seq_len)
     model_dir = helpers.save_model_from_config(args.work_dir / f"model-{args.size}", args.size)
     n = args.steps
     runs = [  # name, config, plain PyTorch AMP?
