@@ -201,3 +201,20 @@ def test_no_code_reads_datasets_through_its_torch_or_numpy_format():
         code = [c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
         found += [path.name for c in code if pattern.search(c)]
     assert found == [], found
+
+
+def test_reports_readme_names_every_committed_report():
+    """reports/README.md's table says for each file in reports/ what wrote it and what it holds: a row's first cell names
+    its files (`ladder.json`, `.md`: the same stem with another suffix)."""
+    table = (ROOT / "reports" / "README.md").read_text()
+    named = set()
+    for first in re.findall(r"^\| ([^|]+) \|", table, flags=re.M):
+        stem = None
+        for name in re.findall(r"`([^`]+)`", first):
+            if name.startswith(".") and stem:
+                named.add(stem + name)
+            else:
+                named.add(name)
+                stem = name.rsplit(".", 1)[0]
+    files = {p.name for p in (ROOT / "reports").iterdir() if p.is_file() and p.name != "README.md"}
+    assert files - named == set(), f"reports/README.md has no row for {sorted(files - named)}"
