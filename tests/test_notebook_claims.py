@@ -273,3 +273,5 @@ def test_06_compares_the_allocators_only_where_both_searches_finished_and_prints
     assert "of the 2 techniques whose search finished both times: longer at 1 (ckpt), equal at 1, shorter at 0" in printed
     now[0]["longest"] = 90
     assert "shorter at 1 (plain)" in _run_allocator_cell(default, now, tmp_path / "again")
+    now[1]["unfinished"] = 500  # a search of the expandable report stopped by its time limit: not compared either
+    assert "of the 1 techniques whose search finished both times" in _run_allocator_cell(default, now, tmp_path / "3")
