@@ -293,7 +293,6 @@ def test_benchmark_rows_keep_a_lengths_newest_result_and_only_the_last_processs_
     """A length measured again by a later run (--resume-from with --lengths) replaces the earlier result, and a RAM
     kill of an earlier process is not the row's end once a later process ran (2026-12-04: 262,144 tokens, killed at
     the RAM limit after 245,760 in one process, then out of GPU memory in step 2 in a fresh one)."""
-
     from conftest import ROOT, load_script
 
     bench = load_script(ROOT / "benchmarks" / "long_context.py", "long_context_bench")

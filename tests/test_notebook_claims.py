@@ -270,7 +270,8 @@ def test_06_compares_the_allocators_only_where_both_searches_finished_and_prints
     printed = _run_allocator_cell(default, now, tmp_path)
     assert "15.00 GiB" in printed and "14.34 GiB" in printed  # each column's cap
     assert ">= 50" in printed and "search stopped after 470 s, unfinished" in printed
-    assert "of the 2 techniques whose search finished both times: longer at 1 (ckpt), equal at 1, shorter at 0" in printed
+    assert ("of the 2 techniques whose search finished both times: longer at 1 (ckpt), equal at 1, shorter at 0"
+            in printed)
     now[0]["longest"] = 90
     assert "shorter at 1 (plain)" in _run_allocator_cell(default, now, tmp_path / "again")
     now[1]["unfinished"] = 500  # a search of the expandable report stopped by its time limit: not compared either

@@ -121,7 +121,8 @@ def test_readme_nvme_speeds_and_the_gpt2_xl_claim_are_the_reports():
     phrase = (f"(measured in the emulation: {top['enclosure']['peak_ram_gb']:.1f} GB of RAM at peak, "
               f"{top['tokens_per_s']:.0f} tokens/s, lr {top['lr']:g}; over its {top['steps']} optimizer steps of "
               f"{tokens:,} tokens it {'learns' if top['learns'] else 'does not learn yet'}: {top['learn_reason']})")
-    assert phrase in README, f"README's 2.7B line (How far one Colab T4 goes) should say, from reports/ladder_colab_emulation.json: {phrase}"
+    assert phrase in README, (f"README's 2.7B line (How far one Colab T4 goes) should say, from "
+                              f"reports/ladder_colab_emulation.json: {phrase}")
 
 
 def test_readme_2p7b_speed_is_the_committed_report_and_says_it_is_speed_only():

@@ -204,8 +204,8 @@ def test_no_code_reads_datasets_through_its_torch_or_numpy_format():
 
 
 def test_reports_readme_names_every_committed_report():
-    """reports/README.md's table says for each file in reports/ what wrote it and what it holds: a row's first cell names
-    its files (`ladder.json`, `.md`: the same stem with another suffix)."""
+    """reports/README.md's table says for each file in reports/ what wrote it and what it holds: a row's first cell
+    names its files (`ladder.json`, `.md`: the same stem with another suffix)."""
     table = (ROOT / "reports" / "README.md").read_text()
     named = set()
     for first in re.findall(r"^\| ([^|]+) \|", table, flags=re.M):

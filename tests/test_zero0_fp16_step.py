@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from conftest import ROOT, load_script
+
 SCRIPT = ROOT / "benchmarks" / "zero0_fp16_step.py"
 
 
