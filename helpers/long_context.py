@@ -570,7 +570,9 @@ def params_label(n_params: int) -> str:
 def ladder_verdict(longest: dict[str, int], tried: Any) -> str:
     """One line on notebook 06's ladder from what it trained: `longest` maps each technique (the first is plain) to
     the longest length it trained (0: none), `tried` the lengths tried. When several techniques reached the longest
-    length tried, none is named the winner: they all reached the cap."""
+    length tried, none is named the winner: they all reached the cap. The gain over plain is a lower bound: plain's
+    own longest lies below the next length tried, which did not fit (with TRY_LENGTHS 4,096 / 16,384 / 65,536,
+    plain at 4,096 and the best at 65,536 make "at least 4x", not 16x)."""
     if not longest:
         raise ValueError("longest is empty: no technique was tried")
     cap = max(tried)
@@ -581,7 +583,11 @@ def ladder_verdict(longest: dict[str, int], tried: Any) -> str:
     if len(at_best) == len(longest) and best == cap:
         return (f"every technique trained every length tried, up to {best:,} tokens: nothing ran out of memory here, "
                 f"so this run does not rank them (only the lengths in TRY_LENGTHS were tried)")
-    reach = f"{best:,} tokens ({best / plain:.0f}x {first}'s {plain:,})" if plain else f"{best:,} tokens ({first}: none)"
+    failed = min(n for n in tried if n > plain)  # plain's first length that did not fit (plain < best <= cap)
+    if plain:
+        reach = f"{best:,} tokens (at least {best / failed:.0f}x {first}'s longest, between {plain:,} and {failed:,})"
+    else:
+        reach = f"{best:,} tokens ({first}: none, {failed:,} did not fit)"
     if len(at_best) > 1:
         why = (f"they all reached the cap (TRY_LENGTHS stops at {cap:,}): no winner" if best == cap else
                "a tie at the lengths tried: no winner")
