@@ -676,7 +676,8 @@ class OffloadRuns:
         budget = f"{rt.vram_budget_bytes / GiB:.2f} GiB"
         if r.error:
             print(f"{model} with {name}: {r.error[:300]}")
-            print(f"peak before the failure {r.peak_vram_gib:.2f} GiB, estimated {estimate / GiB:.2f} GiB, budget "
+            print(f"peak allocated by the run before the failure {r.peak_vram_gib:.2f} GiB (above the "
+                  f"{baseline / GiB:.2f} GiB held before it), estimated {estimate / GiB:.2f} GiB, budget "
                   f"{budget}; after teardown {(after - baseline) / 2**20:.0f} MiB above the baseline")
             if after > baseline + 2**20:
                 raise RuntimeError("GPU memory is not back at its baseline after the out-of-memory error")

@@ -103,12 +103,13 @@ class RunResult:
         return _quantile(rates, 0.25), _quantile(rates, 0.5), _quantile(rates, 0.75)
 
     def speed_text(self) -> str:
-        """'16,316 tokens/s (steps: 15,900-16,700, middle half of 18)': the median step and its spread."""
+        """'16,316 tokens/s (per step 15,900-16,700 over the middle half of 18 timed steps)': the median step and the
+        spread of the middle half of the per-step speeds."""
         low, mid, high = self.speed_spread()
         n = len(self.step_seconds)
         if n < 2:
             return f"{self.tokens_per_s:,.0f} tokens/s (one timed step: no spread)"
-        return f"{mid:,.0f} tokens/s (steps {low:,.0f}-{high:,.0f}, middle half of {n})"
+        return f"{mid:,.0f} tokens/s (per step {low:,.0f}-{high:,.0f} over the middle half of {n} timed steps)"
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -137,7 +138,7 @@ class RunResult:
         if not gpu:
             growth = max(self.peak_rss_gb - self.baseline_rss_gb, 0.0)
             return f"{self.name:<{width}}{growth:>15.2f}{self.peak_rss_gb:>13.2f}{speed:>10.0f}" + losses
-        return (f"{self.name:<{width}}{self.peak_vram_gib:>9.2f}{self.estimated_vram_gib:>9.2f}{self.ratio:>7.2f}"
+        return (f"{self.name:<{width}}{self.peak_vram_gib:>9.2f}{self.estimated_vram_gib:>9.2f}{self.ratio:>9.2f}"
                 f"{speed:>10.0f}{self.peak_rss_gb:>9.2f}" + losses)
 
 
@@ -507,7 +508,7 @@ def speed_rounds(results: Sequence[TimedRun], reference: str) -> SpeedRounds:
 
 
 def results_table(results: list[RunResult]) -> str:
-    """Measured peak VRAM, estimate, ratio, tokens/s (of the median step, as `speed_text`), RSS and first/last loss
+    """Measured peak VRAM, estimate, their ratio (peak/est), tokens/s (of the median step, as `speed_text`), RSS and first/last loss
     per run (notebook 01).
 
     Runs without a GPU (no VRAM measured) get the RAM layout instead: RAM the run added over its start (the model,
@@ -515,7 +516,7 @@ def results_table(results: list[RunResult]) -> str:
     width = max([22] + [len(r.name) + 1 for r in results])
     gpu = any(r.peak_vram_gib for r in results)
     if gpu:
-        head = (f"{'run':<{width}}{'peak GiB':>9}{'est GiB':>9}{'ratio':>7}{'tokens/s':>10}{'RSS GB':>9}"
+        head = (f"{'run':<{width}}{'peak GiB':>9}{'est GiB':>9}{'peak/est':>9}{'tokens/s':>10}{'RSS GB':>9}"
                 f"{'loss0':>8}{'lossN':>8}")
     else:
         head = f"{'run':<{width}}{'RAM added GB':>15}{'peak RSS GB':>13}{'tokens/s':>10}{'loss0':>8}{'lossN':>8}"

@@ -180,7 +180,7 @@ def test_clean_slate_frees_an_engine_whose_zero3_optimizer_build_was_interrupted
     del model
     assert len(live_engines()) == 1  # held by the interrupted frames and by the hooks
     cleaned = clean_slate({})
-    assert "1 DeepSpeed engine(s) left by an earlier or interrupted run" in cleaned
+    assert "1 DeepSpeed engine(s) no variable names (from an earlier cell or an interrupted run)" in cleaned
     assert live_engines() == []
 
 

@@ -273,7 +273,7 @@ def test_speed_spread_is_the_quartiles_of_the_per_step_tokens_per_s():
     assert r.step_tokens_per_s() == [100.0, 200.0, 400.0, 500.0, 1000.0]
     assert r.speed_spread() == (200.0, 400.0, 500.0)
     assert _timed("b", [1.0, 0.5]).speed_spread() == (125.0, 150.0, 175.0)  # interpolated between the two
-    assert "400 tokens/s (steps 200-500, middle half of 5)" == r.speed_text()
+    assert "400 tokens/s (per step 200-500 over the middle half of 5 timed steps)" == r.speed_text()
     one = _timed("c", [0.5])
     assert one.speed_spread() == (one.tokens_per_s,) * 3 and "no spread" in one.speed_text()
 
