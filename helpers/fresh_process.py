@@ -610,6 +610,7 @@ class OffloadRuns:
                                    for n in names))
         lines.append(f"budget {next(iter(reps.values())).ram_budget / GB:.2f} GB of RAM; the last row: "
                      f"{in_use / GB:.2f} GB measured here (this kernel + a fresh child process)")
+        self._last_account = "\n".join(lines[1:])  # choose_model does not print the same table twice
         return "\n".join(lines)
 
     def teachable(self, model: str, ram_in_use: int) -> bool:
@@ -633,7 +634,11 @@ class OffloadRuns:
 
         self._asked = model
         in_use = self.ram_beside()
-        print(self.ram_account(self.runtime, model, ram_in_use=in_use))
+        before = self._last_account
+        title, account = self.ram_account(self.runtime, model, ram_in_use=in_use).split("\n", 1)
+        # on Colab (or in its emulation) this runtime's account is the Colab what-if printed just before, row for row
+        print(title + ("\nthe same account, row for row, as the one printed above" if account == before else
+                       "\n" + account))
         if self.teachable(model, in_use):
             return model
         smaller = [m for m in reversed(GPT2_LADDER) if model_shape(m).n_params < model_shape(model).n_params]
@@ -813,6 +818,7 @@ class OffloadRuns:
     disk_share: float | None = None
 
     _asked: str = ""
+    _last_account: str = ""  # the rows of the last table ram_account made
 
     def summary(self, *, zero3_init: tuple[float, float], resume_gap: float, logit_diff: float) -> str:
         """The notebook's summary, every line computed from the runs above."""

@@ -59,6 +59,30 @@ def test_the_colab_what_if_uses_the_sizes_it_is_given_not_the_runs(runs, tmp_pat
     assert at_colab_size == runs.ram_account(colab, "gpt2-large", ram_in_use=int(2e9))
 
 
+def test_this_runtimes_account_is_not_printed_again_when_it_is_the_what_if_row_for_row(tmp_path, monkeypatch, capsys):
+    """Notebook 02 section 1: in the Colab emulation (or on Colab) choose_model's account for this runtime is the Colab
+    what-if printed just before, row for row: it says so in one line instead of a second identical table."""
+    colab = helpers.colab_t4_profile()
+    runs = helpers.OffloadRuns(colab, tmp_path, nvme_path=tmp_path / "nvme", seq_len=512, micro_batch=2, steps=4,
+                               lr=3e-4)
+    monkeypatch.setattr(runs, "ram_beside", lambda: int(2.6e9))
+    what_if = runs.ram_account(colab, "gpt2-large", ram_in_use=int(2.6e9), title="what-if:")
+    assert runs.choose_model("gpt2-large") == "gpt2-large"
+    out = capsys.readouterr().out
+    assert "the same account, row for row, as the one printed above" in out and "verdict" not in out, out
+    # another runtime's account differs (a bigger GPU, more RAM): printed in full
+    bigger = fake_runtime(gpu_name="NVIDIA A100-SXM4-40GB", gpu_total_bytes=int(40 * 2**30),
+                          vram_budget_bytes=int(40 * 2**30), ram_total_bytes=int(80e9), ram_budget_bytes=int(80e9),
+                          is_colab=False)
+    other = helpers.OffloadRuns(bigger, tmp_path, nvme_path=tmp_path / "nvme", seq_len=512, micro_batch=2,
+                              steps=4, lr=3e-4)
+    monkeypatch.setattr(other, "ram_beside", lambda: int(2.6e9))
+    other.ram_account(colab, "gpt2-large", ram_in_use=int(2.6e9))
+    other.choose_model("gpt2-large")
+    out = capsys.readouterr().out
+    assert "row for row" not in out and "verdict" in out and what_if.split("\n", 1)[1] not in out
+
+
 def test_each_config_is_complete_deepspeed_json_with_its_own_nvme_folder(runs, tmp_path):
     shape = helpers.model_shape("gpt2-large")
     for name, kind in runs.configs.items():
