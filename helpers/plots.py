@@ -587,10 +587,11 @@ def plot_activation_growth(lengths: Sequence[int], series: dict[str, tuple[Seque
 
 
 def plot_longest_sequence(rows: Sequence[dict[str, Any]], title: str = "Longest sequence that trains",
-                          show: bool | None = None) -> "Figure | None":
+                          show: bool | None = None, longest_tried: int | None = None) -> "Figure | None":
     """Left: the longest length each technique trained (bars) beside the estimate's prediction (outlined); right:
     tokens/s against sequence length, one line per technique (notebook 06). Each row: 'rung', 'longest', 'predicted'
-    and 'speed' ({seq_len: tokens/s})."""
+    and 'speed' ({seq_len: tokens/s}). `longest_tried`: the last length a fixed list tried (notebook 06's
+    TRY_LENGTHS), drawn as a line: a bar that reaches it stopped there because nothing longer was tried."""
     fig = _figure(11, 4)
     ax, ax2 = fig.subplots(1, 2)
     names = [r["rung"] for r in rows]
@@ -603,7 +604,10 @@ def plot_longest_sequence(rows: Sequence[dict[str, Any]], title: str = "Longest 
     ax.set_xticks(list(x), names, rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("tokens")
     ax.set_title("longest sequence per technique")
-    top = max((max(r["longest"], r["predicted"]) for r in rows), default=0)
+    if longest_tried:
+        ax.axhline(longest_tried, color="#555555", linestyle=":", linewidth=1,
+                   label=f"longest tried ({longest_tried:,}): nothing longer was run")
+    top = max([max(r["longest"], r["predicted"]) for r in rows] + [longest_tried or 0])
     if top > 0:
         ax.set_ylim(top=top * 8)  # room above the tallest bar: the legend sits there, over no bar (issue 52)
     ax.legend(fontsize=7, loc="upper left", ncol=2)

@@ -207,3 +207,17 @@ def test_the_planner_s_picture_fits_the_column_beside_an_open_file_browser_whole
         assert box.x0 >= -0.5 and box.x1 <= width + 0.5 and box.y0 >= -0.5 and box.y1 <= height + 0.5, (what, box)
     legend = fig.legends[0].get_window_extent(renderer)
     assert legend.y1 <= min(ax.get_tightbbox(renderer).y0 for ax in fig.axes)  # below the panels
+
+
+def test_the_longest_sequence_plot_marks_the_longest_length_tried():
+    """Notebook 06's ladder: bars that stop at the last of TRY_LENGTHS stopped because nothing longer was tried; the
+    plot draws that length as a line (a learner read four equal bars at 65,536 as a measured limit)."""
+    from helpers.plots import plot_longest_sequence
+
+    rows = [{"rung": "plain", "longest": 4096, "predicted": 13568, "speed": {4096: 9000.0}},
+            {"rung": "checkpointing", "longest": 65536, "predicted": 84224, "speed": {4096: 5000.0, 65536: 2000.0}}]
+    ax = plot_longest_sequence(rows, longest_tried=65536).axes[0]
+    assert [ln.get_ydata()[0] for ln in ax.lines] == [65536]
+    assert any("longest tried (65,536)" in t.get_text() for t in ax.get_legend().get_texts())
+    assert ax.get_ylim()[1] >= 84224 * 8  # the legend's room above the tallest bar
+    assert not plot_longest_sequence(rows).axes[0].lines  # the committed search (no fixed list): no line
