@@ -96,7 +96,7 @@ class FreshRunSpec:
       checkpointing: activation checkpointing. seed: the model's initial weights and the batch order.
       estimated_vram_bytes: the estimate the record carries beside the measurement (RunResult.estimated_vram_gib).
     How the kernel watches it:
-      progress: a progress bar in the kernel (phase, step, loss, peak RAM).
+      progress: a progress bar in the kernel (phase, step, loss, the child's peak RSS so far).
       timeout_s: kill the child after this many seconds (RunResult.error says so; None: no limit).
       gpu: CUDA_VISIBLE_DEVICES for the child (None: the kernel's).
     The benchmarks' switches (notebook 02 leaves them at their defaults):
@@ -246,7 +246,7 @@ def _watch_child(proc: subprocess.Popen, spec: FreshRunSpec,
             state["peak_rss"] = max(state["peak_rss"], _tree_rss(watched))
             if bar.n != state["step"]:
                 bar.update(state["step"] - bar.n)
-            post = {"phase": state["phase"], "peak RAM": f"{state['peak_rss'] / GB:.1f} GB"}
+            post = {"phase": state["phase"], "peak RSS": f"{state['peak_rss'] / GB:.1f} GB"}
             if state["loss"] is not None:
                 post["loss"] = f"{state['loss']:.3f}"
             if post != shown:  # redraw only when something changed
@@ -766,7 +766,7 @@ class OffloadRuns:
         if rt.has_gpu:
             print(f"  GPU peak {r.peak_vram_gib:.2f} GiB (estimated {r.estimated_vram_gib:.2f}) of "
                   f"{rt.vram_budget_bytes / GiB:.2f} GiB")
-        print(f"  RAM peak: child {r.peak_rss_gb:.2f} GB + this kernel {kernel_rss / GB:.2f} GB = {total_gb:.2f} GB "
+        print(f"  peak RSS: child {r.peak_rss_gb:.2f} GB + this kernel {kernel_rss / GB:.2f} GB = {total_gb:.2f} GB "
               f"(estimated {report.ram_needed / GB:.2f}); budget {rt.ram_budget_bytes / GB:.2f} GB: "
               + ("within it" if total_gb <= rt.ram_budget_bytes / GB else
                  f"{total_gb / (rt.ram_budget_bytes / GB):.1f}x OVER it: on Colab it would be killed"))
