@@ -20,6 +20,7 @@ import helpers
 from helpers.config import course_config
 from helpers.integrations import agreement, ordered_blocks, run_accelerate, run_trainer
 from helpers.memory import estimate_run
+from helpers.records import report_gb
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,7 +90,7 @@ def markdown(report: dict) -> str:
     for r in report["rows"]:
         lines.append(f"| {r['config']} | {r['driver']} | {r['peak_vram_gib']:.2f} | {r['estimated_vram_gib']:.2f} | "
                      f"{r['first_loss']:.4f} | {r['final_loss']:.4f} | {r['max_loss_diff_vs_raw']:.2g} | "
-                     f"{r['tokens_per_s']:,.0f} | {r['peak_rss_gb']:.2f} |")
+                     f"{r['tokens_per_s']:,.0f} | {report_gb(r, 'peak_rss'):.2f} |")
     lines += ["", "Agreement per config:", ""]
     for config, a in report["agreement"].items():
         speeds = ", ".join(f"{d} {v}x" for d, v in a["tokens_per_s_vs_raw"].items() if d != "raw engine")
