@@ -19,6 +19,7 @@ def test_plots_return_figures_without_touching_global_style():
     ax = fig.axes[0]
     assert len(ax.patches) == 4 and [p.get_height() for p in ax.patches] == [2.9, 2.8, 2.5, 2.4] and any("budget 14.34 GiB" in t.get_text() for t in ax.get_legend().get_texts())
     assert any("tight above 13.62 GiB" in t.get_text() for t in ax.get_legend().get_texts())  # the planner's margin
+    assert [t.get_text() for t in ax.texts] == ["2.90", "2.80"]  # each measured peak written on its bar
     ests = [estimate_model_states(10**8, s, precision="fp16").with_activations(2**30) for s in (0, 3)]
     fig = plot_memory_breakdown(ests, budget_gib=15)
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
