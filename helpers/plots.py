@@ -552,7 +552,7 @@ def plot_zero_scaling(rows: Sequence[dict[str, Any]], title: str = "Model states
                     alpha=0.6 if key == "params" else 1.0, zorder=1 if key == "params" else 2)
             part = "grads" if key == "grads_peak" else key
             ax.plot(ns, [estimate_parts(r["n_params"], stage, r["world"], r["precision"])[part] / 1e6 for r in mine],
-                    "--", color=color, alpha=0.6, label=f"{part}, estimate")
+                    "x--", color=color, alpha=0.6, markersize=7, label=f"{part}, estimate")  # x: seen on a line
         ax.set_xscale("log", base=2)
         ax.set_yscale("log", base=2)  # 1/N: a straight line down; not partitioned: flat
         ax.set_xticks(ns, [str(n) for n in ns])
@@ -561,7 +561,7 @@ def plot_zero_scaling(rows: Sequence[dict[str, Any]], title: str = "Model states
     axes[0].set_ylabel("MB per rank (log scale)")
     # below the panels, not inside one: on the last (ZeRO-3) panel every line falls with N and the legend hid them
     handles, names = axes[-1].get_legend_handles_labels()
-    fig.legend(handles, names, loc="outside lower center", ncol=3, fontsize=7, frameon=False)
+    fig.legend(handles, names, loc="outside lower center", ncol=3, fontsize=8, frameon=False)
     fig.suptitle(title)
     return _show(fig, show)
 
