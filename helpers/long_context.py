@@ -583,11 +583,14 @@ def ladder_verdict(longest: dict[str, int], tried: Any) -> str:
     if len(at_best) == len(longest) and best == cap:
         return (f"every technique trained every length tried, up to {best:,} tokens: nothing ran out of memory here, "
                 f"so this run does not rank them (only the lengths in TRY_LENGTHS were tried)")
-    failed = min(n for n in tried if n > plain)  # plain's first length that did not fit (plain < best <= cap)
-    if plain:
-        reach = f"{best:,} tokens (at least {best / failed:.0f}x {first}'s longest, between {plain:,} and {failed:,})"
-    else:
+    failed = min((n for n in tried if n > plain), default=0)  # plain's first length that did not fit
+    if not plain:
         reach = f"{best:,} tokens ({first}: none, {failed:,} did not fit)"
+    elif failed and best > plain:
+        gain = f"at least {best / failed:.0f}x {first}'s longest, " if best >= 2 * failed else f"{first}'s longest "
+        reach = f"{best:,} tokens ({gain}between {plain:,} and {failed:,})"
+    else:  # plain itself among the longest
+        reach = f"{best:,} tokens"
     if len(at_best) > 1:
         why = (f"they all reached the cap (TRY_LENGTHS stops at {cap:,}): no winner" if best == cap else
                "a tie at the lengths tried: no winner")

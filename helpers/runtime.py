@@ -736,7 +736,8 @@ def clean_slate(namespace: dict[str, Any], *names: str, hf: bool = False, needs:
     while orphans:
         destroy_engine(orphans.pop())
     if n_orphans:
-        cleaned.append(f"{n_orphans} DeepSpeed engine(s) no variable names (from an earlier cell or an interrupted run)")
+        cleaned.append(f"{n_orphans} DeepSpeed engine(s) no variable names "
+                       "(from an earlier cell or an interrupted run)")
     hf_integration = sys.modules.get("transformers.integrations.deepspeed")
     ref = getattr(hf_integration, "_hf_deepspeed_config_weak_ref", None)
     if ref is not None and ref() is not None and id(ref()) not in in_use:

@@ -508,8 +508,8 @@ def speed_rounds(results: Sequence[TimedRun], reference: str) -> SpeedRounds:
 
 
 def results_table(results: list[RunResult]) -> str:
-    """Measured peak VRAM, estimate, their ratio (peak/est), tokens/s (of the median step, as `speed_text`), RSS and first/last loss
-    per run (notebook 01).
+    """Measured peak VRAM, estimate, their ratio (peak/est), tokens/s (of the median step, as `speed_text`), RSS and
+    first/last loss per run (notebook 01).
 
     Runs without a GPU (no VRAM measured) get the RAM layout instead: RAM the run added over its start (the model,
     its optimizer states and activations all live there) and the process's peak RSS, never a column of zeros."""

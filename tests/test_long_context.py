@@ -557,6 +557,12 @@ def test_the_ladders_verdict_names_no_winner_when_several_reach_the_cap():
     assert "nothing ran out of memory" in helpers.ladder_verdict({"plain": 512, "checkpointing": 512}, (256, 512))
     assert helpers.ladder_verdict({"plain": 0, "checkpointing": 0}, tried).startswith("no technique")
     assert "(plain: none, 4,096 did not fit)" in helpers.ladder_verdict({"plain": 0, "checkpointing": 16384}, tried)
+    # one length further than plain: no "at least 1x", only where plain's longest lies
+    near = helpers.ladder_verdict({"plain": 4096, "checkpointing": 16384}, tried)
+    assert "(plain's longest between 4,096 and 16,384)" in near and "at least" not in near, near
+    # plain among the longest (another technique failed earlier): no gain over plain to state
+    assert helpers.ladder_verdict({"plain": 65536, "checkpointing": 16384}, tried) == \
+        "longest trained: plain at 65,536 tokens; the longest length tried"
     with pytest.raises(ValueError, match="empty"):
         helpers.ladder_verdict({}, tried)
 
