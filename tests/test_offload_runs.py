@@ -75,7 +75,7 @@ def test_this_runtimes_account_is_not_printed_again_when_it_is_the_what_if_row_f
                           vram_budget_bytes=int(40 * 2**30), ram_total_bytes=int(80e9), ram_budget_bytes=int(80e9),
                           is_colab=False)
     other = helpers.OffloadRuns(bigger, tmp_path, nvme_path=tmp_path / "nvme", seq_len=512, micro_batch=2,
-                              steps=4, lr=3e-4)
+                                steps=4, lr=3e-4)
     monkeypatch.setattr(other, "ram_beside", lambda: int(2.6e9))
     other.ram_account(colab, "gpt2-large", ram_in_use=int(2.6e9))
     other.choose_model("gpt2-large")
